@@ -1,0 +1,69 @@
+#include "common/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+namespace kvp {
+
+Status SamplingParams::validate() const {
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature))
+    return Status::error("temperature must be finite and >= 0, got " + std::to_string(temperature));
+  if (top_k < 0) return Status::error("top_k must be >= 0, got " + std::to_string(top_k));
+  if (!(top_p > 0.0f && top_p <= 1.0f))
+    return Status::error("top_p must be in (0, 1], got " + std::to_string(top_p));
+  return Status::ok();
+}
+
+int32_t argmax(std::span<const float> logits) {
+  KVP_CHECK(!logits.empty());
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+int32_t sample_token(std::span<const float> logits, const SamplingParams& params, Rng& rng) {
+  KVP_CHECK(!logits.empty());
+  KVP_CHECK(params.validate().is_ok());
+  if (params.greedy()) return argmax(logits);
+
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  std::size_t keep = order.size();
+  if (params.top_k > 0) keep = std::min(keep, static_cast<std::size_t>(params.top_k));
+
+  const double inv_t = 1.0 / static_cast<double>(params.temperature);
+  const double max_logit = static_cast<double>(logits[order[0]]) * inv_t;
+  std::vector<double> p(keep);
+  double total = 0.0;
+  for (std::size_t i = 0; i < keep; ++i) {
+    p[i] = std::exp(static_cast<double>(logits[order[i]]) * inv_t - max_logit);
+    total += p[i];
+  }
+  if (params.top_p < 1.0f) {
+    double mass = 0.0;
+    std::size_t cut = keep;
+    for (std::size_t i = 0; i < keep; ++i) {
+      mass += p[i] / total;
+      if (mass >= static_cast<double>(params.top_p)) {
+        cut = i + 1;
+        break;
+      }
+    }
+    keep = cut;
+    total = std::accumulate(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(keep), 0.0);
+  }
+  const double u = rng.uniform() * total;
+  double acc = 0.0;
+  for (std::size_t i = 0; i < keep; ++i) {
+    acc += p[i];
+    if (u < acc) return order[i];
+  }
+  return order[keep - 1];
+}
+
+}  // namespace kvp
