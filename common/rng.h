@@ -25,7 +25,8 @@ class Rng {
   double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
   // Uniform integer in [0, n). REQUIRES: n > 0. (Multiply-shift; bias below 2^-32 for n < 2^32.)
   uint64_t below(uint64_t n) {
-    return static_cast<uint64_t>((static_cast<unsigned __int128>(next_u64()) * n) >> 64);
+    __extension__ typedef unsigned __int128 u128;
+    return static_cast<uint64_t>((static_cast<u128>(next_u64()) * n) >> 64);
   }
 
  private:

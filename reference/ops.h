@@ -1,0 +1,73 @@
+// The operations of a Llama decoder, written as their equations. Scalar type T is float
+// (the fp32 oracle) or double (the gold standard that measures fp32's honest error).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <Eigen/Core>
+
+namespace kvp::ref {
+
+template <typename T>
+using Vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+template <typename T>
+using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// RMSNorm: x / sqrt(mean(x^2) + eps) * weight.
+template <typename T>
+Vector<T> rms_norm(const Vector<T>& x, const Vector<T>& weight, T eps) {
+  const T mean_square = x.squaredNorm() / static_cast<T>(x.size());
+  const T inv_rms = T(1) / std::sqrt(mean_square + eps);
+  return (x * inv_rms).cwiseProduct(weight);
+}
+
+// Rotary position embedding in the Hugging Face "rotate half" convention: dimension i of
+// the first half pairs with dimension i + D/2, rotated by the angle
+// position * theta^(-2i/D). REQUIRES: head.size() even.
+template <typename T>
+void apply_rope(Eigen::Ref<Vector<T>> head, int64_t position, T theta) {
+  const int64_t d = head.size();
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const T inv_freq = T(1) / std::pow(theta, static_cast<T>(2 * i) / static_cast<T>(d));
+    const T angle = static_cast<T>(position) * inv_freq;
+    const T c = std::cos(angle);
+    const T s = std::sin(angle);
+    const T x1 = head(i);
+    const T x2 = head(i + half);
+    head(i) = x1 * c - x2 * s;
+    head(i + half) = x2 * c + x1 * s;
+  }
+}
+
+// softmax(x) = exp(x - max x) / sum exp(x - max x): the subtraction keeps exp in range.
+template <typename T>
+Vector<T> softmax(const Vector<T>& x) {
+  const T m = x.maxCoeff();
+  Vector<T> e = (x.array() - m).exp().matrix();
+  return e / e.sum();
+}
+
+// silu(z) = z * sigmoid(z).
+template <typename T>
+T silu(T z) {
+  return z / (T(1) + std::exp(-z));
+}
+
+// Causal attention of one query head at position `position` over the keys and values of
+// one KV head, rows 0..capacity-1 of K and V ([positions, head_dim]). Only rows
+// 0..position are read: that is the causal mask. REQUIRES: 0 <= position < K.rows().
+template <typename T>
+Vector<T> causal_attention(const Vector<T>& q, const Matrix<T>& k, const Matrix<T>& v, int64_t position) {
+  const int64_t n = position + 1;
+  const T scale = T(1) / std::sqrt(static_cast<T>(q.size()));
+  Vector<T> scores(n);
+  for (int64_t j = 0; j < n; ++j) scores(j) = k.row(j).dot(q.transpose()) * scale;
+  const Vector<T> p = softmax<T>(scores);
+  Vector<T> out = Vector<T>::Zero(v.cols());
+  for (int64_t j = 0; j < n; ++j) out += p(j) * v.row(j).transpose();
+  return out;
+}
+
+}  // namespace kvp::ref

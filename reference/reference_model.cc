@@ -1,0 +1,131 @@
+#include "reference/reference_model.h"
+
+#include "common/sampling.h"
+
+namespace kvp {
+
+namespace {
+
+template <typename T>
+ref::Matrix<T> to(const MatrixF& m) {
+  return m.template cast<T>();
+}
+template <typename T>
+ref::Vector<T> to(const VectorF& v) {
+  return v.template cast<T>();
+}
+
+}  // namespace
+
+template <typename T>
+ReferenceModel<T>::ReferenceModel(const Model& model) : config_(model.config) {
+  KVP_CHECK(config_.validate().is_ok());
+  const ModelWeights& w = model.weights;
+  embed_tokens_ = to<T>(w.embed_tokens);
+  for (const LayerWeights& l : w.layers) {
+    layers_.push_back(Layer{to<T>(l.input_layernorm), to<T>(l.post_attention_layernorm), to<T>(l.q_proj),
+                            to<T>(l.k_proj), to<T>(l.v_proj), to<T>(l.o_proj), to<T>(l.gate_proj),
+                            to<T>(l.up_proj), to<T>(l.down_proj)});
+  }
+  norm_ = to<T>(w.norm);
+  lm_head_ = to<T>(w.output_embedding(config_));
+}
+
+template <typename T>
+Result<typename ReferenceModel<T>::Matrix> ReferenceModel<T>::forward(std::span<const int32_t> tokens,
+                                                                       DenseKVCache<T>& cache) const {
+  if (tokens.empty()) return Status::error("no tokens to run");
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
+      return Status::error("token " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                           " is outside the vocabulary [0, " + std::to_string(config_.vocab_size) + ")");
+  }
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (cache.num_layers() != config_.num_layers) return Status::error("cache was made for another model");
+  if (cache.length() + n > cache.capacity())
+    return Status::error("sequence of " + std::to_string(cache.length() + n) + " positions exceeds the cache capacity " +
+                         std::to_string(cache.capacity()));
+  if (cache.length() + n > config_.max_position_embeddings)
+    return Status::error("sequence of " + std::to_string(cache.length() + n) + " positions exceeds max_position_embeddings " +
+                         std::to_string(config_.max_position_embeddings));
+
+  Matrix logits(n, config_.vocab_size);
+  for (int64_t i = 0; i < n; ++i) {
+    logits.row(i) = forward_one(tokens[static_cast<std::size_t>(i)], cache.length(), cache).transpose();
+    cache.advance(1);
+  }
+  return logits;
+}
+
+template <typename T>
+typename ReferenceModel<T>::Vector ReferenceModel<T>::forward_one(int32_t token, int64_t position,
+                                                                    DenseKVCache<T>& cache) const {
+  const int64_t d = config_.head_dim;
+  const T eps = static_cast<T>(config_.rms_norm_eps);
+  const T theta = static_cast<T>(config_.rope_theta);
+
+  Vector x = embed_tokens_.row(token).transpose();
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    const Layer& layer = layers_[static_cast<std::size_t>(l)];
+
+    // Attention block: h = RMSNorm(x); q, k, v = h Wq, h Wk, h Wv; RoPE on q and k.
+    const Vector h = ref::rms_norm<T>(x, layer.input_layernorm, eps);
+    Vector q = layer.q_proj * h;
+    Vector k = layer.k_proj * h;
+    const Vector v = layer.v_proj * h;
+    for (int64_t head = 0; head < config_.num_heads; ++head) ref::apply_rope<T>(q.segment(head * d, d), position, theta);
+    for (int64_t kvh = 0; kvh < config_.num_kv_heads; ++kvh) {
+      ref::apply_rope<T>(k.segment(kvh * d, d), position, theta);
+      // K/V of this position go into the cache before attention reads it.
+      cache.keys(l, kvh).row(position) = k.segment(kvh * d, d).transpose();
+      cache.values(l, kvh).row(position) = v.segment(kvh * d, d).transpose();
+    }
+    // Query head `head` reads KV head head / group_size (GQA; MQA when there is one).
+    Vector attn(config_.q_dim());
+    for (int64_t head = 0; head < config_.num_heads; ++head) {
+      const int64_t kvh = head / config_.group_size();
+      attn.segment(head * d, d) =
+          ref::causal_attention<T>(q.segment(head * d, d), cache.keys(l, kvh), cache.values(l, kvh), position);
+    }
+    x += layer.o_proj * attn;
+
+    // MLP block (SwiGLU): x += W_down (silu(h W_gate) * (h W_up)).
+    const Vector h2 = ref::rms_norm<T>(x, layer.post_attention_layernorm, eps);
+    const Vector gate = (layer.gate_proj * h2).unaryExpr([](T z) { return ref::silu<T>(z); });
+    const Vector up = layer.up_proj * h2;
+    x += layer.down_proj * gate.cwiseProduct(up);
+  }
+  return lm_head_ * ref::rms_norm<T>(x, norm_, eps);
+}
+
+template class ReferenceModel<float>;
+template class ReferenceModel<double>;
+
+Result<GenerateResult> reference_generate(const ReferenceModel<float>& model, std::span<const int32_t> prompt,
+                                          int64_t max_tokens, const SamplingParams& params) {
+  KVP_RETURN_IF_ERROR(params.validate());
+  if (max_tokens < 0) return Status::error("max_tokens must be >= 0");
+  const int64_t total = static_cast<int64_t>(prompt.size()) + max_tokens;
+  if (total > model.config().max_position_embeddings)
+    return Status::error("prompt (" + std::to_string(prompt.size()) + ") + max_tokens (" + std::to_string(max_tokens) +
+                         ") exceeds max_position_embeddings " + std::to_string(model.config().max_position_embeddings));
+  auto cache = model.make_cache(std::max<int64_t>(total, 1));
+  auto logits = model.forward(prompt, cache);
+  if (!logits) return logits.status();
+  GenerateResult out;
+  Rng rng(params.seed);
+  std::vector<float> last(logits->row(logits->rows() - 1).data(),
+                          logits->row(logits->rows() - 1).data() + logits->cols());
+  for (int64_t i = 0; i < max_tokens; ++i) {
+    const int32_t token = sample_token(last, params, rng);
+    out.tokens.push_back(token);
+    out.logits.push_back(last);
+    if (i + 1 == max_tokens) break;
+    auto next = model.forward(std::span<const int32_t>(&token, 1), cache);
+    if (!next) return next.status();
+    last.assign(next->row(0).data(), next->row(0).data() + next->cols());
+  }
+  return out;
+}
+
+}  // namespace kvp

@@ -1,0 +1,66 @@
+// The oracle: a Llama-family decoder written top to bottom like its equations, with a
+// dense KV cache. Positions are processed one at a time, in order, exactly as a decode
+// loop would: a prefill of n tokens and n single-token decodes do the same arithmetic.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/sampling.h"
+#include "common/status.h"
+#include "reference/dense_kv_cache.h"
+#include "reference/ops.h"
+#include "reference/weights.h"
+
+namespace kvp {
+
+template <typename T>
+class ReferenceModel {
+ public:
+  using Matrix = ref::Matrix<T>;
+  using Vector = ref::Vector<T>;
+
+  // Copies the weights, converted to T. REQUIRES: model.config.validate().is_ok().
+  explicit ReferenceModel(const Model& model);
+
+  const ModelConfig& config() const { return config_; }
+
+  // A cache for one sequence of up to `capacity` positions.
+  DenseKVCache<T> make_cache(int64_t capacity) const { return DenseKVCache<T>(config_, capacity); }
+
+  // Appends `tokens` at positions cache.length() onwards and returns their logits,
+  // [tokens.size(), vocab]. Errors (nothing changes): empty span, a token outside
+  // [0, vocab), more positions than the cache or max_position_embeddings hold.
+  Result<Matrix> forward(std::span<const int32_t> tokens, DenseKVCache<T>& cache) const;
+
+ private:
+  struct Layer {
+    Vector input_layernorm, post_attention_layernorm;
+    Matrix q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+  };
+
+  // One token at position cache.length(); K/V are written to the cache, which the caller advances.
+  Vector forward_one(int32_t token, int64_t position, DenseKVCache<T>& cache) const;
+
+  ModelConfig config_;
+  Matrix embed_tokens_;
+  std::vector<Layer> layers_;
+  Vector norm_;
+  Matrix lm_head_;
+};
+
+extern template class ReferenceModel<float>;
+extern template class ReferenceModel<double>;
+
+// Greedy or sampled generation with the reference model: the prompt's logits, then one
+// token at a time until max_tokens. Used by `kvproof generate` and as the engine's oracle.
+struct GenerateResult {
+  std::vector<int32_t> tokens;               // generated tokens only
+  std::vector<std::vector<float>> logits;    // logits that produced each generated token
+};
+
+Result<GenerateResult> reference_generate(const ReferenceModel<float>& model, std::span<const int32_t> prompt,
+                                          int64_t max_tokens, const SamplingParams& params);
+
+}  // namespace kvp

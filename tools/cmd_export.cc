@@ -1,0 +1,39 @@
+#include <cstdio>
+
+#include "common/dtype.h"
+#include "reference/checkpoint.h"
+#include "reference/presets.h"
+#include "tools/commands.h"
+
+namespace kvp::tools {
+
+void add_export_command(CLI::App& app, int& exit_code) {
+  struct Options {
+    std::string preset, out, dtype = "f32";
+    uint64_t weight_seed = 0;
+  };
+  auto opt = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("export", "Write a preset as a Hugging Face checkpoint (config.json + model.safetensors)");
+  cmd->add_option("--preset", opt->preset, "built-in model (tiny, small)")->required();
+  cmd->add_option("--out", opt->out, "output directory (created if needed)")->required();
+  cmd->add_option("--dtype", opt->dtype, "tensor dtype: f32, f16 or bf16")->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  cmd->add_option("--weight-seed", opt->weight_seed, "seed of the preset's random weights");
+  cmd->callback([opt, &exit_code] {
+    auto model = make_preset(opt->preset, opt->weight_seed);
+    if (!model) {
+      std::fprintf(stderr, "kvproof export: %s\n", model.status().message().c_str());
+      exit_code = kExitBadInput;
+      return;
+    }
+    Status s = save_checkpoint(*model, opt->out, *dtype_from_flag(opt->dtype));
+    if (!s) {
+      std::fprintf(stderr, "kvproof export: %s\n", s.message().c_str());
+      exit_code = kExitBadInput;
+      return;
+    }
+    std::printf("wrote %s/config.json and %s/model.safetensors (%s, %s)\n", opt->out.c_str(), opt->out.c_str(),
+                opt->preset.c_str(), opt->dtype.c_str());
+  });
+}
+
+}  // namespace kvp::tools

@@ -1,0 +1,78 @@
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "common/sampling.h"
+#include "reference/reference_model.h"
+#include "tools/commands.h"
+#include "tools/model_source.h"
+#include "tools/token_list.h"
+
+namespace kvp::tools {
+
+void add_generate_command(CLI::App& app, int& exit_code) {
+  struct Options {
+    ModelSource source;
+    std::string prompt;
+    int64_t max_tokens = 16;
+    SamplingParams sampling;
+    int top_logits = 5;
+    bool json = false;
+  };
+  auto opt = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate tokens with the reference model (the oracle)");
+  opt->source.add_options(*cmd);
+  cmd->add_option("--prompt", opt->prompt, "prompt token ids, comma-separated: 1,2,3")->required();
+  cmd->add_option("--max-tokens", opt->max_tokens, "tokens to generate")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  cmd->add_option("--temperature", opt->sampling.temperature, "0 = greedy")->check(CLI::Range(0.0f, 100.0f));
+  cmd->add_option("--top-k", opt->sampling.top_k, "keep the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", opt->sampling.top_p, "nucleus mass in (0, 1]")->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_option("--seed", opt->sampling.seed, "sampling seed");
+  cmd->add_option("--top-logits", opt->top_logits, "with --json: top logits per step")->check(CLI::Range(1, 100));
+  cmd->add_flag("--json", opt->json, "print JSON with the top logits of every step");
+  cmd->callback([opt, &exit_code] {
+    auto fail = [&](const std::string& msg) {
+      std::fprintf(stderr, "kvproof generate: %s\n", msg.c_str());
+      exit_code = kExitBadInput;
+    };
+    auto prompt = parse_token_list(opt->prompt);
+    if (!prompt) return fail("--prompt: " + prompt.status().message());
+    if (Status s = opt->sampling.validate(); !s) return fail(s.message());
+    auto model = opt->source.load();
+    if (!model) return fail(model.status().message());
+    const ReferenceModel<float> ref(*model);
+    auto out = reference_generate(ref, *prompt, opt->max_tokens, opt->sampling);
+    if (!out) return fail(out.status().message());
+
+    if (!opt->json) {
+      std::string line;
+      for (int32_t t : out->tokens) line += (line.empty() ? "" : ",") + std::to_string(t);
+      std::printf("%s\n", line.c_str());
+      return;
+    }
+    nlohmann::json j;
+    j["model"] = opt->source.describe();
+    j["prompt"] = *prompt;
+    j["tokens"] = out->tokens;
+    j["sampling"] = {{"temperature", opt->sampling.temperature}, {"top_k", opt->sampling.top_k},
+                     {"top_p", opt->sampling.top_p}, {"seed", opt->sampling.seed}};
+    nlohmann::json steps = nlohmann::json::array();
+    for (std::size_t i = 0; i < out->tokens.size(); ++i) {
+      const std::vector<float>& logits = out->logits[i];
+      std::vector<int32_t> order(logits.size());
+      std::iota(order.begin(), order.end(), 0);
+      const auto k = std::min<std::size_t>(static_cast<std::size_t>(opt->top_logits), order.size());
+      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                        [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; });
+      nlohmann::json top = nlohmann::json::array();
+      for (std::size_t r = 0; r < k; ++r) top.push_back({{"token", order[r]}, {"logit", logits[order[r]]}});
+      steps.push_back({{"token", out->tokens[i]}, {"top", top}});
+    }
+    j["steps"] = steps;
+    std::printf("%s\n", j.dump(2).c_str());
+  });
+}
+
+}  // namespace kvp::tools

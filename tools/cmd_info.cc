@@ -1,0 +1,61 @@
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "tools/commands.h"
+#include "tools/model_source.h"
+
+namespace kvp::tools {
+
+void add_info_command(CLI::App& app, int& exit_code) {
+  struct Options {
+    ModelSource source;
+    bool json = false;
+  };
+  auto opt = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("info", "Show a model's parameters, tensor shapes and KV bytes per token");
+  opt->source.add_options(*cmd);
+  cmd->add_flag("--json", opt->json, "print JSON");
+  cmd->callback([opt, &exit_code] {
+    auto model = opt->source.load();
+    if (!model) {
+      std::fprintf(stderr, "kvproof info: %s\n", model.status().message().c_str());
+      exit_code = kExitBadInput;
+      return;
+    }
+    const ModelConfig& c = model->config;
+    nlohmann::json j;
+    j["source"] = opt->source.describe();
+    j["config"] = c.to_json();
+    j["parameters"] = c.num_parameters();
+    j["kv_bytes_per_token"] = {{"f32", c.kv_bytes_per_token(DType::kF32)},
+                               {"f16", c.kv_bytes_per_token(DType::kF16)},
+                               {"bf16", c.kv_bytes_per_token(DType::kBF16)}};
+    nlohmann::json tensors = nlohmann::json::array();
+    for (const auto& t : named_tensors(model->config, model->weights)) tensors.push_back({{"name", t.name}, {"shape", t.shape}});
+    j["tensors"] = tensors;
+    if (opt->json) {
+      std::printf("%s\n", j.dump(2).c_str());
+      return;
+    }
+    std::printf("model: %s\n", opt->source.describe().c_str());
+    std::printf("  parameters          %lld\n", static_cast<long long>(c.num_parameters()));
+    std::printf("  vocab               %lld\n", static_cast<long long>(c.vocab_size));
+    std::printf("  hidden / inter      %lld / %lld\n", static_cast<long long>(c.hidden_size),
+                static_cast<long long>(c.intermediate_size));
+    std::printf("  layers              %lld\n", static_cast<long long>(c.num_layers));
+    std::printf("  heads / kv heads    %lld / %lld (group %lld)\n", static_cast<long long>(c.num_heads),
+                static_cast<long long>(c.num_kv_heads), static_cast<long long>(c.group_size()));
+    std::printf("  head_dim            %lld\n", static_cast<long long>(c.head_dim));
+    std::printf("  rope_theta / eps    %g / %g\n", c.rope_theta, c.rms_norm_eps);
+    std::printf("  max positions       %lld\n", static_cast<long long>(c.max_position_embeddings));
+    std::printf("  lm_head             %s\n", c.tie_word_embeddings ? "tied to embed_tokens" : "separate");
+    std::printf("  KV bytes per token  f32 %lld, f16 %lld, bf16 %lld\n", static_cast<long long>(c.kv_bytes_per_token(DType::kF32)),
+                static_cast<long long>(c.kv_bytes_per_token(DType::kF16)),
+                static_cast<long long>(c.kv_bytes_per_token(DType::kBF16)));
+    std::printf("tensors:\n");
+    for (const auto& t : tensors) std::printf("  %-48s %s\n", t["name"].get<std::string>().c_str(), t["shape"].dump().c_str());
+  });
+}
+
+}  // namespace kvp::tools

@@ -1,0 +1,26 @@
+// kvproof: verification-first paged KV-cache management for LLM inference.
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvproof: a paged KV-cache engine checked against a dense reference transformer", "kvproof"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "help for every subcommand");
+  int exit_code = kvp::tools::kExitOk;
+  kvp::tools::add_info_command(app, exit_code);
+  kvp::tools::add_generate_command(app, exit_code);
+  kvp::tools::add_export_command(app, exit_code);
+#ifdef KVPROOF_HAS_REPLAY
+  kvp::tools::add_replay_command(app, exit_code);
+#endif
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints help or the usage error
+    return rc == 0 ? kvp::tools::kExitOk : kvp::tools::kExitBadInput;
+  }
+  return exit_code;
+}

@@ -1,0 +1,22 @@
+#include "tools/model_source.h"
+
+#include "reference/checkpoint.h"
+#include "reference/presets.h"
+
+namespace kvp::tools {
+
+void ModelSource::add_options(CLI::App& cmd) {
+  auto* p = cmd.add_option("--preset", preset, "built-in model with seeded random weights (tiny, small)");
+  auto* c = cmd.add_option("--checkpoint", checkpoint, "Hugging Face layout directory: config.json + model.safetensors");
+  p->excludes(c);
+  c->excludes(p);
+  cmd.add_option("--weight-seed", weight_seed, "seed of a preset's random weights")->needs(p);
+}
+
+Result<Model> ModelSource::load() const {
+  if (preset.empty() && checkpoint.empty()) return Status::error("one of --preset or --checkpoint is required");
+  if (!preset.empty()) return make_preset(preset, weight_seed);
+  return load_checkpoint(checkpoint);
+}
+
+}  // namespace kvp::tools
