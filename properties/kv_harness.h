@@ -1,0 +1,85 @@
+// A driver for KvCacheManager shared by the property tests and the operation fuzzer.
+//
+// It plays the backend and keeps a trivial model beside the manager:
+//   - a simulated KV pool: each device and host slot holds the (tenant, position, token)
+//     written there, or nothing / poison. Plan ops are applied in the documented order and
+//     every slot mapping is "written". After every command, every position of every
+//     resident sequence must read back its own (tenant, position, token) through its block
+//     table: a wrong slot, a skipped copy-on-write, a wrong prefix hit, a lost swap or a
+//     stale block all show up here (I3, I4, I5, I7 end to end).
+//   - per sequence: its tokens, slot count and residency, compared with the manager's.
+// Each command checks every invariant checker, and a failed allocation or swap must leave
+// a snapshot of the whole state unchanged (atomicity).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "optimized/kv_cache_manager.h"
+
+namespace kvp::testing {
+
+struct Op {
+  int kind = 0;  // see KvHarness::apply
+  int a = 0;
+  int b = 0;
+  int c = 0;
+};
+
+class KvHarness {
+ public:
+  explicit KvHarness(const KvCacheConfig& config);
+
+  // Applies one command; an error describes the first broken check.
+  Status apply(const Op& op);
+  // Frees every sequence, flushes the cache, and checks that every block is free (I6).
+  Status drain();
+
+  const KvCacheManager& manager() const { return m_; }
+  KvCacheManager& manager() { return m_; }
+  int64_t commands() const { return commands_; }
+  static constexpr int kNumKinds = 10;
+
+ private:
+  struct Cell {
+    int64_t tenant = -1;  // -1: never written; -2: poison
+    int64_t position = 0;
+    int32_t token = 0;
+    friend bool operator==(const Cell&, const Cell&) = default;
+  };
+  struct ModelSeq {
+    int64_t tenant = 0;
+    std::vector<int32_t> tokens;
+    int64_t num_slots = 0;
+    bool swapped = false;
+  };
+  struct Snapshot {
+    std::vector<int32_t> free_list, evictable_list, host_free_list;
+    std::vector<int32_t> refcounts;
+    std::map<SeqId, std::vector<int32_t>> tables;
+    std::map<SeqId, int64_t> slots;
+    int64_t cache_size = 0;
+    size_t ops = 0;
+    friend bool operator==(const Snapshot&, const Snapshot&) = default;
+  };
+
+  Snapshot snapshot() const;
+  std::vector<int32_t> make_prompt(int a, int b, int c) const;
+  SeqId pick(int a) const;  // an existing sequence (or -1)
+  Status allocate(SeqId s, int64_t n);
+  void apply_plan_ops();
+  Status check();
+
+  KvCacheConfig config_;
+  KvCacheManager m_;
+  std::vector<Cell> device_pool_, host_pool_;
+  std::map<SeqId, ModelSeq> model_;
+  SeqId next_id_ = 0;
+  int64_t commands_ = 0;
+};
+
+}  // namespace kvp::testing
