@@ -1,0 +1,57 @@
+// Operation-stream fuzzer over KvCacheManager: the first bytes choose a configuration, then
+// each 7 bytes are one command (add, append, fork, truncate, free, swap out/in, evict,
+// flush) run by the same harness as the property tests (properties/kv_harness.h): every
+// invariant checker and the simulated-KV-pool model after every command, atomicity of every
+// failure, and at the end a full drain (I6) and a replay of the event log by the
+// independent replayer. Any violation aborts.
+#include <cstdio>
+#include <cstdlib>
+
+#include "fuzz/byte_reader.h"
+#include "optimized/event_log_replay.h"
+#include "properties/kv_harness.h"
+
+namespace {
+
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "fuzz_kv_ops: %s\n", what.c_str());
+  std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kvp::fuzz::ByteReader in(data, size);
+  kvp::KvCacheConfig c;
+  const uint8_t flags = in.u8();
+  c.block_size = 1 + in.below(5);
+  c.num_device_blocks = in.below(33);
+  c.num_host_blocks = in.below(9);
+  c.watermark_blocks = c.num_device_blocks == 0 ? 0 : in.below(c.num_device_blocks / 4 + 1);
+  c.enable_prefix_caching = (flags & 1) == 0;
+  c.global_prefix_sharing = (flags & 2) != 0;
+  c.poison_on_free = (flags & 4) != 0;
+  c.hash_bits = (flags & 8) != 0 ? 1 + (flags >> 4) % 4 : 256;
+
+  kvp::testing::KvHarness h(c);
+  kvp::EventLog log;
+  h.manager().set_event_log(&log);
+  int commands = 0;
+  while (!in.empty() && commands++ < 400) {
+    kvp::testing::Op op;
+    op.kind = in.u8();
+    op.a = in.u16();
+    op.b = in.u16();
+    op.c = in.u16();
+    const kvp::Status st = h.apply(op);
+    if (!st.is_ok()) fail(st.message());
+  }
+  const kvp::Status drained = h.drain();
+  if (!drained.is_ok()) fail("drain: " + drained.message());
+  const kvp::ReplayResult r = kvp::replay_event_log(log.text());
+  if (!r.ok()) fail("replay of the manager's own log: " + r.message);
+  if (r.sequences != 0 || r.device_in_use != 0 || r.host_in_use != 0 || r.device_cached != 0) {
+    fail("replay ends with state left over");
+  }
+  return 0;
+}
