@@ -1,0 +1,155 @@
+// The CPU backend's hot loops: paged attention over a block table, and the small
+// per-token kernels around it (dot, RMSNorm, RoPE, SiLU).
+//
+// Versions: one, the scalar CPU version. Every function is a plain loop over pointers and
+// marked KVP_HOST_DEVICE so that a CUDA backend can call (or mirror) it as it stands; no
+// allocation, no std containers, scratch comes from the caller.
+//
+// Determinism (N1 in DESIGN.md) is a property of these loops, not of their callers:
+//   - dot() reduces in a fixed order that depends only on n: a matrix row times a vector
+//     gives the same bits however many other rows or vectors are computed beside it.
+//   - paged_attention_head() reads positions 0..position in order, through the block
+//     table, with partition (split) points fixed in POSITIONS, never in blocks. The result
+//     is therefore bitwise independent of the block size, the block ids, how the sequence
+//     was chunked and what else is in the batch; it depends only on the K/V values at the
+//     positions, the query and the partition size.
+//
+// Slot arithmetic is kernels/kv_index.h's; this file only turns a slot into a float offset
+// in the [num_blocks, block_size, num_kv_heads, head_dim] pool layout.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/host_device.h"
+#include "kernels/kv_index.h"
+
+namespace kvp::kernels {
+
+// Positions per attention partition, the default split size. Results are bitwise
+// reproducible for a fixed partition size; changing it changes the rounding.
+inline constexpr int64_t kDefaultAttentionPartition = 128;
+
+// Offset, in floats, of (slot, kv_head) in a layer's K or V pool of layout
+// [num_blocks, block_size, num_kv_heads, head_dim] (a slot is block_id * block_size + offset).
+KVP_HOST_DEVICE constexpr int64_t kv_pool_offset(int64_t slot, int64_t kv_head, int64_t num_kv_heads,
+                                                 int64_t head_dim) {
+  return (slot * num_kv_heads + kv_head) * head_dim;
+}
+
+// sum_i a[i] * b[i], reduced in a fixed order that depends only on n: 16 interleaved
+// partial sums (lane l takes i = l mod 16), combined by a fixed tree, then the tail.
+// Independent lanes let the compiler vectorise without reassociating anything.
+KVP_HOST_DEVICE inline float dot(const float* a, const float* b, int64_t n) {
+  constexpr int64_t kLanes = 16;
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
+  }
+  for (int64_t width = kLanes / 2; width > 0; width /= 2) {
+    for (int64_t l = 0; l < width; ++l) acc[l] += acc[l + width];
+  }
+  float tail = 0.0f;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  return acc[0] + tail;
+}
+
+// RMSNorm: out = x / sqrt(mean(x^2) + eps) * weight. `out` may alias `x`.
+KVP_HOST_DEVICE inline void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* out) {
+  const float mean_square = dot(x, x, n) / static_cast<float>(n);
+  const float inv_rms = 1.0f / std::sqrt(mean_square + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * inv_rms) * weight[i];
+}
+
+// Inverse frequency of rotary pair i of a head of `head_dim` dimensions: theta^(-2i/head_dim),
+// computed in float. REQUIRES: 0 <= i < head_dim / 2.
+KVP_HOST_DEVICE inline float rope_inv_freq(int64_t i, int64_t head_dim, float theta) {
+  return 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+}
+
+// cos and sin of the rotary angles of `position`, one per pair: angle_i = position * inv_freq[i].
+KVP_HOST_DEVICE inline void rope_cos_sin(int64_t position, const float* inv_freq, int64_t half, float* cos_out,
+                                         float* sin_out) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float angle = static_cast<float>(position) * inv_freq[i];
+    cos_out[i] = std::cos(angle);
+    sin_out[i] = std::sin(angle);
+  }
+}
+
+// Rotary embedding of one head in place, Hugging Face "rotate half" convention: dimension i
+// of the first half pairs with dimension i + half. `cos`/`sin` come from rope_cos_sin.
+KVP_HOST_DEVICE inline void apply_rope(float* head, const float* cos, const float* sin, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = head[i];
+    const float x2 = head[i + half];
+    head[i] = x1 * cos[i] - x2 * sin[i];
+    head[i + half] = x2 * cos[i] + x1 * sin[i];
+  }
+}
+
+// silu(z) = z * sigmoid(z).
+KVP_HOST_DEVICE inline float silu(float z) { return z / (1.0f + std::exp(-z)); }
+
+// Causal attention of one query head of one token at `position` over its sequence's
+// context, read through the block table from one layer's K and V pools:
+//   out = sum_j softmax_j(q . k_j * scale) v_j,  j = 0..position.
+// The positions are cut into partitions [0, P), [P, 2P), ... of `partition` positions; each
+// partition keeps its own online-softmax state (max, sum, accumulator), and the partitions
+// are merged in order. A NaN anywhere in the K/V read (a poisoned block) reaches `out`.
+//
+// q: [head_dim]. k_pool, v_pool: the layer's pools. block_table: the sequence's block ids,
+// at least blocks_for_tokens(position + 1, block_size) of them. scratch: [head_dim] floats.
+// out: [head_dim]; must not alias q or scratch.
+// REQUIRES: position >= 0, partition > 0, every slot read lies inside the pools.
+template <typename BlockId>
+KVP_HOST_DEVICE inline void paged_attention_head(const float* q, const float* k_pool, const float* v_pool,
+                                                 const BlockId* block_table, int64_t block_size,
+                                                 int64_t num_kv_heads, int64_t kv_head, int64_t head_dim,
+                                                 int64_t position, float scale, int64_t partition,
+                                                 float* scratch, float* out) {
+  float running_max = 0.0f;
+  float running_sum = 0.0f;
+  for (int64_t begin = 0; begin <= position; begin += partition) {
+    const int64_t end = (position + 1 - begin < partition) ? position + 1 : begin + partition;
+    // This partition's state; the first position's score initialises its max so that a
+    // NaN score cannot be skipped by a comparison.
+    float part_max = 0.0f;
+    float part_sum = 0.0f;
+    for (int64_t d = 0; d < head_dim; ++d) scratch[d] = 0.0f;
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t slot = slot_of(block_table, j, block_size);
+      const float* k = k_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim);
+      const float* v = v_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim);
+      const float score = dot(q, k, head_dim) * scale;
+      if (j == begin) {
+        part_max = score;
+      } else if (score > part_max) {
+        const float rescale = std::exp(part_max - score);
+        part_sum *= rescale;
+        for (int64_t d = 0; d < head_dim; ++d) scratch[d] *= rescale;
+        part_max = score;
+      }
+      const float p = std::exp(score - part_max);
+      part_sum += p;
+      for (int64_t d = 0; d < head_dim; ++d) scratch[d] += p * v[d];
+    }
+    if (begin == 0) {
+      running_max = part_max;
+      running_sum = part_sum;
+      for (int64_t d = 0; d < head_dim; ++d) out[d] = scratch[d];
+    } else {
+      const float new_max = part_max > running_max ? part_max : running_max;
+      const float a = std::exp(running_max - new_max);
+      const float b = std::exp(part_max - new_max);
+      running_sum = running_sum * a + part_sum * b;
+      for (int64_t d = 0; d < head_dim; ++d) out[d] = out[d] * a + scratch[d] * b;
+      running_max = new_max;
+    }
+  }
+  const float inv_sum = 1.0f / running_sum;
+  for (int64_t d = 0; d < head_dim; ++d) out[d] *= inv_sum;
+}
+
+}  // namespace kvp::kernels
