@@ -1,0 +1,83 @@
+// Engine: the serving loop. add_request validates and queues; each step() schedules a
+// BatchPlan, runs it on the backend, samples (or takes forced tokens), appends tokens,
+// finishes requests at their stop token or length, and records metrics. Deterministic
+// given the requests, their seeds and the configuration.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "optimized/backend.h"
+#include "optimized/kv_cache_manager.h"
+#include "optimized/metrics.h"
+#include "optimized/request.h"
+#include "optimized/scheduler.h"
+
+namespace kvp {
+
+struct EngineConfig {
+  KvCacheConfig kv;
+  SchedulerConfig scheduler;
+  int64_t vocab_size = 0;  // of the model the backend runs
+};
+Status validate(const EngineConfig& c);
+
+class Engine {
+ public:
+  // REQUIRES: validate(config).is_ok(); the backend's pools match config.kv; backend
+  // outlives the engine.
+  Engine(const EngineConfig& config, Backend& backend);
+
+  // Queues a request. Requests that can never run are rejected now, with a reason (empty
+  // prompt, token outside the vocabulary, prompt + max_tokens > max_model_len, more blocks
+  // than the pool, bad sampling parameters); a rejected request is finished at once and
+  // nothing else changes. Either way the id names the request's result.
+  RequestId add_request(RequestSpec spec);
+  // Cancels a request; takes effect at the next step boundary. Unknown or finished: no-op.
+  void cancel(RequestId id);
+
+  // One step. Errors come from the backend (a plan it could not run) or a step observer.
+  Status step();
+  bool has_unfinished() const;
+  int64_t steps_done() const { return step_; }
+
+  // Called after every step with the plan that ran (invariant checks in verify and audit).
+  using StepObserver = std::function<Status(const Engine&, const BatchPlan&)>;
+  void set_step_observer(StepObserver observer) { observer_ = std::move(observer); }
+  // Called with each plan after scheduling and before the backend runs it (checks of the
+  // plan against the manager's state: slot mapping, exclusive writes, resource bounds).
+  // An error stops the step before anything runs.
+  void set_plan_observer(StepObserver observer) { plan_observer_ = std::move(observer); }
+
+  const Request& request(RequestId id) const { return *requests_.at(id); }
+  const std::map<RequestId, std::unique_ptr<Request>>& requests() const { return requests_; }
+  const KvCacheManager& kv() const { return kv_; }
+  KvCacheManager& kv_mutable() { return kv_; }
+  const Scheduler& scheduler() const { return scheduler_; }
+  const EngineConfig& config() const { return config_; }
+  EngineMetrics metrics() const;
+
+ private:
+  void reject(Request& r, std::string reason);
+  void finish(Request& r, FinishReason reason);
+  void process_outputs(const BatchPlan& plan, const StepOutput& out);
+  double now() const;
+
+  EngineConfig config_;
+  Backend& backend_;
+  KvCacheManager kv_;
+  Scheduler scheduler_;
+  std::map<RequestId, std::unique_ptr<Request>> requests_;
+  RequestId next_id_ = 0;
+  int64_t step_ = 0;
+  StepObserver observer_;
+  StepObserver plan_observer_;
+  EngineCounters counters_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace kvp

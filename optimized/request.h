@@ -1,0 +1,71 @@
+// A request as the engine sees it: what the user asked for, and what became of it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/rng.h"
+#include "common/sampling.h"
+
+namespace kvp {
+
+using RequestId = int64_t;
+
+struct RequestSpec {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 16;
+  SamplingParams sampling;
+  int64_t tenant = 0;
+  std::optional<int32_t> stop_token;  // finishes (reason stop) when generated
+  // Teacher forcing (a test hook): the i-th generated token is forced_tokens[i] instead of
+  // a sampled one, for as many tokens as given.
+  std::vector<int32_t> forced_tokens;
+  // Keep the logits of every position (prompt and generated), not only those sampled from.
+  bool capture_logits = false;
+};
+
+enum class RequestState { kWaiting, kRunning, kSwapped, kFinished };
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kRejected };
+const char* to_string(FinishReason r);
+
+// Step numbers count engine steps from 0; a request that arrives before step s is first
+// schedulable in step s.
+struct RequestTimeline {
+  int64_t arrival_step = 0;
+  int64_t first_scheduled_step = -1;
+  int64_t first_token_step = -1;
+  int64_t finish_step = -1;
+  double arrival_s = 0, first_scheduled_s = -1, first_token_s = -1, finish_s = -1;  // wall clock
+};
+
+struct Request {
+  RequestId id = 0;
+  RequestSpec spec;
+  RequestState state = RequestState::kWaiting;
+  FinishReason finish = FinishReason::kNone;
+  std::string reject_reason;
+
+  std::vector<int32_t> tokens;  // prompt, then generated tokens
+  int64_t num_computed = 0;     // leading positions whose K/V are in the cache
+  Rng rng{0};                   // the sampling stream: one draw per sampled token
+  bool in_kv = false;           // holds a KvCacheManager sequence (running or swapped)
+  bool cancel_requested = false;
+
+  // logits[p]: the logits at position p (predicting token p + 1), when captured.
+  std::vector<std::vector<float>> logits;
+  int64_t recomputed_logit_mismatches = 0;  // recomputed positions whose logits differed bitwise
+
+  int64_t num_preemptions = 0;
+  int64_t num_swaps = 0;
+  int64_t prefix_hit_tokens = 0;
+  RequestTimeline time;
+
+  int64_t num_prompt() const { return static_cast<int64_t>(spec.prompt.size()); }
+  int64_t num_generated() const { return static_cast<int64_t>(tokens.size()) - num_prompt(); }
+  std::vector<int32_t> output() const { return {tokens.begin() + num_prompt(), tokens.end()}; }
+  bool finished() const { return state == RequestState::kFinished; }
+};
+
+}  // namespace kvp
