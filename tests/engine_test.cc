@@ -1,0 +1,210 @@
+// The scheduler and engine loop, with a model-free backend: admission, rejection,
+// cancellation, chunked prefill, preemption and the terminal-state contract.
+#include "optimized/engine.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "optimized/invariants.h"
+#include "optimized/workload.h"
+#include "tests/fake_backend.h"
+
+namespace kvp {
+namespace {
+
+constexpr int64_t kVocab = 64;
+
+EngineConfig small_config(int32_t blocks, AdmissionRule admission = AdmissionRule::kOptimistic,
+                          PreemptionMode mode = PreemptionMode::kRecompute) {
+  EngineConfig c;
+  c.kv.num_device_blocks = blocks;
+  c.kv.num_host_blocks = blocks / 2;
+  c.kv.block_size = 4;
+  c.kv.watermark_blocks = 0;
+  c.scheduler.max_num_batched_tokens = 32;
+  c.scheduler.max_num_seqs = 8;
+  c.scheduler.max_model_len = 256;
+  c.scheduler.prefill_chunk_size = 16;
+  c.scheduler.admission = admission;
+  c.scheduler.preemption = mode;
+  c.vocab_size = kVocab;
+  return c;
+}
+
+RequestSpec spec(int64_t prompt_len, int64_t max_tokens, int32_t first = 1) {
+  RequestSpec s;
+  for (int64_t i = 0; i < prompt_len; ++i) s.prompt.push_back(static_cast<int32_t>((first + i) % kVocab));
+  s.max_tokens = max_tokens;
+  return s;
+}
+
+Status run_to_end(Engine& e, int64_t max_steps = 10000) {
+  for (int64_t i = 0; i < max_steps && e.has_unfinished(); ++i) {
+    KVP_RETURN_IF_ERROR(e.step());
+    KVP_RETURN_IF_ERROR(check_all(e.kv()));
+  }
+  return e.has_unfinished() ? Status::error("did not finish") : Status::ok();
+}
+
+TEST(Engine, RejectsRequestsThatCanNeverRunWithAReasonAndChangesNothingElse) {
+  testing::FakeBackend backend(kVocab);
+  Engine e(small_config(16), backend);
+  const RequestId empty = e.add_request(spec(0, 4));
+  const RequestId bad_token = e.add_request([] { auto s = spec(3, 4); s.prompt[1] = kVocab; return s; }());
+  const RequestId too_long = e.add_request(spec(250, 10));
+  const RequestId too_big = e.add_request(spec(60, 10));  // 70 tokens = 18 blocks > 16
+  const RequestId zero = e.add_request(spec(3, 0));
+  for (RequestId id : {empty, bad_token, too_long, too_big, zero}) {
+    EXPECT_EQ(e.request(id).finish, FinishReason::kRejected) << id;
+    EXPECT_FALSE(e.request(id).reject_reason.empty());
+  }
+  EXPECT_NE(e.request(too_big).reject_reason.find("blocks"), std::string::npos);
+  EXPECT_NE(e.request(too_long).reject_reason.find("max_model_len"), std::string::npos);
+  EXPECT_FALSE(e.has_unfinished());
+  EXPECT_EQ(e.kv().num_sequences(), 0);
+  EXPECT_EQ(e.metrics().counters.rejections, 5);
+}
+
+TEST(Engine, GeneratesExactlyMaxTokensAndFreesEverything) {
+  testing::FakeBackend backend(kVocab);
+  Engine e(small_config(32), backend);
+  const RequestId id = e.add_request(spec(10, 7));
+  ASSERT_TRUE(run_to_end(e).is_ok());
+  EXPECT_EQ(e.request(id).finish, FinishReason::kLength);
+  EXPECT_EQ(e.request(id).num_generated(), 7);
+  EXPECT_TRUE(check_no_leak(e.kv()).is_ok());
+  // Greedy on the fake logits: token i+1 = (token_i * 31 + position_i * 17) % vocab.
+  const Request& r = e.request(id);
+  for (std::size_t p = 9; p + 1 < r.tokens.size(); ++p)
+    EXPECT_EQ(r.tokens[p + 1], (r.tokens[p] * 31 + static_cast<int64_t>(p) * 17) % kVocab) << p;
+}
+
+TEST(Engine, StopTokenEndsTheRequest) {
+  testing::FakeBackend backend(kVocab);
+  Engine e(small_config(32), backend);
+  RequestSpec s = spec(10, 20);
+  // The first generated token is (token 9 * 31 + 9 * 17) % 64.
+  s.stop_token = static_cast<int32_t>((s.prompt[9] * 31 + 9 * 17) % kVocab);
+  const RequestId id = e.add_request(s);
+  ASSERT_TRUE(run_to_end(e).is_ok());
+  EXPECT_EQ(e.request(id).finish, FinishReason::kStop);
+  EXPECT_EQ(e.request(id).num_generated(), 1);
+}
+
+TEST(Engine, CancellationTakesEffectAtTheNextStepAndFreesBlocks) {
+  testing::FakeBackend backend(kVocab);
+  Engine e(small_config(32), backend);
+  const RequestId a = e.add_request(spec(10, 50));
+  const RequestId b = e.add_request(spec(10, 5));
+  ASSERT_TRUE(e.step().is_ok());
+  EXPECT_NE(e.kv().sequence(a), nullptr);
+  e.cancel(a);
+  EXPECT_FALSE(e.request(a).finished());  // not before the step boundary
+  ASSERT_TRUE(e.step().is_ok());
+  EXPECT_EQ(e.request(a).finish, FinishReason::kCancelled);
+  EXPECT_EQ(e.kv().sequence(a), nullptr);
+  ASSERT_TRUE(run_to_end(e).is_ok());
+  EXPECT_EQ(e.request(b).finish, FinishReason::kLength);
+  e.cancel(b);  // finished: no-op
+  EXPECT_EQ(e.request(b).finish, FinishReason::kLength);
+  EXPECT_EQ(e.metrics().counters.cancellations, 1);
+}
+
+TEST(Engine, RunningDecodesAreServedWhileALongPromptPrefillsInChunks) {
+  testing::FakeBackend backend(kVocab);
+  EngineConfig c = small_config(64);
+  c.scheduler.max_num_batched_tokens = 16;
+  c.scheduler.prefill_chunk_size = 12;
+  Engine e(c, backend);
+  const RequestId chat = e.add_request(spec(4, 20));
+  ASSERT_TRUE(e.step().is_ok());  // chat's prefill
+  const RequestId doc = e.add_request(spec(120, 2));
+  int64_t steps_while_doc_prefills = 0;
+  while (e.request(doc).num_generated() == 0) {
+    const int64_t before = e.request(chat).num_generated();
+    ASSERT_TRUE(e.step().is_ok());
+    ++steps_while_doc_prefills;
+    if (!e.request(chat).finished()) {
+      EXPECT_EQ(e.request(chat).num_generated(), before + 1) << "chat stalled";
+    }
+  }
+  // 120 prompt tokens in chunks of at most 12 (budget 16 minus the decode): >= 10 steps.
+  EXPECT_GE(steps_while_doc_prefills, 10);
+  ASSERT_TRUE(run_to_end(e).is_ok());
+}
+
+TEST(Engine, ConservativeAdmissionNeverPreemptsUnderOverload) {
+  testing::FakeBackend backend(kVocab);
+  Engine e(small_config(24, AdmissionRule::kConservative), backend);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back(e.add_request(spec(10 + i % 7, 12, i)));
+  ASSERT_TRUE(run_to_end(e).is_ok());
+  EXPECT_EQ(e.metrics().counters.preemptions, 0);
+  for (RequestId id : ids) EXPECT_EQ(e.request(id).finish, FinishReason::kLength);
+}
+
+TEST(Engine, OptimisticAdmissionPreemptsAndEveryRequestStillFinishes) {
+  for (PreemptionMode mode : {PreemptionMode::kRecompute, PreemptionMode::kSwap}) {
+    testing::FakeBackend backend(kVocab);
+    Engine e(small_config(24, AdmissionRule::kOptimistic, mode), backend);
+    std::vector<RequestId> ids;
+    for (int i = 0; i < 40; ++i) ids.push_back(e.add_request(spec(10 + i % 7, 12, i)));
+    ASSERT_TRUE(run_to_end(e).is_ok());
+    EXPECT_GT(e.metrics().counters.preemptions, 0);
+    if (mode == PreemptionMode::kSwap) {
+      EXPECT_GT(e.metrics().counters.swaps_out, 0);
+    }
+    for (RequestId id : ids) {
+      EXPECT_EQ(e.request(id).finish, FinishReason::kLength);
+      EXPECT_EQ(e.request(id).num_generated(), 12);
+    }
+    EXPECT_TRUE(check_no_leak(e.kv()).is_ok());
+  }
+}
+
+TEST(Engine, PreemptedRequestsProduceTheTokensTheyWouldHaveAlone) {
+  testing::FakeBackend backend(kVocab);
+  Engine crowded(small_config(20), backend);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 12; ++i) ids.push_back(crowded.add_request(spec(14, 16, 3 * i)));
+  ASSERT_TRUE(run_to_end(crowded).is_ok());
+  ASSERT_GT(crowded.metrics().counters.preemptions, 0);
+  for (int i = 0; i < 12; ++i) {
+    testing::FakeBackend b2(kVocab);
+    Engine alone(small_config(64), b2);
+    const RequestId id = alone.add_request(spec(14, 16, 3 * i));
+    ASSERT_TRUE(run_to_end(alone).is_ok());
+    EXPECT_EQ(alone.request(id).tokens, crowded.request(ids[static_cast<std::size_t>(i)]).tokens) << i;
+  }
+}
+
+TEST(Workload, ParserErrorsNameTheRequestAndField) {
+  auto err = [](const char* text) {
+    auto w = parse_workload(nlohmann::json::parse(text), kVocab, 0);
+    return w.is_ok() ? std::string("<accepted>") : w.status().message();
+  };
+  EXPECT_EQ(err(R"({"requests":[{"prompt":[1,2]}]})"), "<accepted>");
+  EXPECT_NE(err(R"({"requests":[{"prompt":[1,2]},{"prompt_len":4,"max_tokens":0}]})").find("requests[1]: max_tokens"), std::string::npos);
+  EXPECT_NE(err(R"({"requests":[{"prompt":[1,64]}]})").find("outside the vocabulary"), std::string::npos);
+  EXPECT_NE(err(R"({"requests":[{"prompt":[1],"prompt_len":3}]})").find("exactly one of"), std::string::npos);
+  EXPECT_NE(err(R"({"requests":[{"prompt":[1],"colour":3}]})").find("unknown field 'colour'"), std::string::npos);
+  EXPECT_NE(err(R"({"requests":[{"prompt":[1],"top_p":0}]})").find("top_p"), std::string::npos);
+  EXPECT_NE(err(R"({"requests":[]})").find("empty"), std::string::npos);
+  EXPECT_NE(err(R"([1])").find("JSON object"), std::string::npos);
+  EXPECT_NE(err(R"({"requests":[{"prompt_len":8,"shared_prefix":{"group":1}}]})").find("shared_prefix"), std::string::npos);
+}
+
+TEST(Workload, SharedPrefixGroupsShareTheirLeadingTokens) {
+  auto w = builtin_workload("shared-prefix", kVocab, 7);
+  ASSERT_TRUE(w.is_ok());
+  const auto& a = w->requests[0].spec.prompt;
+  const auto& b = w->requests[1].spec.prompt;
+  EXPECT_TRUE(std::equal(a.begin(), a.begin() + 32, b.begin()));
+  EXPECT_NE(a, b);
+  auto again = builtin_workload("shared-prefix", kVocab, 7);
+  EXPECT_EQ(again->requests[3].spec.prompt, w->requests[3].spec.prompt);
+  EXPECT_FALSE(builtin_workload("nope", kVocab, 0).is_ok());
+}
+
+}  // namespace
+}  // namespace kvp
