@@ -1,0 +1,231 @@
+// Properties of the serving engine.
+//   - Non-interference (N1): a target request's tokens and logits are bitwise identical
+//     whatever runs beside it and whatever the schedule (block size, chunk size, token
+//     budget, preemption mode, pool size, prefix caching, arrival step).
+//   - Scheduler contract under random arrivals and cancellations on a small pool: I8
+//     bounds on every plan, every invariant after every step, progress within a bound,
+//     every request ends exactly once, conservative admission never preempts, no leak.
+#include <algorithm>
+
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+
+#include "kernels/kv_index.h"
+#include "optimized/cpu_backend.h"
+#include "optimized/engine.h"
+#include "optimized/invariants.h"
+#include "optimized/workload.h"
+#include "reference/presets.h"
+#include "tests/fake_backend.h"
+
+namespace kvp {
+namespace {
+
+constexpr int64_t kMaxLen = 48;
+
+const Model& micro_model() {
+  static const Model m = [] {
+    ModelConfig c;
+    c.vocab_size = 64;
+    c.hidden_size = 32;
+    c.intermediate_size = 64;
+    c.num_layers = 2;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 8;
+    c.max_position_embeddings = 256;
+    return make_random_model(c, 5);
+  }();
+  return m;
+}
+
+struct Schedule {
+  int32_t block_size, num_blocks, chunk, budget, max_seqs;
+  PreemptionMode mode;
+  AdmissionRule admission;
+  bool prefix_caching;
+};
+
+// Draw functions (called inside a property, where *gen draws a value).
+Schedule draw_schedule() {
+  const int32_t bs = *rc::gen::element(1, 2, 3, 4, 8);
+  // Enough blocks for the longest request (kMaxLen tokens) plus the watermark.
+  const auto need = static_cast<int32_t>(kernels::blocks_for_tokens(kMaxLen, bs)) + 1;
+  Schedule s{bs, need + *rc::gen::inRange(0, 24), *rc::gen::inRange(1, 20), *rc::gen::inRange(8, 64),
+             *rc::gen::inRange(1, 8), PreemptionMode::kRecompute, AdmissionRule::kOptimistic, *rc::gen::arbitrary<bool>()};
+  if (*rc::gen::arbitrary<bool>()) s.mode = PreemptionMode::kSwap;
+  if (*rc::gen::arbitrary<bool>()) s.admission = AdmissionRule::kConservative;
+  return s;
+}
+
+EngineConfig engine_config(const Schedule& s, int64_t vocab) {
+  EngineConfig c;
+  c.kv.num_device_blocks = s.num_blocks;
+  c.kv.num_host_blocks = s.num_blocks / 2;
+  c.kv.block_size = s.block_size;
+  c.kv.watermark_blocks = 1;
+  c.kv.enable_prefix_caching = s.prefix_caching;
+  c.kv.poison_on_free = true;
+  c.scheduler.max_num_batched_tokens = s.budget;
+  c.scheduler.max_num_seqs = s.max_seqs;
+  c.scheduler.max_model_len = kMaxLen;
+  c.scheduler.prefill_chunk_size = s.chunk;
+  c.scheduler.admission = s.admission;
+  c.scheduler.preemption = s.mode;
+  c.vocab_size = vocab;
+  return c;
+}
+
+// A request whose prompt often shares a prefix with the others' (and the target's).
+WorkloadRequest draw_request(const std::vector<int32_t>& common_prefix) {
+  WorkloadRequest w;
+  const int prefix_len = *rc::gen::inRange(0, static_cast<int>(common_prefix.size()) + 1);
+  w.spec.prompt.assign(common_prefix.begin(), common_prefix.begin() + prefix_len);
+  const int tail = *rc::gen::inRange(0, 20);
+  for (int i = 0; i < tail; ++i) w.spec.prompt.push_back(*rc::gen::inRange(0, 64));
+  if (w.spec.prompt.empty()) w.spec.prompt.push_back(1);
+  w.spec.max_tokens = std::min<int64_t>(*rc::gen::inRange(1, 12), kMaxLen - static_cast<int64_t>(w.spec.prompt.size()));
+  if (*rc::gen::arbitrary<bool>()) w.spec.sampling = SamplingParams{0.9f, 0, 0.95f, *rc::gen::arbitrary<uint64_t>()};
+  w.spec.tenant = *rc::gen::inRange(0, 2);
+  w.arrival_step = *rc::gen::inRange(0, 6);
+  if (*rc::gen::inRange(0, 5) == 0) w.cancel_step = w.arrival_step + *rc::gen::inRange(0, 10);
+  return w;
+}
+
+std::vector<WorkloadRequest> draw_requests(const std::vector<int32_t>& prefix, int lo, int hi) {
+  std::vector<WorkloadRequest> out(static_cast<std::size_t>(*rc::gen::inRange(lo, hi)));
+  for (auto& r : out) r = draw_request(prefix);
+  return out;
+}
+
+std::vector<int32_t> draw_prefix() {
+  std::vector<int32_t> p(24);
+  for (auto& t : p) t = *rc::gen::inRange(0, 64);
+  return p;
+}
+
+struct TargetResult {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+  FinishReason finish;
+};
+
+TargetResult run_with_target(const Schedule& s, const WorkloadRequest& target, std::vector<WorkloadRequest> others) {
+  CpuBackendConfig bc;
+  bc.num_device_blocks = s.num_blocks;
+  bc.num_host_blocks = s.num_blocks / 2;
+  bc.block_size = s.block_size;
+  CpuBackend backend(micro_model(), bc);
+  Engine engine(engine_config(s, micro_model().config.vocab_size), backend);
+  Workload w{"w", std::move(others)};
+  w.requests.push_back(target);
+  w.requests.back().spec.capture_logits = true;
+  auto run = run_workload(engine, w, 100000);
+  RC_ASSERT(run.is_ok());
+  const Request& r = engine.request(run->ids.back());
+  return {r.tokens, r.logits, r.finish};
+}
+
+RC_GTEST_PROP(EngineProperty, TargetRequestIsBitwiseIndependentOfNeighboursAndSchedule, ()) {
+  const auto prefix = draw_prefix();
+  WorkloadRequest target = draw_request(prefix);
+  target.cancel_step.reset();
+  const auto others_a = draw_requests(prefix, 0, 6);
+  const auto others_b = draw_requests(prefix, 0, 6);
+  const Schedule sa = draw_schedule();
+  const Schedule sb = draw_schedule();
+  WorkloadRequest target_b = target;
+  target_b.arrival_step = *rc::gen::inRange(0, 6);
+
+  const TargetResult a = run_with_target(sa, target, others_a);
+  const TargetResult b = run_with_target(sb, target_b, others_b);
+  RC_ASSERT(a.finish == b.finish);
+  RC_ASSERT(a.tokens == b.tokens);
+  RC_ASSERT(a.logits.size() == b.logits.size());
+  int64_t compared = 0;
+  for (std::size_t p = 0; p < a.logits.size(); ++p) {
+    if (a.logits[p].empty() || b.logits[p].empty()) continue;  // served from the prefix cache
+    RC_ASSERT(a.logits[p] == b.logits[p]);
+    ++compared;
+  }
+  RC_ASSERT(compared > 0);
+  RC_CLASSIFY(sa.block_size != sb.block_size, "different block sizes");
+}
+
+RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmallPool, ()) {
+  const Schedule s = draw_schedule();
+  const auto prefix = draw_prefix();
+  const auto requests = draw_requests(prefix, 1, 40);
+  testing::FakeBackend backend(64);
+  const EngineConfig config = engine_config(s, 64);
+  Engine engine(config, backend);
+  std::string violation;
+  engine.set_plan_observer([&](const Engine& e, const BatchPlan& plan) -> Status {
+    if (plan.num_tokens() > config.scheduler.max_num_batched_tokens) violation = "token budget exceeded";
+    if (e.scheduler().num_running() > config.scheduler.max_num_seqs) violation = "max_num_seqs exceeded";
+    for (int32_t len : plan.context_lens)
+      if (len > config.scheduler.max_model_len) violation = "context beyond max_model_len";
+    for (std::size_t i = 0; i < plan.seq_ids.size(); ++i) {
+      const int64_t n = plan.query_start[i + 1] - plan.query_start[i];
+      std::span<const int64_t> slots(plan.slot_mapping.data() + plan.query_start[i], static_cast<std::size_t>(n));
+      if (Status st = check_slot_mapping(e.kv(), plan.seq_ids[i], plan.context_lens[i] - n, slots); !st) violation = st.message();
+      if (Status st = check_exclusive_write(e.kv(), plan.seq_ids[i], slots); !st) violation = st.message();
+    }
+    return violation.empty() ? Status::ok() : Status::error(violation);
+  });
+  engine.set_step_observer([](const Engine& e, const BatchPlan&) { return check_all(e.kv()); });
+
+  // Progress: a generous bound on steps; a deadlock or livelock runs past it.
+  int64_t work = 0;
+  int64_t last_arrival = 0;
+  for (const auto& r : requests) {
+    work += static_cast<int64_t>(r.spec.prompt.size()) + r.spec.max_tokens;
+    last_arrival = std::max(last_arrival, r.arrival_step);
+  }
+  const int64_t bound = last_arrival + work * (static_cast<int64_t>(requests.size()) + 1) + 10;
+  auto run = run_workload(engine, Workload{"random", requests}, bound);
+  RC_ASSERT(violation.empty());
+  RC_ASSERT(run.is_ok());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const Request& r = engine.request(run->ids[i]);
+    RC_ASSERT(r.finished());
+    if (r.finish == FinishReason::kLength) RC_ASSERT(r.num_generated() == r.spec.max_tokens);
+    if (r.finish == FinishReason::kCancelled) RC_ASSERT(requests[i].cancel_step.has_value());
+    RC_ASSERT(r.finish != FinishReason::kRejected);  // every generated request fits the pool
+  }
+  if (s.admission == AdmissionRule::kConservative) RC_ASSERT(engine.metrics().counters.preemptions == 0);
+  RC_ASSERT(check_no_leak(engine.kv()).is_ok());
+  engine.kv_mutable().flush_prefix_cache();
+  RC_ASSERT(check_all_free(engine.kv()).is_ok());
+  RC_CLASSIFY(engine.metrics().counters.preemptions > 0, "preempted");
+}
+
+// Overload: ten times more requests than the pool holds at once, all arriving together:
+// none lost, none rejected, every one finishes with all its tokens.
+TEST(EngineProperty, OverloadLosesNothing) {
+  testing::FakeBackend backend(64);
+  Schedule s{4, 13, 8, 32, 8, PreemptionMode::kRecompute, AdmissionRule::kOptimistic, true};
+  Engine engine(engine_config(s, 64), backend);
+  std::vector<RequestId> ids;
+  // Each request needs 20 tokens = 5 blocks at its longest; 13 blocks hold ~2 at once.
+  for (int i = 0; i < 26; ++i) {
+    RequestSpec spec;
+    for (int t = 0; t < 12; ++t) spec.prompt.push_back((i * 7 + t) % 64);
+    spec.max_tokens = 8;
+    ids.push_back(engine.add_request(spec));
+  }
+  for (int step = 0; step < 100000 && engine.has_unfinished(); ++step) {
+    ASSERT_TRUE(engine.step().is_ok());
+    Status inv = check_all(engine.kv());
+    ASSERT_TRUE(inv.is_ok()) << inv.message();
+  }
+  EXPECT_GT(engine.metrics().counters.preemptions, 0);
+  for (RequestId id : ids) {
+    EXPECT_EQ(engine.request(id).finish, FinishReason::kLength);
+    EXPECT_EQ(engine.request(id).num_generated(), 8);
+  }
+}
+
+}  // namespace
+}  // namespace kvp
