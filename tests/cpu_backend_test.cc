@@ -393,6 +393,40 @@ TEST(CpuBackend, SwapOutThenInToOtherBlocksKeepsNextDecodeBitwise) {
   }
 }
 
+// plan_ops.h's order: swap_out, block_copies, poison, swap_in. Block 2 is read by the
+// swap-out and the copy before it is poisoned, then refilled by the swap-in.
+TEST(CpuBackend, RunsOpsInPlanOrder) {
+  const int32_t bs = 4;
+  CpuBackend backend = make_backend(tiny(), 8, bs, 1, kernels::kDefaultAttentionPartition, 2);
+  StepOutput out;
+  ASSERT_TRUE(backend.execute(make_plan({{{2}, tokens_for(4, tiny().config.vocab_size, 55), 0}}, bs), out).is_ok());
+  const int64_t layer = tiny().config.num_layers - 1;
+  const int64_t kv_floats = tiny().config.kv_dim();
+  const auto block_values = [&](const float* (CpuBackend::*at)(int64_t, int64_t) const, int32_t block) {
+    std::vector<float> v;
+    for (int64_t off = 0; off < bs; ++off) {
+      const float* p = (backend.*at)(layer, kernels::slot_of_block(block, off, bs));
+      v.insert(v.end(), p, p + kv_floats);
+    }
+    return v;
+  };
+  const std::vector<float> keys = block_values(&CpuBackend::key_at, 2);
+  const std::vector<float> values = block_values(&CpuBackend::value_at, 2);
+  ASSERT_TRUE(std::none_of(keys.begin(), keys.end(), [](float v) { return std::isnan(v); }));
+  KvPlanOps ops;
+  ops.swap_out = {{2, 1}};
+  ops.block_copies = {{2, 6}};
+  ops.poison = {2};
+  ops.swap_in = {{1, 2}};
+  ASSERT_TRUE(backend.execute(make_plan({}, bs, ops), out).is_ok());
+  EXPECT_EQ(block_values(&CpuBackend::host_key_at, 1), keys);
+  EXPECT_EQ(block_values(&CpuBackend::host_value_at, 1), values);
+  EXPECT_EQ(block_values(&CpuBackend::key_at, 6), keys);
+  EXPECT_EQ(block_values(&CpuBackend::value_at, 6), values);
+  EXPECT_EQ(block_values(&CpuBackend::key_at, 2), keys);
+  EXPECT_EQ(block_values(&CpuBackend::value_at, 2), values);
+}
+
 TEST(CpuBackend, BlockCopyGivesAPrivateCopyWithTheSameLogits) {
   const int32_t bs = 4;
   const auto tokens = tokens_for(10, tiny().config.vocab_size, 50);
