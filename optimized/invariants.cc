@@ -190,7 +190,7 @@ Status check_isolation(const KvCacheManager& m) {
         return Status::error("I4: " + pair + " at different table indices " + str(first.index) +
                              " and " + str(h.index));
       }
-      if (m.salt_of(*h.s) != m.salt_of(*first.s)) {
+      if (!m.config().global_prefix_sharing && h.s->tenant != first.s->tenant) {
         return Status::error("I4: " + pair + " across tenants " + str(first.s->tenant) + " and " +
                              str(h.s->tenant));
       }
@@ -207,9 +207,9 @@ Status check_isolation(const KvCacheManager& m) {
     const PrefixCacheEntry& e = cache.entry(b);
     for (const Holder& h : hs) {
       const std::string who = "I4: cached block " + str(b) + " held by sequence " + str(h.s->id);
-      if (e.salt != m.salt_of(*h.s)) {
+      if (e.salt != (m.config().global_prefix_sharing ? 0 : h.s->tenant)) {
         return Status::error(who + " has salt " + str(e.salt) + ", the sequence " +
-                             str(m.salt_of(*h.s)));
+                             str(m.config().global_prefix_sharing ? 0 : h.s->tenant));
       }
       const int64_t base = h.index * bs;
       const int64_t upto = std::min(bs, h.s->num_slots - base);

@@ -100,7 +100,7 @@ Status KvHarness::allocate(SeqId s, int64_t n) {
   for (int64_t k = 0; k < n; ++k) {
     const int64_t p = start + k;
     device_pool_[static_cast<size_t>(slots[static_cast<size_t>(k)])] =
-        Cell{m_.salt_of(*m_.sequence(s)), p, ms.tokens[static_cast<size_t>(p)]};
+        Cell{scope_of(ms), p, ms.tokens[static_cast<size_t>(p)]};
   }
   return Status::ok();
 }
@@ -226,7 +226,7 @@ Status KvHarness::check() {
     const std::vector<Cell>& pool = ms.swapped ? host_pool_ : device_pool_;
     for (int64_t p = 0; p < ms.num_slots; ++p) {
       const int64_t slot = kernels::slot_of(s->table.data(), p, bs);
-      const Cell want{m_.salt_of(*s), p, ms.tokens[static_cast<size_t>(p)]};
+      const Cell want{scope_of(ms), p, ms.tokens[static_cast<size_t>(p)]};
       const Cell& got = pool[static_cast<size_t>(slot)];
       if (!(got == want)) {
         return Status::error("sequence " + str(id) + " position " + str(p) + " reads slot " +

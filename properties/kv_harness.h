@@ -67,6 +67,8 @@ class KvHarness {
     friend bool operator==(const Snapshot&, const Snapshot&) = default;
   };
 
+  // The model's own tenant scope (not the manager's salt), so a scoping bug shows up.
+  int64_t scope_of(const ModelSeq& s) const { return config_.global_prefix_sharing ? 0 : s.tenant; }
   Snapshot snapshot() const;
   std::vector<int32_t> make_prompt(int a, int b, int c) const;
   SeqId pick(int a) const;  // an existing sequence (or -1)
