@@ -41,8 +41,10 @@ KVP_HOST_DEVICE constexpr int64_t kv_pool_offset(int64_t slot, int64_t kv_head, 
 // Host builds with GCC or Clang use their 4-wide vector extension for the loops below,
 // because -O2 does not vectorise them on its own. Every vector loop computes exactly the
 // scalar loop's operations on each element, in the same order, so both give the same bits;
-// the scalar loops are what a device build (and any other compiler) runs.
-#if defined(__GNUC__) && !defined(__CUDA_ARCH__)
+// the scalar loops are what a device build (and any other compiler) runs. Defining
+// KVP_NO_VECTOR_EXTENSIONS forces the scalar loops on the host too (checked to give the
+// same logits bit for bit).
+#if defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(KVP_NO_VECTOR_EXTENSIONS)
 #define KVP_CPU_VEC4 1
 namespace detail {
 typedef float Vec4 __attribute__((vector_size(16)));
@@ -221,3 +223,5 @@ KVP_HOST_DEVICE inline void paged_attention_head(const float* q, const float* k_
 }
 
 }  // namespace kvp::kernels
+
+#undef KVP_CPU_VEC4
