@@ -60,6 +60,10 @@ class CpuBackend final : public Backend {
   // plan_ops.h's order (swap_out, block_copies, poison, swap_in), then the model: per layer
   // every new token's K/V into slot_mapping[t] (kSkipSlot skipped), then attention through
   // the block tables. `out` receives logit_rows_for(plan, i) rows per sequence i.
+  // Validation is what memory safety and the plan's shape need; whether the slot mapping
+  // agrees with the block tables and who owns which block (I3-I5) are the invariant
+  // checkers' business: a plan that breaks them runs, and shows up as wrong or NaN logits.
+  // Not reentrant: one execute at a time per backend (it owns one thread pool and scratch).
   Status execute(const BatchPlan& plan, StepOutput& out) override;
   const char* name() const override { return "cpu"; }
 
