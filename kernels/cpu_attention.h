@@ -55,6 +55,14 @@ inline Vec4 load4(const float* p) {
 }
 inline void store4(float* p, Vec4 v) { std::memcpy(p, &v, sizeof(v)); }
 inline Vec4 splat4(float x) { return Vec4{x, x, x, x}; }
+// dot()'s halving tree over 16 lanes held as four vectors (vector k = lanes 4k .. 4k+3):
+// widths 8 and 4 as vector adds, then 2 and 1.
+inline float reduce_lanes(Vec4 v0, Vec4 v1, Vec4 v2, Vec4 v3) {
+  const Vec4 w = (v0 + v2) + (v1 + v3);
+  const float w0 = w[0] + w[2];
+  const float w1 = w[1] + w[3];
+  return w0 + w1;
+}
 }  // namespace detail
 #endif
 
@@ -77,10 +85,7 @@ KVP_HOST_DEVICE inline float dot(const float* a, const float* b, int64_t n) {
     v2 += load4(a + i + 8) * load4(b + i + 8);
     v3 += load4(a + i + 12) * load4(b + i + 12);
   }
-  const Vec4 w = (v0 + v2) + (v1 + v3);  // widths 8 and 4
-  const float w0 = w[0] + w[2];          // width 2
-  const float w1 = w[1] + w[3];
-  total = w0 + w1;  // width 1
+  total = detail::reduce_lanes(v0, v1, v2, v3);
 #else
   float acc[kLanes] = {};
   for (; i + kLanes <= n; i += kLanes) {
@@ -94,6 +99,40 @@ KVP_HOST_DEVICE inline float dot(const float* a, const float* b, int64_t n) {
   float tail = 0.0f;
   for (; i < n; ++i) tail += a[i] * b[i];
   return total + tail;
+}
+
+// dot(a, b0, n) and dot(a, b1, n) in one pass over `a` (a matrix row against two
+// vectors), each with exactly dot()'s arithmetic: the same bits as two dot() calls.
+KVP_HOST_DEVICE inline void dot2(const float* a, const float* b0, const float* b1, int64_t n, float* out0,
+                                 float* out1) {
+#if defined(KVP_CPU_VEC4)
+  using detail::load4;
+  using detail::Vec4;
+  constexpr int64_t kLanes = 16;
+  int64_t i = 0;
+  Vec4 p0 = {}, p1 = {}, p2 = {}, p3 = {}, q0 = {}, q1 = {}, q2 = {}, q3 = {};
+  for (; i + kLanes <= n; i += kLanes) {
+    const Vec4 a0 = load4(a + i), a1 = load4(a + i + 4), a2 = load4(a + i + 8), a3 = load4(a + i + 12);
+    p0 += a0 * load4(b0 + i);
+    q0 += a0 * load4(b1 + i);
+    p1 += a1 * load4(b0 + i + 4);
+    q1 += a1 * load4(b1 + i + 4);
+    p2 += a2 * load4(b0 + i + 8);
+    q2 += a2 * load4(b1 + i + 8);
+    p3 += a3 * load4(b0 + i + 12);
+    q3 += a3 * load4(b1 + i + 12);
+  }
+  float tail0 = 0.0f, tail1 = 0.0f;
+  for (int64_t j = i; j < n; ++j) {
+    tail0 += a[j] * b0[j];
+    tail1 += a[j] * b1[j];
+  }
+  *out0 = detail::reduce_lanes(p0, p1, p2, p3) + tail0;
+  *out1 = detail::reduce_lanes(q0, q1, q2, q3) + tail1;
+#else
+  *out0 = dot(a, b0, n);
+  *out1 = dot(a, b1, n);
+#endif
 }
 
 // y[i] = y[i] * scale for i < n.
