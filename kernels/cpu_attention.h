@@ -1,9 +1,11 @@
 // The CPU backend's hot loops: paged attention over a block table, and the small
 // per-token kernels around it (dot, RMSNorm, RoPE, SiLU).
 //
-// Versions: one, the scalar CPU version. Every function is a plain loop over pointers and
-// marked KVP_HOST_DEVICE so that a CUDA backend can call (or mirror) it as it stands; no
-// allocation, no std containers, scratch comes from the caller.
+// Versions: the scalar loops (every build; a device build and -DKVP_NO_VECTOR_EXTENSIONS
+// use only these) and, on a GCC/Clang host, 4-wide vector-extension versions of dot, dot2
+// and the attention accumulators that give the same bits. Every function is a plain loop
+// over pointers and marked KVP_HOST_DEVICE so that a CUDA backend can call (or mirror) it as
+// it stands; no allocation, no std containers, scratch comes from the caller.
 //
 // Determinism (N1 in DESIGN.md) is a property of these loops, not of their callers:
 //   - dot() reduces in a fixed order that depends only on n: a matrix row times a vector
