@@ -151,7 +151,7 @@ Result<Workload> load_workload(const std::filesystem::path& path, int64_t vocab_
 }
 
 std::vector<std::string> builtin_workload_names() {
-  return {"short-chat", "long-docs", "many-users", "shared-prefix", "mixed"};
+  return {"short-chat", "long-docs", "many-users", "shared-prefix", "mixed", "multi-tenant"};
 }
 
 Result<Workload> builtin_workload(const std::string& name, int64_t vocab, uint64_t seed) {
@@ -189,6 +189,19 @@ Result<Workload> builtin_workload(const std::string& name, int64_t vocab, uint64
         r["seed"] = 100 + i;
       }
       if (i % 7 == 3) r["cancel_step"] = r["arrival_step"].get<int64_t>() + between(1, 8);
+      reqs.push_back(r);
+    }
+  } else if (name == "multi-tenant") {
+    // Three tenants. Every tenant sends the same public system prompt (identical tokens
+    // across tenants: tenant-scoped sharing must still keep them apart) and its own private
+    // prefix; some requests have no shared prefix at all.
+    for (int i = 0; i < 18; ++i) {
+      const int tenant = i % 3;
+      json r = {{"max_tokens", between(4, 12)}, {"arrival_step", between(0, 10)}, {"tenant", tenant},
+                {"prompt_len", between(40, 60)}};
+      if (i % 6 < 3) r["shared_prefix"] = {{"group", "public-system"}, {"len", 32}};
+      else if (i % 6 < 5) r["shared_prefix"] = {{"group", "private-" + std::to_string(tenant)}, {"len", 24}};
+      if (i % 5 == 4) r["cancel_step"] = r["arrival_step"].get<int64_t>() + between(1, 6);
       reqs.push_back(r);
     }
   } else {

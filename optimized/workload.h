@@ -42,7 +42,8 @@ Result<Workload> parse_workload(const nlohmann::json& j, int64_t vocab_size, uin
 Result<Workload> load_workload(const std::filesystem::path& path, int64_t vocab_size, uint64_t seed);
 
 // Built-in shapes: short-chat, long-docs, many-users, shared-prefix, mixed (all of them,
-// with cancellations and two tenants).
+// with cancellations and two tenants), multi-tenant (three tenants sending an identical
+// public system prompt and private prefixes: the isolation audit's default).
 std::vector<std::string> builtin_workload_names();
 Result<Workload> builtin_workload(const std::string& name, int64_t vocab_size, uint64_t seed);
 

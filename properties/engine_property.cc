@@ -52,7 +52,7 @@ Schedule draw_schedule() {
   const int32_t bs = *rc::gen::element(1, 2, 3, 4, 8);
   // Enough blocks for the longest request (kMaxLen tokens) plus the watermark.
   const auto need = static_cast<int32_t>(kernels::blocks_for_tokens(kMaxLen, bs)) + 1;
-  Schedule s{bs, need + *rc::gen::inRange(0, 24), *rc::gen::inRange(1, 20), *rc::gen::inRange(8, 64),
+  Schedule s{bs, need + *rc::gen::inRange(0, 10), *rc::gen::inRange(1, 20), *rc::gen::inRange(8, 64),
              *rc::gen::inRange(1, 8), PreemptionMode::kRecompute, AdmissionRule::kOptimistic, *rc::gen::arbitrary<bool>()};
   if (*rc::gen::arbitrary<bool>()) s.mode = PreemptionMode::kSwap;
   if (*rc::gen::arbitrary<bool>()) s.admission = AdmissionRule::kConservative;
@@ -138,6 +138,15 @@ RC_GTEST_PROP(EngineProperty, TargetRequestIsBitwiseIndependentOfNeighboursAndSc
   WorkloadRequest target_b = target;
   target_b.arrival_step = *rc::gen::inRange(0, 6);
 
+  auto describe = [](const Schedule& s) {
+    return "bs=" + std::to_string(s.block_size) + " blocks=" + std::to_string(s.num_blocks) + " chunk=" + std::to_string(s.chunk) +
+           " budget=" + std::to_string(s.budget) + " seqs=" + std::to_string(s.max_seqs) +
+           (s.mode == PreemptionMode::kSwap ? " swap" : " recompute") +
+           (s.admission == AdmissionRule::kConservative ? " conservative" : " optimistic") + (s.prefix_caching ? " prefix" : "");
+  };
+  RC_LOG() << "schedule a: " << describe(sa) << ", " << others_a.size() << " others\n"
+           << "schedule b: " << describe(sb) << ", " << others_b.size() << " others\n"
+           << "target prompt " << target.spec.prompt.size() << " tokens, max_tokens " << target.spec.max_tokens << "\n";
   const TargetResult a = run_with_target(sa, target, others_a);
   const TargetResult b = run_with_target(sb, target_b, others_b);
   RC_ASSERT(a.finish == b.finish);
@@ -146,6 +155,7 @@ RC_GTEST_PROP(EngineProperty, TargetRequestIsBitwiseIndependentOfNeighboursAndSc
   int64_t compared = 0;
   for (std::size_t p = 0; p < a.logits.size(); ++p) {
     if (a.logits[p].empty() || b.logits[p].empty()) continue;  // served from the prefix cache
+    RC_LOG() << "position " << p << "\n";
     RC_ASSERT(a.logits[p] == b.logits[p]);
     ++compared;
   }

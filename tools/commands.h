@@ -16,5 +16,6 @@ void add_generate_command(CLI::App& app, int& exit_code);
 void add_export_command(CLI::App& app, int& exit_code);
 void add_replay_command(CLI::App& app, int& exit_code);
 void add_verify_command(CLI::App& app, int& exit_code);
+void add_audit_command(CLI::App& app, int& exit_code);
 
 }  // namespace kvp::tools

@@ -16,21 +16,8 @@
 namespace kvp::tools {
 
 namespace {
-
 const char* mode_name(PreemptionMode m) { return m == PreemptionMode::kSwap ? "swap" : "recompute"; }
-
-struct EngineSetup {
-  int32_t block_size;
-  int32_t num_blocks;
-  int32_t num_host_blocks;
-  int32_t prefill_chunk_size;
-  PreemptionMode mode;
-};
-
-struct LiveEngine {
-  std::unique_ptr<CpuBackend> backend;
-  std::unique_ptr<Engine> engine;
-};
+}  // namespace
 
 Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const EngineSetup& s) {
   EngineConfig ec;
@@ -62,43 +49,47 @@ Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const
   return live;
 }
 
-// The checks made on every plan before it runs and on the state after every step.
-void install_step_checks(Engine& engine, CheckResult& inv) {
-  engine.set_plan_observer([&inv](const Engine& e, const BatchPlan& plan) -> Status {
-    const SchedulerConfig& sc = e.config().scheduler;
-    auto fail = [&](const std::string& what) {
-      inv.passed = false;
-      if (inv.detail.empty()) inv.detail = "step " + std::to_string(plan.step) + ": " + what;
-      return Status::error(inv.detail);
-    };
-    if (plan.num_tokens() > sc.max_num_batched_tokens)
-      return fail("I8: " + std::to_string(plan.num_tokens()) + " tokens scheduled, budget " + std::to_string(sc.max_num_batched_tokens));
-    if (e.scheduler().num_running() > sc.max_num_seqs)
-      return fail("I8: " + std::to_string(e.scheduler().num_running()) + " running, max_num_seqs " + std::to_string(sc.max_num_seqs));
-    for (int64_t i = 0; i < plan.num_seqs(); ++i) {
-      const auto ui = static_cast<std::size_t>(i);
-      const int64_t n = plan.query_start[ui + 1] - plan.query_start[ui];
-      if (plan.context_lens[ui] > sc.max_model_len) return fail("I8: context longer than max_model_len");
-      const std::span<const int64_t> slots(plan.slot_mapping.data() + plan.query_start[ui], static_cast<std::size_t>(n));
-      if (Status s = check_slot_mapping(e.kv(), plan.seq_ids[ui], plan.context_lens[ui] - n, slots); !s) return fail(s.message());
-      if (Status s = check_exclusive_write(e.kv(), plan.seq_ids[ui], slots); !s) return fail(s.message());
-    }
-    return Status::ok();
-  });
-  engine.set_step_observer([&inv](const Engine& e, const BatchPlan& plan) -> Status {
-    ++inv.count;
-    if (Status s = check_all(e.kv()); !s) {
-      inv.passed = false;
-      if (inv.detail.empty()) inv.detail = "after step " + std::to_string(plan.step) + ": " + s.message();
-      return Status::error(inv.detail);
-    }
-    return Status::ok();
-  });
+Status check_plan(const Engine& e, const BatchPlan& plan, CheckResult& inv) {
+  const SchedulerConfig& sc = e.config().scheduler;
+  auto fail = [&](const std::string& what) {
+    inv.passed = false;
+    if (inv.detail.empty()) inv.detail = "step " + std::to_string(plan.step) + ": " + what;
+    return Status::error(inv.detail);
+  };
+  if (plan.num_tokens() > sc.max_num_batched_tokens)
+    return fail("I8: " + std::to_string(plan.num_tokens()) + " tokens scheduled, budget " + std::to_string(sc.max_num_batched_tokens));
+  if (e.scheduler().num_running() > sc.max_num_seqs)
+    return fail("I8: " + std::to_string(e.scheduler().num_running()) + " running, max_num_seqs " + std::to_string(sc.max_num_seqs));
+  for (int64_t i = 0; i < plan.num_seqs(); ++i) {
+    const auto ui = static_cast<std::size_t>(i);
+    const int64_t n = plan.query_start[ui + 1] - plan.query_start[ui];
+    if (plan.context_lens[ui] > sc.max_model_len) return fail("I8: context longer than max_model_len");
+    const std::span<const int64_t> slots(plan.slot_mapping.data() + plan.query_start[ui], static_cast<std::size_t>(n));
+    if (Status s = check_slot_mapping(e.kv(), plan.seq_ids[ui], plan.context_lens[ui] - n, slots); !s) return fail(s.message());
+    if (Status s = check_exclusive_write(e.kv(), plan.seq_ids[ui], slots); !s) return fail(s.message());
+  }
+  return Status::ok();
 }
 
-double row_max_abs(const ref::Matrix<double>& m, Eigen::Index r) { return m.row(r).cwiseAbs().maxCoeff(); }
+Status check_state(const Engine& e, const BatchPlan& plan, CheckResult& inv) {
+  ++inv.count;
+  if (Status s = check_all(e.kv()); !s) {
+    inv.passed = false;
+    if (inv.detail.empty()) inv.detail = "after step " + std::to_string(plan.step) + ": " + s.message();
+    return Status::error(inv.detail);
+  }
+  return Status::ok();
+}
 
-// Logits and greedy tokens of one request against the reference in fp64.
+void install_step_checks(Engine& engine, CheckResult& inv) {
+  engine.set_plan_observer([&inv](const Engine& e, const BatchPlan& plan) { return check_plan(e, plan, inv); });
+  engine.set_step_observer([&inv](const Engine& e, const BatchPlan& plan) { return check_state(e, plan, inv); });
+}
+
+namespace {
+double row_max_abs(const ref::Matrix<double>& m, Eigen::Index r) { return m.row(r).cwiseAbs().maxCoeff(); }
+}  // namespace
+
 void check_against_reference(const ReferenceModel<double>& oracle, const Request& r, double tol, CheckResult& logits,
                              CheckResult& greedy, const std::string& label) {
   int64_t last = -1;
@@ -151,6 +142,7 @@ void check_against_reference(const ReferenceModel<double>& oracle, const Request
   }
 }
 
+namespace {
 std::string fmt(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3g", v);
@@ -168,7 +160,6 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
   Workload workload = workload_in;
   for (WorkloadRequest& r : workload.requests) r.spec.capture_logits = true;
   const ReferenceModel<double> oracle(model);
-
   for (PreemptionMode mode : o.modes) {
     const std::string m = mode_name(mode);
     CheckResult inv("invariants[" + m + "]"), terminal("terminal-states[" + m + "]"), leak("no-leak[" + m + "]"),

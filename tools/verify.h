@@ -22,9 +22,12 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "common/status.h"
+#include "optimized/cpu_backend.h"
+#include "optimized/engine.h"
 #include "optimized/metrics.h"
 #include "optimized/scheduler.h"
 #include "optimized/workload.h"
+#include "reference/reference_model.h"
 #include "reference/weights.h"
 
 namespace kvp::tools {
@@ -66,6 +69,32 @@ struct VerifyReport {
   nlohmann::json to_json() const;
   std::string to_junit() const;
 };
+
+// Shared by verify and audit.
+struct EngineSetup {
+  int32_t block_size;
+  int32_t num_blocks;
+  int32_t num_host_blocks;
+  int32_t prefill_chunk_size;
+  PreemptionMode mode;
+};
+struct LiveEngine {
+  std::unique_ptr<CpuBackend> backend;
+  std::unique_ptr<Engine> engine;
+};
+// An engine on the CPU backend: the pool and schedule of `setup`, the rest from `options`.
+Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& options, const EngineSetup& setup);
+// The checks of a plan before it runs (I3 exclusive write, I5 slot mapping, I8 bounds) and
+// of the state after a step (every KvCacheManager invariant). A failure is recorded in
+// `result` (first one kept) and returned, which stops the engine.
+Status check_plan(const Engine& e, const BatchPlan& plan, CheckResult& result);
+Status check_state(const Engine& e, const BatchPlan& plan, CheckResult& result);
+// Installs both as the engine's observers.
+void install_step_checks(Engine& engine, CheckResult& result);
+// The request's captured logits at every position against the fp64 reference (into
+// `logits`), and its greedy tokens against the reference's arg-max (into `greedy`).
+void check_against_reference(const ReferenceModel<double>& oracle, const Request& r, double tolerance, CheckResult& logits,
+                             CheckResult& greedy, const std::string& label);
 
 // Errors are for bad options or a backend/engine that could not run at all; a failing check
 // is a VerifyReport with passed() == false.
