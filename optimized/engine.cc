@@ -61,6 +61,11 @@ RequestId Engine::add_request(RequestSpec spec) {
     reject(r, "max_tokens must be >= 1");
     return id;
   }
+  if (r.spec.n < 1 || r.spec.n > config_.scheduler.max_num_seqs) {
+    reject(r, "n (parallel samples) must be in [1, max_num_seqs = " + std::to_string(config_.scheduler.max_num_seqs) +
+                  "], got " + std::to_string(r.spec.n));
+    return id;
+  }
   if (Status s = r.spec.sampling.validate(); !s) {
     reject(r, s.message());
     return id;
@@ -123,6 +128,7 @@ Status Engine::step() {
   counters_.swaps_out += stats.swaps_out;
   counters_.swaps_in += stats.swaps_in;
   counters_.prefix_hit_tokens += stats.prefix_hit_tokens;
+  counters_.prefix_lookup_tokens += stats.prefix_lookup_tokens;
   counters_.copy_on_writes += static_cast<int64_t>(plan.ops.block_copies.size());
   counters_.poisoned_blocks += static_cast<int64_t>(plan.ops.poison.size());
   counters_.scheduled_tokens += plan.num_tokens();
@@ -182,26 +188,61 @@ void Engine::process_outputs(const BatchPlan& plan, const StepOutput& out) {
 
     const float* last = out.row(row0 + rows - 1);
     const std::span<const float> logits(last, static_cast<std::size_t>(out.vocab_size));
-    const int64_t k = r.num_generated();
-    int32_t token;
-    if (k < static_cast<int64_t>(r.spec.forced_tokens.size())) {
-      token = r.spec.forced_tokens[static_cast<std::size_t>(k)];
-    } else {
-      token = sample_token(logits, r.spec.sampling, r.rng);
+    std::vector<Request*> samplers = {&r};
+    if (r.spec.n > 1 && !r.forked && r.num_generated() == 0) {
+      for (RequestId c : fork_samples(r)) samplers.push_back(requests_.at(c).get());
     }
-    r.tokens.push_back(token);
-    ++counters_.generated_tokens;
-    if (r.time.first_token_step < 0) {
-      r.time.first_token_step = step_;
-      r.time.first_token_s = now();
-    }
-    if (r.spec.stop_token && token == *r.spec.stop_token) {
-      finish(r, FinishReason::kStop);
-    } else if (r.num_generated() >= r.spec.max_tokens) {
-      finish(r, FinishReason::kLength);
-    } else {
-      KVP_CHECK(kv_.append_tokens(r.id, std::span<const int32_t>(&token, 1)).is_ok());
-    }
+    for (Request* s : samplers) emit_token(*s, logits);
+  }
+}
+
+std::vector<RequestId> Engine::fork_samples(Request& r) {
+  std::vector<RequestId> ids;
+  for (int32_t k = 1; k < r.spec.n; ++k) {
+    auto owned = std::make_unique<Request>();
+    Request& c = *owned;
+    c.id = next_id_++;
+    c.spec = r.spec;
+    c.spec.n = 1;
+    c.spec.sampling.seed = r.spec.sampling.seed + static_cast<uint64_t>(k);
+    c.tokens = r.tokens;
+    c.num_computed = r.num_computed;
+    c.rng = Rng(c.spec.sampling.seed);
+    c.logits = r.logits;
+    c.time = r.time;
+    c.parent = r.id;
+    c.in_kv = true;
+    KVP_CHECK(kv_.fork(r.id, c.id).is_ok());
+    ids.push_back(c.id);
+    r.children.push_back(c.id);
+    Request* child = owned.get();
+    requests_.emplace(c.id, std::move(owned));
+    scheduler_.adopt_running(child);
+  }
+  r.forked = true;
+  return ids;
+}
+
+void Engine::emit_token(Request& r, std::span<const float> logits) {
+  const int64_t k = r.num_generated();
+  int32_t token;
+  if (k < static_cast<int64_t>(r.spec.forced_tokens.size())) {
+    token = r.spec.forced_tokens[static_cast<std::size_t>(k)];
+  } else {
+    token = sample_token(logits, r.spec.sampling, r.rng);
+  }
+  r.tokens.push_back(token);
+  ++counters_.generated_tokens;
+  if (r.time.first_token_step < 0) {
+    r.time.first_token_step = step_;
+    r.time.first_token_s = now();
+  }
+  if (r.spec.stop_token && token == *r.spec.stop_token) {
+    finish(r, FinishReason::kStop);
+  } else if (r.num_generated() >= r.spec.max_tokens) {
+    finish(r, FinishReason::kLength);
+  } else {
+    KVP_CHECK(kv_.append_tokens(r.id, std::span<const int32_t>(&token, 1)).is_ok());
   }
 }
 
@@ -235,9 +276,9 @@ EngineMetrics Engine::metrics() const {
   m.kv_utilization = counters_.kv_allocated_slots_sum > 0 ? counters_.kv_used_slots_sum / counters_.kv_allocated_slots_sum : 0;
   m.internal_fragmentation = counters_.kv_allocated_slots_sum > 0 ? 1.0 - m.kv_utilization : 0;
   m.mean_pool_occupancy = counters_.steps > 0 ? counters_.pool_occupancy_sum / static_cast<double>(counters_.steps) : 0;
-  m.prefix_hit_rate = counters_.prompt_tokens > 0
-                          ? static_cast<double>(counters_.prefix_hit_tokens) / static_cast<double>(counters_.prompt_tokens)
-                          : 0;
+  m.prefix_hit_rate = counters_.prefix_lookup_tokens > 0 ? static_cast<double>(counters_.prefix_hit_tokens) /
+                                                               static_cast<double>(counters_.prefix_lookup_tokens)
+                                                         : 0;
   return m;
 }
 

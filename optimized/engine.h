@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "common/status.h"
@@ -32,7 +33,9 @@ class Engine {
   // outlives the engine.
   Engine(const EngineConfig& config, Backend& backend);
 
-  // Queues a request. Requests that can never run are rejected now, with a reason (empty
+  // Queues a request. A request with n > 1 parallel samples gets n - 1 more ids once its
+  // prompt is computed (Request::children). Requests that can never run are rejected now,
+  // with a reason (empty
   // prompt, token outside the vocabulary, prompt + max_tokens > max_model_len, more blocks
   // than the pool, bad sampling parameters); a rejected request is finished at once and
   // nothing else changes. Either way the id names the request's result.
@@ -65,6 +68,11 @@ class Engine {
   void reject(Request& r, std::string reason);
   void finish(Request& r, FinishReason reason);
   void process_outputs(const BatchPlan& plan, const StepOutput& out);
+  // Forks a request whose prompt is computed into its n parallel samples; returns their ids.
+  std::vector<RequestId> fork_samples(Request& r);
+  // Samples (or takes the forced) next token, appends it, finishes the request at its stop
+  // token or length.
+  void emit_token(Request& r, std::span<const float> logits);
   double now() const;
 
   EngineConfig config_;

@@ -20,6 +20,7 @@ struct EngineCounters {
   int64_t cancellations = 0;
   int64_t rejections = 0;
   int64_t prefix_hit_tokens = 0;
+  int64_t prefix_lookup_tokens = 0;
   int64_t prompt_tokens = 0;
   int64_t copy_on_writes = 0;
   int64_t poisoned_blocks = 0;
@@ -47,7 +48,7 @@ struct EngineMetrics {
   double kv_utilization = 0;          // tokens stored / slots allocated, averaged over steps
   double internal_fragmentation = 0;  // 1 - kv_utilization
   double mean_pool_occupancy = 0;
-  double prefix_hit_rate = 0;  // prompt tokens served from the prefix cache / prompt tokens
+  double prefix_hit_rate = 0;  // tokens served from the prefix cache / tokens looked up at admission
 
   nlohmann::json to_json() const;
 };

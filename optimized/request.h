@@ -24,6 +24,10 @@ struct RequestSpec {
   std::vector<int32_t> forced_tokens;
   // Keep the logits of every position (prompt and generated), not only those sampled from.
   bool capture_logits = false;
+  // Parallel sampling: once the prompt is computed the sequence forks into n sequences that
+  // share the prompt's blocks (the first write to the shared last block copies it); sample k
+  // (k = 0 is this request, 1..n-1 new requests) draws from seed + k.
+  int32_t n = 1;
 };
 
 enum class RequestState { kWaiting, kRunning, kSwapped, kFinished };
@@ -52,6 +56,9 @@ struct Request {
   Rng rng{0};                   // the sampling stream: one draw per sampled token
   bool in_kv = false;           // holds a KvCacheManager sequence (running or swapped)
   bool cancel_requested = false;
+  bool forked = false;              // parallel samples created (spec.n > 1)
+  RequestId parent = -1;            // for a parallel sample: the request it forked from
+  std::vector<RequestId> children;  // for a forked request: its parallel samples
 
   // logits[p]: the logits at position p (predicting token p + 1), when captured.
   std::vector<std::vector<float>> logits;
@@ -66,6 +73,8 @@ struct Request {
   int64_t num_generated() const { return static_cast<int64_t>(tokens.size()) - num_prompt(); }
   std::vector<int32_t> output() const { return {tokens.begin() + num_prompt(), tokens.end()}; }
   bool finished() const { return state == RequestState::kFinished; }
+  // Running sequences this request will occupy: n until it has forked.
+  int64_t seats() const { return forked || spec.n <= 1 ? 1 : spec.n; }
 };
 
 }  // namespace kvp

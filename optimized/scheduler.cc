@@ -38,7 +38,17 @@ void Scheduler::finish(Request* r, FinishReason reason) {
 }
 
 int64_t Scheduler::worst_case_blocks(const Request& r) const {
-  return kernels::blocks_for_tokens(r.num_prompt() + r.spec.max_tokens, kv_.block_size());
+  const int64_t bs = kv_.block_size();
+  const int64_t one = kernels::blocks_for_tokens(r.num_prompt() + r.spec.max_tokens, bs);
+  if (r.seats() == 1) return one;
+  const int64_t shared = r.num_prompt() / bs;  // full prompt blocks, shared by every sample
+  return shared + r.seats() * (one - shared);
+}
+
+int64_t Scheduler::seats_in_use() const {
+  int64_t seats = 0;
+  for (const Request* r : running_) seats += r->seats();
+  return seats;
 }
 
 int64_t Scheduler::tokens_to_compute(const Request& r) const {
@@ -128,7 +138,7 @@ ScheduleStats Scheduler::schedule(BatchPlan& plan) {
 
   // 2. Swapped requests come back before anything new is admitted.
   if (stats.preemptions == 0) {
-    while (!swapped_.empty() && budget > 0 && static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+    while (!swapped_.empty() && budget > 0 && seats_in_use() + swapped_.front()->seats() <= config_.max_num_seqs) {
       Request* r = swapped_.front();
       if (!kv_.can_swap_in(r->id)) break;
       KVP_CHECK(kv_.swap_in(r->id).is_ok());
@@ -147,7 +157,7 @@ ScheduleStats Scheduler::schedule(BatchPlan& plan) {
 
   // 3. Waiting requests, FCFS.
   if (stats.preemptions == 0 && swapped_.empty()) {
-    while (!waiting_.empty() && budget > 0 && static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+    while (!waiting_.empty() && budget > 0 && seats_in_use() + waiting_.front()->seats() <= config_.max_num_seqs) {
       Request* r = waiting_.front();
       if (config_.admission == AdmissionRule::kConservative) {
         int64_t worst = worst_case_blocks(*r);
@@ -168,6 +178,7 @@ ScheduleStats Scheduler::schedule(BatchPlan& plan) {
       insert_running(r);
       ++stats.admitted;
       stats.prefix_hit_tokens += cached;
+      if (kv_.config().enable_prefix_caching) stats.prefix_lookup_tokens += static_cast<int64_t>(r->tokens.size());
       r->prefix_hit_tokens += cached;
       add_to_plan(r, n, slots, plan);
       budget -= n;

@@ -49,6 +49,7 @@ struct ScheduleStats {
   int64_t swaps_in = 0;
   int64_t admitted = 0;
   int64_t prefix_hit_tokens = 0;
+  int64_t prefix_lookup_tokens = 0;  // tokens of admitted sequences looked up in the prefix cache
 };
 
 class Scheduler {
@@ -62,6 +63,10 @@ class Scheduler {
   // its queue. REQUIRES: !r->finished().
   void finish(Request* r, FinishReason reason);
 
+  // Adds a request that already holds a running KvCacheManager sequence (a parallel sample
+  // forked from a running request) to the running queue.
+  void adopt_running(Request* r) { insert_running(r); }
+
   // Builds the next plan. Fills `plan` (cleared first) and returns what happened.
   ScheduleStats schedule(BatchPlan& plan);
 
@@ -72,8 +77,11 @@ class Scheduler {
   bool idle() const { return waiting_.empty() && running_.empty() && swapped_.empty(); }
   const std::vector<Request*>& running() const { return running_; }
 
-  // Worst-case blocks of a request: blocks_for_tokens(prompt + max_tokens).
+  // Worst-case blocks of a request: blocks_for_tokens(prompt + max_tokens), and for n
+  // parallel samples the prompt's full blocks once plus each sample's own blocks.
   int64_t worst_case_blocks(const Request& r) const;
+  // Running sequences held or reserved (a request that will fork reserves n).
+  int64_t seats_in_use() const;
 
  private:
   // Adds r's next tokens (up to `budget`) to the plan if the pool allows, preempting the

@@ -53,7 +53,7 @@ Result<WorkloadRequest> parse_request(const json& r, int64_t vocab, uint64_t see
   if (!r.is_object()) return Status::error("must be an object");
   static const std::set<std::string> known = {"prompt", "prompt_len", "shared_prefix", "max_tokens", "temperature",
                                               "top_k", "top_p", "seed", "tenant", "stop_token", "arrival_step",
-                                              "cancel_step"};
+                                              "cancel_step", "n"};
   for (auto it = r.begin(); it != r.end(); ++it)
     if (!known.count(it.key())) return Status::error("unknown field '" + it.key() + "'");
   WorkloadRequest w;
@@ -109,6 +109,9 @@ Result<WorkloadRequest> parse_request(const json& r, int64_t vocab, uint64_t see
     if (!stop) return stop.status();
     w.spec.stop_token = static_cast<int32_t>(*stop);
   }
+  auto n = int_field(r, "n", 1, 1, 64);
+  if (!n) return n.status();
+  w.spec.n = static_cast<int32_t>(*n);
   auto arrival = int_field(r, "arrival_step", 0, 0, kMaxLen);
   if (!arrival) return arrival.status();
   w.arrival_step = *arrival;
@@ -189,6 +192,12 @@ Result<Workload> builtin_workload(const std::string& name, int64_t vocab, uint64
         r["seed"] = 100 + i;
       }
       if (i % 7 == 3) r["cancel_step"] = r["arrival_step"].get<int64_t>() + between(1, 8);
+      if (i % 5 == 2) {
+        // Parallel samples: forks share the prompt's blocks; copy-on-write on the first decode.
+        r["n"] = 3;
+        r["temperature"] = 0.9;
+        r["seed"] = 200 + i;
+      }
       reqs.push_back(r);
     }
   } else if (name == "multi-tenant") {

@@ -281,7 +281,8 @@ TEST_F(MalformedCheckpoint, MissingFiles) {
 
 TEST_F(MalformedCheckpoint, TruncatedDataNamesTheFile) {
   auto bytes = read_bytes(dir_.path() / "model.safetensors");
-  bytes.resize(bytes.size() - 3);
+  ASSERT_GT(bytes.size(), 3u);
+  bytes.erase(bytes.end() - 3, bytes.end());
   write_bytes(dir_.path() / "model.safetensors", bytes);
   const std::string e = load_error();
   EXPECT_NE(e.find("model.safetensors: data is truncated"), std::string::npos) << e;

@@ -78,7 +78,7 @@ TEST(Differential, ConservativeAdmissionNeverPreempts) {
 }
 
 // The default configuration of `kvproof verify` exercises what it claims to: preemption in
-// both modes, swapping, prefix hits, chunked prefill, cancellation, poisoning.
+// both modes, swapping, copy-on-write, prefix hits, chunked prefill, cancellation, poisoning.
 TEST(Differential, DefaultsCoverPreemptionSwapPrefixHitsChunkingAndCancellation) {
   VerifyReport r;
   expect_passes(tiny(), mixed(), VerifyOptions{}, &r);
@@ -92,6 +92,8 @@ TEST(Differential, DefaultsCoverPreemptionSwapPrefixHitsChunkingAndCancellation)
   EXPECT_GT(recompute.prefix_hit_tokens, 0);
   EXPECT_GT(recompute.cancellations, 0);
   EXPECT_GT(recompute.poisoned_blocks, 0);
+  EXPECT_GT(recompute.copy_on_writes, 0);  // parallel samples fork their prompt
+  EXPECT_GT(swap.copy_on_writes, 0);
   EXPECT_GT(recompute.prefill_tokens, VerifyOptions{}.prefill_chunk_size);  // prompts longer than a chunk
   for (const CheckResult& c : r.checks) EXPECT_GT(c.count, 0) << c.name;
 }

@@ -178,6 +178,40 @@ TEST(Engine, PreemptedRequestsProduceTheTokensTheyWouldHaveAlone) {
   }
 }
 
+TEST(Engine, ParallelSamplesForkTheirPromptAndCopyOnWrite) {
+  testing::FakeBackend backend(kVocab);
+  Engine e(small_config(32), backend);
+  RequestSpec s = spec(10, 6);  // 10 tokens: the prompt's last block is half full, so shared
+  s.n = 3;
+  s.sampling = SamplingParams{1.0f, 0, 1.0f, 40};
+  const RequestId parent = e.add_request(s);
+  ASSERT_TRUE(run_to_end(e).is_ok());
+  const Request& p = e.request(parent);
+  ASSERT_EQ(p.children.size(), 2u);
+  EXPECT_GT(e.metrics().counters.copy_on_writes, 0);
+  std::vector<RequestId> all = {parent, p.children[0], p.children[1]};
+  for (std::size_t k = 0; k < all.size(); ++k) {
+    const Request& r = e.request(all[k]);
+    EXPECT_EQ(r.finish, FinishReason::kLength);
+    EXPECT_EQ(r.num_generated(), 6);
+    EXPECT_EQ(r.spec.sampling.seed, 40 + k);
+    // Each sample is what a lone request with its seed produces.
+    testing::FakeBackend b2(kVocab);
+    Engine alone(small_config(32), b2);
+    RequestSpec one = spec(10, 6);
+    one.sampling = SamplingParams{1.0f, 0, 1.0f, 40 + k};
+    const RequestId id = alone.add_request(one);
+    ASSERT_TRUE(run_to_end(alone).is_ok());
+    EXPECT_EQ(alone.request(id).tokens, r.tokens) << "sample " << k;
+  }
+  EXPECT_NE(e.request(all[0]).tokens, e.request(all[1]).tokens);  // different seeds, near-uniform logits
+  EXPECT_TRUE(check_no_leak(e.kv()).is_ok());
+  // n beyond max_num_seqs can never run.
+  RequestSpec wide = spec(4, 2);
+  wide.n = 9;
+  EXPECT_EQ(e.request(e.add_request(wide)).finish, FinishReason::kRejected);
+}
+
 TEST(Workload, ParserErrorsNameTheRequestAndField) {
   auto err = [](const char* text) {
     auto w = parse_workload(nlohmann::json::parse(text), kVocab, 0);

@@ -115,8 +115,9 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
   report.poisoned_blocks = metrics.counters.poisoned_blocks;
 
   const ReferenceModel<double> oracle(model);
-  for (std::size_t i = 0; run && i < run->ids.size(); ++i) {
-    const Request& r = engine.request(run->ids[i]);
+  for (const auto& [i, owned] : engine.requests()) {
+    if (!run) break;
+    const Request& r = *owned;
     ++terminal.count;
     if (!r.finished() && terminal.passed) {
       terminal.passed = false;

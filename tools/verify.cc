@@ -175,7 +175,10 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       inv.passed = false;
       inv.detail = "engine run failed: " + run.status().message();
     }
-    std::vector<RequestId> ids = run ? run->ids : std::vector<RequestId>{};
+    // Every request the engine knows: the workload's and the parallel samples forked from them.
+    std::vector<RequestId> ids;
+    for (const auto& [id, r] : engine.requests())
+      if (run) ids.push_back(id);
 
     // Terminal states: every request ended exactly once, in a reported state.
     for (std::size_t i = 0; run && i < ids.size(); ++i) {
@@ -183,7 +186,7 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       const Request& r = engine.request(ids[i]);
       if ((!r.finished() || r.finish == FinishReason::kNone) && terminal.passed) {
         terminal.passed = false;
-        terminal.detail = "request " + std::to_string(i) + " did not reach a terminal state";
+        terminal.detail = "request " + std::to_string(ids[i]) + " did not reach a terminal state";
       }
     }
     // No leak, then all free after a flush.
@@ -203,11 +206,11 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
     for (std::size_t i = 0; run && i < ids.size(); ++i) {
       const Request& r = engine.request(ids[i]);
       if (r.finish == FinishReason::kRejected) continue;
-      check_against_reference(oracle, r, o.tolerance, logits, greedy, "request " + std::to_string(i));
+      check_against_reference(oracle, r, o.tolerance, logits, greedy, "request " + std::to_string(ids[i]));
       recompute.count += r.num_preemptions;
       if (r.recomputed_logit_mismatches > 0 && recompute.passed) {
         recompute.passed = false;
-        recompute.detail = "request " + std::to_string(i) + ": " + std::to_string(r.recomputed_logit_mismatches) +
+        recompute.detail = "request " + std::to_string(ids[i]) + ": " + std::to_string(r.recomputed_logit_mismatches) +
                            " recomputed positions differ bitwise";
       }
     }
@@ -217,8 +220,12 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       const Request& r = engine.request(ids[i]);
       if (r.finish == FinishReason::kLength || r.finish == FinishReason::kStop) sample.push_back(i);
     }
+    // Parallel samples first (they shared blocks and copied on write), then the most preempted.
     std::stable_sort(sample.begin(), sample.end(), [&](std::size_t a, std::size_t b) {
-      return engine.request(ids[a]).num_preemptions > engine.request(ids[b]).num_preemptions;
+      const Request& ra = engine.request(ids[a]);
+      const Request& rb = engine.request(ids[b]);
+      if ((ra.parent >= 0) != (rb.parent >= 0)) return ra.parent >= 0;
+      return ra.num_preemptions > rb.num_preemptions;
     });
     sample.resize(std::min<std::size_t>(sample.size(), static_cast<std::size_t>(o.isolation_samples)));
     for (std::size_t i : sample) {
@@ -228,15 +235,15 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       const PreemptionMode alt_mode = mode == PreemptionMode::kSwap ? PreemptionMode::kRecompute : PreemptionMode::kSwap;
       auto alone = make_engine(model, o, {alt_block, blocks, blocks, std::max(1, o.prefill_chunk_size / 2 - 1), alt_mode});
       if (!alone) return alone.status();
-      WorkloadRequest wr = workload.requests[i];
-      wr.arrival_step = 0;
-      wr.cancel_step.reset();
+      // The request as the engine ran it (a parallel sample is a plain request with its seed).
+      WorkloadRequest wr;
+      wr.spec = original.spec;
       wr.spec.max_tokens = std::max<int64_t>(1, original.num_generated());
       auto solo = run_workload(*alone->engine, Workload{"solo", {wr}}, o.max_steps);
       ++isolation.count;
       if (!solo) {
         isolation.passed = false;
-        isolation.detail = "request " + std::to_string(i) + " alone: " + solo.status().message();
+        isolation.detail = "request " + std::to_string(ids[i]) + " alone: " + solo.status().message();
         continue;
       }
       const Request& again = alone->engine->request(solo->ids[0]);
@@ -250,12 +257,17 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
           diff = "logits at position " + std::to_string(p) + " differ bitwise";
       if (!diff.empty() && isolation.passed) {
         isolation.passed = false;
-        isolation.detail = "request " + std::to_string(i) + ": " + diff + " when run alone (block size " +
+        isolation.detail = "request " + std::to_string(ids[i]) + ": " + diff + " when run alone (block size " +
                            std::to_string(alt_block) + ", chunk " + std::to_string(std::max(1, o.prefill_chunk_size / 2 - 1)) +
                            ", " + mode_name(alt_mode) + ")";
       }
     }
     if (isolation.count == 0 && isolation.passed) isolation.detail = "no finished request to sample";
+    if (isolation.passed && isolation.count > 0) {
+      int64_t forked = 0;
+      for (std::size_t i : sample) forked += engine.request(ids[i]).parent >= 0 ? 1 : 0;
+      isolation.detail = std::to_string(forked) + " of them parallel samples (forked, copy-on-write)";
+    }
 
     for (CheckResult* c : {&inv, &terminal, &leak, &logits, &greedy, &recompute, &isolation}) report.checks.push_back(*c);
     report.runs.emplace_back(m, engine.metrics());
