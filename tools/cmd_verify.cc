@@ -5,31 +5,23 @@
 
 #include "optimized/workload.h"
 #include "tools/commands.h"
-#include "tools/model_source.h"
+#include "tools/run_inputs.h"
 #include "tools/verify.h"
 
 namespace kvp::tools {
 
 void add_verify_command(CLI::App& app, int& exit_code) {
   struct Options {
-    ModelSource source;
-    std::string workload_file, shape = "mixed", preemption = "both", admission = "optimistic", backend = "cpu";
+    RunInputs inputs;
+    std::string preemption = "both", admission = "optimistic", backend = "cpu";
     std::string json_out, junit_out;
-    uint64_t seed = 0;
     VerifyOptions v;
   };
   auto opt = std::make_shared<Options>();
-  opt->source.preset = "tiny";
   CLI::App* cmd = app.add_subcommand("verify",
       "Run a workload through the paged engine and check it against the reference model; exit 1 on any failure");
-  cmd->add_option("--preset", opt->source.preset, "built-in model (default tiny)");
-  cmd->add_option("--checkpoint", opt->source.checkpoint, "Hugging Face checkpoint directory (instead of --preset)");
-  cmd->add_option("--workload", opt->workload_file, "JSON workload file (instead of --shape)");
-  cmd->add_option("--shape", opt->shape, "built-in traffic shape: short-chat, long-docs, many-users, shared-prefix, mixed");
-  cmd->add_option("--seed", opt->seed, "seed of the workload's generated tokens");
-  cmd->add_option("--block-size", opt->v.block_size, "tokens per KV block")->check(CLI::Range(1, 1024));
-  cmd->add_option("--num-blocks", opt->v.num_blocks, "device KV blocks (small, so that preemption happens)")->check(CLI::Range(1, 1 << 24));
-  cmd->add_option("--host-blocks", opt->v.num_host_blocks, "host (swap) KV blocks")->check(CLI::Range(0, 1 << 24));
+  opt->inputs.add_options(*cmd, "mixed");
+  add_pool_options(*cmd, opt->v);
   cmd->add_option("--chunk", opt->v.prefill_chunk_size, "prefill chunk size per request per step")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-batched-tokens", opt->v.max_num_batched_tokens, "token budget per step")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-num-seqs", opt->v.max_num_seqs, "running requests at most")->check(CLI::Range(1, 1 << 16));
@@ -49,24 +41,21 @@ void add_verify_command(CLI::App& app, int& exit_code) {
       std::fprintf(stderr, "kvproof verify: %s\n", msg.c_str());
       exit_code = kExitBadInput;
     };
-    ModelSource source = opt->source;
-    if (!source.checkpoint.empty()) source.preset.clear();
-    auto model = source.load();
-    if (!model) return fail(model.status().message());
-    auto workload = opt->workload_file.empty() ? builtin_workload(opt->shape, model->config.vocab_size, opt->seed)
-                                               : load_workload(opt->workload_file, model->config.vocab_size, opt->seed);
-    if (!workload) return fail(workload.status().message());
+    auto loaded = opt->inputs.load();
+    if (!loaded) return fail(loaded.status().message());
+    const Model& model = loaded->first;
+    const Workload& workload = loaded->second;
     VerifyOptions v = opt->v;
     v.modes.clear();
     if (opt->preemption != "swap") v.modes.push_back(PreemptionMode::kRecompute);
     if (opt->preemption != "recompute") v.modes.push_back(PreemptionMode::kSwap);
     v.admission = opt->admission == "conservative" ? AdmissionRule::kConservative : AdmissionRule::kOptimistic;
-    v.max_model_len = std::min<int64_t>(v.max_model_len, model->config.max_position_embeddings);
+    v.max_model_len = std::min<int64_t>(v.max_model_len, model.config.max_position_embeddings);
 
-    std::printf("kvproof verify: %s, workload %s (%zu requests), backend %s, block size %d, %d blocks + %d host, chunk %d\n",
-                source.describe().c_str(), workload->name.c_str(), workload->requests.size(), opt->backend.c_str(),
+    std::printf("kvproof verify: %s, backend %s, block size %d, %d blocks + %d host, chunk %d\n",
+                opt->inputs.describe(workload).c_str(), opt->backend.c_str(),
                 v.block_size, v.num_blocks, v.num_host_blocks, v.prefill_chunk_size);
-    auto report = run_verify(*model, *workload, v);
+    auto report = run_verify(model, workload, v);
     if (!report) return fail(report.status().message());
     std::printf("%s", report->table().c_str());
     if (!opt->json_out.empty()) {

@@ -1,0 +1,35 @@
+// What `verify` and `audit` run: a model (--preset | --checkpoint), a workload
+// (--workload FILE | --shape NAME, --seed) and a KV pool (--block-size, --num-blocks,
+// --host-blocks). One definition of those options and of their loading.
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include <CLI/CLI.hpp>
+
+#include "common/status.h"
+#include "optimized/workload.h"
+#include "reference/weights.h"
+#include "tools/model_source.h"
+#include "tools/verify.h"
+
+namespace kvp::tools {
+
+struct RunInputs {
+  ModelSource source;
+  std::string workload_file;
+  std::string shape;
+  uint64_t seed = 0;
+
+  // Adds the model and workload options; the model defaults to the tiny preset.
+  void add_options(CLI::App& cmd, const std::string& default_shape);
+  // Loads both; errors name the preset, checkpoint or workload file.
+  Result<std::pair<Model, Workload>> load() const;
+  std::string describe(const Workload& w) const;
+};
+
+// Adds --block-size, --num-blocks and --host-blocks.
+void add_pool_options(CLI::App& cmd, VerifyOptions& v);
+
+}  // namespace kvp::tools
