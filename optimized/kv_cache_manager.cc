@@ -61,13 +61,18 @@ void KvCacheManager::set_event_log(EventLog* event_log) {
 void KvCacheManager::log(std::string line) { log_->record(std::move(line)); }
 
 SequenceState* KvCacheManager::find(SeqId seq) {
-  auto it = seqs_.find(seq);
-  return it == seqs_.end() ? nullptr : &it->second;
+  return const_cast<SequenceState*>(sequence(seq));
 }
 
 const SequenceState* KvCacheManager::sequence(SeqId seq) const {
+  // A decode step looks the same sequence up several times in a row (append_tokens,
+  // can_allocate, allocate_slots, mark_final): remember the last hit. Map nodes are stable,
+  // so the pointer stays valid until that sequence is erased (free), which clears it.
+  if (last_found_ != nullptr && last_found_->id == seq) return last_found_;
   auto it = seqs_.find(seq);
-  return it == seqs_.end() ? nullptr : &it->second;
+  if (it == seqs_.end()) return nullptr;
+  last_found_ = &it->second;
+  return last_found_;
 }
 
 const BlockHash& KvCacheManager::block_hash(const SequenceState& s, int64_t i) const {
@@ -248,7 +253,8 @@ Status KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens,
 
   const int64_t start = s->num_slots;
   const int64_t end = start + n_new_tokens;
-  while (s->table.size() < blocks_for_tokens(end, bs)) {
+  const int64_t blocks_needed = blocks_for_tokens(end, bs);
+  while (s->table.size() < blocks_needed) {
     const int32_t b = take_device_block(/*is_copy_dst=*/false);
     s->table.push_back(b);
     if (logging()) log(Json{{"ev", "alloc"}, {"seq", seq}, {"block", b}}.dump());
@@ -304,6 +310,7 @@ Status KvCacheManager::free(SeqId seq) {
   if (s == nullptr) return Status::error(seq_error("free", seq, "unknown sequence"));
   release_tail_to(*s, 0);
   if (logging()) log(Json{{"ev", "free"}, {"seq", seq}}.dump());
+  if (last_found_ != nullptr && last_found_->id == seq) last_found_ = nullptr;
   seqs_.erase(seq);
   return Status::ok();
 }

@@ -200,6 +200,7 @@ class KvCacheManager {
   BlockAllocator host_;
   PrefixCache cache_;
   std::unordered_map<SeqId, SequenceState> seqs_;
+  mutable const SequenceState* last_found_ = nullptr;  // lookup memo, see sequence()
   KvPlanOps ops_;
   EventLog* log_ = nullptr;
 };
