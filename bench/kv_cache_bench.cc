@@ -50,43 +50,16 @@ void BM_ManagerAllocateFree(benchmark::State& state) {
 }
 BENCHMARK(BM_ManagerAllocateFree);
 
-// Decode append: one token into the sequence's last block (block size 1024: no new block),
-// the token appended and its slot returned.
-void BM_DecodeAppendNoNewBlock(benchmark::State& state) {
+// Decode append: one token appended and its slot returned. Arg 0: into the sequence's last
+// block (block size 2^20: never a new block); arg 1: a new block every time (block size 1).
+// Every 4000 tokens the sequence is truncated outside the timed region, so the benchmark
+// times the append, not its own unbounded token-vector growth.
+void BM_DecodeAppend(benchmark::State& state) {
+  const bool new_block = state.range(0) == 1;
   KvCacheConfig c;
-  c.num_device_blocks = 64;
-  c.block_size = 1 << 20;
-  KvCacheManager m(c);
-  (void)m.add_sequence(0, 0, prompt_of(1));
-  std::vector<int64_t> slots;
-  slots.reserve(1);
-  (void)m.allocate_slots(0, 1, slots);
-  const int32_t tok = 5;
-  int64_t n = 0;
-  for (auto _ : state) {
-    slots.clear();
-    (void)m.append_tokens(0, {&tok, 1});
-    (void)m.allocate_slots(0, 1, slots);
-    benchmark::DoNotOptimize(slots.data());
-    // Keep the token vector short, as in NewBlock: otherwise the benchmark times its own
-    // unbounded vector growth (reallocation and page faults), not the append.
-    if (++n == 4000) {
-      state.PauseTiming();
-      (void)m.truncate(0, 1);
-      n = 0;
-      state.ResumeTiming();
-    }
-  }
-}
-BENCHMARK(BM_DecodeAppendNoNewBlock);
-
-// Decode append that needs a new block every time (block size 1); truncate keeps the table
-// short outside the timed region.
-void BM_DecodeAppendNewBlock(benchmark::State& state) {
-  KvCacheConfig c;
-  c.num_device_blocks = 4096;
-  c.block_size = 1;
-  c.enable_prefix_caching = false;
+  c.num_device_blocks = new_block ? 4096 : 64;
+  c.block_size = new_block ? 1 : 1 << 20;
+  c.enable_prefix_caching = !new_block;
   KvCacheManager m(c);
   (void)m.add_sequence(0, 0, prompt_of(1));
   std::vector<int64_t> slots;
@@ -106,8 +79,9 @@ void BM_DecodeAppendNewBlock(benchmark::State& state) {
       state.ResumeTiming();
     }
   }
+  state.SetLabel(new_block ? "new block" : "no new block");
 }
-BENCHMARK(BM_DecodeAppendNewBlock);
+BENCHMARK(BM_DecodeAppend)->Arg(0)->Arg(1);
 
 // Prefix lookup of a cached 4k-token prompt (256 blocks of 16): hashing plus verification.
 // Reported per lookup; divide by 4 for us per 1k tokens.
