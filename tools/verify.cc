@@ -220,13 +220,15 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       const Request& r = engine.request(ids[i]);
       if (r.finish == FinishReason::kLength || r.finish == FinishReason::kStop) sample.push_back(i);
     }
-    // Parallel samples first (they shared blocks and copied on write), then the most preempted.
+    // The most preempted requests, plus one parallel sample (it shared blocks and copied on write).
     std::stable_sort(sample.begin(), sample.end(), [&](std::size_t a, std::size_t b) {
-      const Request& ra = engine.request(ids[a]);
-      const Request& rb = engine.request(ids[b]);
-      if ((ra.parent >= 0) != (rb.parent >= 0)) return ra.parent >= 0;
-      return ra.num_preemptions > rb.num_preemptions;
+      return engine.request(ids[a]).num_preemptions > engine.request(ids[b]).num_preemptions;
     });
+    auto first_fork = std::find_if(sample.begin(), sample.end(), [&](std::size_t i) { return engine.request(ids[i]).parent >= 0; });
+    const auto keep = static_cast<std::size_t>(std::max(0, o.isolation_samples - 1));
+    if (first_fork != sample.end() && static_cast<std::size_t>(first_fork - sample.begin()) >= keep) {
+      std::rotate(sample.begin() + static_cast<std::ptrdiff_t>(std::min(keep, sample.size())), first_fork, first_fork + 1);
+    }
     sample.resize(std::min<std::size_t>(sample.size(), static_cast<std::size_t>(o.isolation_samples)));
     for (std::size_t i : sample) {
       const Request& original = engine.request(ids[i]);

@@ -48,7 +48,7 @@ struct VerifyOptions {
   bool poison_on_free = true;
   int num_threads = 2;
   double tolerance = 2e-5;
-  int isolation_samples = 3;
+  int isolation_samples = 4;  // the most preempted requests and one parallel sample
   int64_t max_steps = 100000;
 };
 
