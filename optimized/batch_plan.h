@@ -43,6 +43,13 @@ struct BatchPlan {
 
   KvPlanOps ops;
 
+  // Audit mode only (empty otherwise): the tenant of each scheduled sequence, and for every
+  // device block the tenant whose sequences hold it (-1: nobody). A backend given these
+  // refuses, before anything runs, a plan in which a sequence would read a block that
+  // another tenant holds.
+  std::vector<int64_t> seq_tenants;
+  std::vector<int64_t> block_tenants;
+
   int64_t num_seqs() const { return static_cast<int64_t>(seq_ids.size()); }
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
   bool empty() const { return seq_ids.empty() && ops.empty(); }

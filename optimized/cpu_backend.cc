@@ -308,8 +308,32 @@ void CpuBackend::run_ops(const KvPlanOps& ops) {
   }
 }
 
+Status CpuBackend::check_read_scope(const BatchPlan& plan) {
+  if (plan.block_tenants.empty() && plan.seq_tenants.empty()) return Status::ok();
+  if (plan.seq_tenants.size() != static_cast<std::size_t>(plan.num_seqs()) ||
+      plan.block_tenants.size() != static_cast<std::size_t>(config_.num_device_blocks))
+    return Status::error("plan: audit arrays have the wrong size");
+  int64_t reads = 0;
+  for (int64_t i = 0; i < plan.num_seqs(); ++i) {
+    const auto ui = static_cast<std::size_t>(i);
+    const int64_t nblocks = kernels::blocks_for_tokens(plan.context_lens[ui], config_.block_size);
+    for (int64_t j = 0; j < nblocks; ++j) {
+      const int32_t b = plan.block_tables[ui * static_cast<std::size_t>(plan.max_blocks_per_seq) + static_cast<std::size_t>(j)];
+      const int64_t holder = plan.block_tenants[static_cast<std::size_t>(b)];
+      if (holder != plan.seq_tenants[ui])
+        return Status::error("audit: sequence " + str(plan.seq_ids[ui]) + " of tenant " + str(plan.seq_tenants[ui]) +
+                             " would read block " + str(b) + " (block-table index " + str(j) + "), held by " +
+                             (holder < 0 ? std::string("no one") : "tenant " + str(holder)));
+      ++reads;
+    }
+  }
+  audited_block_reads_ += reads;
+  return Status::ok();
+}
+
 Status CpuBackend::execute(const BatchPlan& plan, StepOutput& out) {
   KVP_RETURN_IF_ERROR(validate(plan));
+  KVP_RETURN_IF_ERROR(check_read_scope(plan));
   run_ops(plan.ops);
   run_model(plan, out);
   return Status::ok();

@@ -65,6 +65,9 @@ class CpuBackend final : public Backend {
   // checkers' business: a plan that breaks them runs, and shows up as wrong or NaN logits.
   // Not reentrant: one execute at a time per backend (it owns one thread pool and scratch).
   Status execute(const BatchPlan& plan, StepOutput& out) override;
+  // Blocks whose tenant scope an audit-mode plan had checked (see BatchPlan::block_tenants),
+  // summed over every (sequence, block-table entry) attention read.
+  int64_t audited_block_reads() const { return audited_block_reads_; }
   const char* name() const override { return "cpu"; }
 
   const ModelConfig& model_config() const { return model_.config; }
@@ -89,6 +92,10 @@ class CpuBackend final : public Backend {
   struct Scratch;
 
   Status validate(const BatchPlan& plan) const;
+  // Audit mode: every block each sequence's attention will read (its block-table row up to
+  // its context length) is held by the sequence's own tenant.
+  Status check_read_scope(const BatchPlan& plan);
+  int64_t audited_block_reads_ = 0;
   void run_ops(const KvPlanOps& ops);
   void run_model(const BatchPlan& plan, StepOutput& out);
   // Y[t, r] = dot(W[r, :], X[t, :]) for t < n, r < out_dim, split over rows r.

@@ -133,6 +133,7 @@ Status Engine::step() {
   counters_.poisoned_blocks += static_cast<int64_t>(plan.ops.poison.size());
   counters_.scheduled_tokens += plan.num_tokens();
 
+  if (config_.audit_reads && !config_.kv.global_prefix_sharing) fill_audit_arrays(plan);
   if (plan_observer_) KVP_RETURN_IF_ERROR(plan_observer_(*this, plan));
   if (!plan.empty()) {
     StepOutput out;
@@ -244,6 +245,21 @@ void Engine::emit_token(Request& r, std::span<const float> logits) {
   } else {
     KVP_CHECK(kv_.append_tokens(r.id, std::span<const int32_t>(&token, 1)).is_ok());
   }
+}
+
+void Engine::fill_audit_arrays(BatchPlan& plan) const {
+  plan.block_tenants.assign(static_cast<std::size_t>(config_.kv.num_device_blocks), -1);
+  for (const auto& [id, s] : kv_.sequences()) {
+    if (s.swapped) continue;
+    for (int32_t b : s.table.blocks()) {
+      int64_t& t = plan.block_tenants[static_cast<std::size_t>(b)];
+      // A block held across tenants (an I4 violation the checkers report) is marked -2,
+      // which no reader's tenant matches.
+      t = (t == -1 || t == s.tenant) ? s.tenant : -2;
+    }
+  }
+  plan.seq_tenants.clear();
+  for (int64_t id : plan.seq_ids) plan.seq_tenants.push_back(requests_.at(id)->spec.tenant);
 }
 
 EngineMetrics Engine::metrics() const {

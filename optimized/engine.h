@@ -24,6 +24,9 @@ struct EngineConfig {
   KvCacheConfig kv;
   SchedulerConfig scheduler;
   int64_t vocab_size = 0;  // of the model the backend runs
+  // Fill BatchPlan's audit arrays (tenant scope of every block read) for the backend to
+  // check. Ignored with global prefix sharing, where blocks legitimately cross tenants.
+  bool audit_reads = false;
 };
 Status validate(const EngineConfig& c);
 
@@ -68,6 +71,7 @@ class Engine {
   void reject(Request& r, std::string reason);
   void finish(Request& r, FinishReason reason);
   void process_outputs(const BatchPlan& plan, const StepOutput& out);
+  void fill_audit_arrays(BatchPlan& plan) const;
   // Forks a request whose prompt is computed into its n parallel samples; returns their ids.
   std::vector<RequestId> fork_samples(Request& r);
   // Samples (or takes the forced) next token, appends it, finishes the request at its stop

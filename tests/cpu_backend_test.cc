@@ -479,6 +479,34 @@ TEST(CpuBackend, PoisonedBlockYieldsNanLogitsWhenRead) {
 }
 
 // A context position that no one wrote (the pool starts as NaN) shows up as NaN (I7).
+// Audit mode: a plan that carries the tenant scope of every block is refused, before
+// anything runs, when a sequence would read a block another tenant holds.
+TEST(CpuBackend, AuditModeRefusesReadsOfAnotherTenantsBlocks) {
+  const int32_t bs = 4;
+  const auto tokens = tokens_for(10, tiny().config.vocab_size, 61);
+  const std::vector<int32_t> table = {6, 1, 3};
+  CpuBackend backend = make_backend(tiny(), 8, bs);
+  StepOutput out;
+  BatchPlan plan = make_plan({{table, tokens, 0}}, bs);
+  plan.seq_tenants = {7};
+  plan.block_tenants.assign(8, -1);
+  for (int32_t b : table) plan.block_tenants[static_cast<std::size_t>(b)] = 7;
+  ASSERT_TRUE(backend.execute(plan, out).is_ok());
+  EXPECT_EQ(backend.audited_block_reads(), 3);
+
+  BatchPlan next = make_plan({{table, {5}, 10}}, bs);
+  next.seq_tenants = {7};
+  next.block_tenants = plan.block_tenants;
+  next.block_tenants[1] = 8;  // block-table index 1 now belongs to tenant 8
+  const Status refused = backend.execute(next, out);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.message().find("would read block 1 (block-table index 1), held by tenant 8"), std::string::npos)
+      << refused.message();
+  next.block_tenants[1] = -1;  // or by no one at all
+  EXPECT_FALSE(backend.execute(next, out).is_ok());
+  EXPECT_EQ(backend.audited_block_reads(), 3);  // refused plans read nothing
+}
+
 TEST(CpuBackend, ReadOfAnUnwrittenSlotYieldsNanLogits) {
   const int32_t bs = 4;
   CpuBackend backend = make_backend(tiny(), 8, bs);

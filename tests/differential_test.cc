@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "reference/presets.h"
+#include "tools/audit.h"
 #include "tools/verify.h"
 
 namespace kvp::tools {
@@ -96,6 +97,20 @@ TEST(Differential, DefaultsCoverPreemptionSwapPrefixHitsChunkingAndCancellation)
   EXPECT_GT(swap.copy_on_writes, 0);
   EXPECT_GT(recompute.prefill_tokens, VerifyOptions{}.prefill_chunk_size);  // prompts longer than a chunk
   for (const CheckResult& c : r.checks) EXPECT_GT(c.count, 0) << c.name;
+}
+
+// The isolation audit on its default multi-tenant workload: every check passes and covers
+// something (the backend's own tenant-scope check saw every block read).
+TEST(Audit, MultiTenantWorkloadPassesEveryIsolationCheck) {
+  auto report = run_audit(tiny(), *builtin_workload("multi-tenant", 512, 0), AuditOptions{});
+  ASSERT_TRUE(report.is_ok()) << report.status().message();
+  EXPECT_TRUE(report->passed()) << report->summary();
+  for (const CheckResult& c : report->checks) EXPECT_GT(c.count, 0) << c.name;
+  EXPECT_EQ(report->tenants, 3);
+  EXPECT_GT(report->prefix_hit_tokens, 0);
+  EXPECT_GT(report->block_reuses, 0);
+  EXPECT_EQ(report->checks[2].name, "backend-read-scope");
+  EXPECT_EQ(report->checks[2].count, report->block_reads);
 }
 
 }  // namespace

@@ -67,6 +67,7 @@ bool AuditReport::passed() const {
 Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, const AuditOptions& options) {
   VerifyOptions o = options.engine;
   o.poison_on_free = true;
+  o.audit_reads = true;
   const PreemptionMode mode = o.modes.empty() ? PreemptionMode::kRecompute : o.modes.front();
   Workload workload = workload_in;
   std::set<int64_t> tenants;
@@ -77,7 +78,7 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
 
   AuditReport report;
   report.tenants = static_cast<int64_t>(tenants.size());
-  CheckResult inv("invariants-every-step"), reads("ownership-of-every-read"), stale("no-stale-read (NaN scan)"),
+  CheckResult inv("invariants-every-step"), reads("ownership-of-every-read"), scope("backend-read-scope"), stale("no-stale-read (NaN scan)"),
       replay("event-log-replay"), logits("logits-vs-reference"), greedy("greedy-tokens"), terminal("terminal-states");
 
   auto live = make_engine(model, o, {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
@@ -105,9 +106,11 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
   engine.set_step_observer([&](const Engine& e, const BatchPlan& plan) { return check_state(e, plan, inv); });
 
   auto run = run_workload(engine, workload, o.max_steps);
+  scope.count = live->backend->audited_block_reads();
   if (!run && inv.passed && reads.passed) {
-    inv.passed = false;
-    inv.detail = "engine run failed: " + run.status().message();
+    CheckResult& blamed = run.status().message().find("audit:") != std::string::npos ? scope : inv;
+    blamed.passed = false;
+    blamed.detail = "engine run failed: " + run.status().message();
   }
   report.blocks_checked = static_cast<int64_t>(seen.size());
   const EngineMetrics metrics = engine.metrics();
@@ -154,7 +157,7 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
   } else {
     replay.detail = options.event_log_path.empty() ? "in memory" : "written to " + options.event_log_path;
   }
-  report.checks = {inv, reads, stale, replay, logits, greedy, terminal};
+  report.checks = {inv, reads, scope, stale, replay, logits, greedy, terminal};
   return report;
 }
 

@@ -6,6 +6,8 @@
 //   - an ownership check of every block every plan asks attention to read: the block is in
 //     use, it is the block the manager's table names at that index for the reading
 //     sequence, and every sequence holding it is in the reader's tenant scope (I4);
+//   - the same tenant-scope check made again by the backend itself, on the block-table rows
+//     its attention kernel is about to read (BatchPlan's audit arrays), before it runs;
 //   - every KV-cache invariant checker after every step;
 //   - the event log written and re-checked by the independent replayer (I1-I5, and I4
 //     across tenants from the log alone);

@@ -35,6 +35,7 @@ Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const
   ec.scheduler.admission = o.admission;
   ec.scheduler.preemption = s.mode;
   ec.vocab_size = model.config.vocab_size;
+  ec.audit_reads = o.audit_reads;
   KVP_RETURN_IF_ERROR(validate(ec));
   CpuBackendConfig bc;
   bc.num_device_blocks = s.num_blocks;

@@ -46,6 +46,7 @@ struct VerifyOptions {
   bool prefix_caching = true;
   bool global_prefix_sharing = false;
   bool poison_on_free = true;
+  bool audit_reads = false;  // the backend checks the tenant scope of every block read
   int num_threads = 2;
   double tolerance = 2e-5;
   int isolation_samples = 4;  // the most preempted requests and one parallel sample
