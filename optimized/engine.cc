@@ -168,7 +168,6 @@ void Engine::process_outputs(const BatchPlan& plan, const StepOutput& out) {
     const int64_t n = plan.query_start[ui + 1] - plan.query_start[ui];
     const int64_t end = plan.context_lens[ui];
     KVP_CHECK(kv_.mark_final(r.id, end).is_ok());
-    r.num_computed = end;
     if (end - n < r.num_prompt()) counters_.prefill_tokens += std::min(end, r.num_prompt()) - (end - n);
     counters_.decode_tokens += std::max<int64_t>(0, end - std::max(end - n, r.num_prompt()));
 
@@ -207,7 +206,6 @@ std::vector<RequestId> Engine::fork_samples(Request& r) {
     c.spec.n = 1;
     c.spec.sampling.seed = r.spec.sampling.seed + static_cast<uint64_t>(k);
     c.tokens = r.tokens;
-    c.num_computed = r.num_computed;
     c.rng = Rng(c.spec.sampling.seed);
     c.logits = r.logits;
     c.time = r.time;

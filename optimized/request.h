@@ -52,7 +52,6 @@ struct Request {
   std::string reject_reason;
 
   std::vector<int32_t> tokens;  // prompt, then generated tokens
-  int64_t num_computed = 0;     // leading positions whose K/V are in the cache
   Rng rng{0};                   // the sampling stream: one draw per sampled token
   bool in_kv = false;           // holds a KvCacheManager sequence (running or swapped)
   bool cancel_requested = false;

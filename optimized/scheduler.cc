@@ -52,7 +52,10 @@ int64_t Scheduler::seats_in_use() const {
 }
 
 int64_t Scheduler::tokens_to_compute(const Request& r) const {
-  return static_cast<int64_t>(r.tokens.size()) - r.num_computed;
+  // The manager's slots are the positions computed (or being computed in the plan that
+  // reserved them): only a sequence in the manager has any.
+  const SequenceState* s = kv_.sequence(r.id);
+  return static_cast<int64_t>(r.tokens.size()) - (s != nullptr ? s->num_slots : 0);
 }
 
 void Scheduler::insert_running(Request* r) {
@@ -78,7 +81,6 @@ void Scheduler::preempt(Request* victim, ScheduleStats& stats) {
   // rebuilt; the prefix cache may serve part of it back.
   KVP_CHECK(kv_.free(victim->id).is_ok());
   victim->in_kv = false;
-  victim->num_computed = 0;
   victim->state = RequestState::kWaiting;
   waiting_.push_front(victim);
 }
@@ -98,7 +100,6 @@ void Scheduler::add_to_plan(Request* r, int64_t n, const std::vector<int64_t>& s
   const bool at_end = end == static_cast<int64_t>(r->tokens.size());
   plan.needs_logits.push_back(at_end || r->spec.capture_logits ? 1 : 0);
   plan.logits_all.push_back(r->spec.capture_logits ? 1 : 0);
-  r->num_computed = start;  // advanced by the engine once the step ran
   if (r->time.first_scheduled_step < 0) r->time.first_scheduled_step = plan.step;
 }
 
