@@ -12,11 +12,12 @@
 #include <rapidcheck/gtest.h>
 
 #include "kernels/kv_index.h"
-#include "optimized/cpu_backend.h"
-#include "optimized/engine.h"
-#include "optimized/invariants.h"
-#include "optimized/workload.h"
-#include "reference/presets.h"
+#include "optimized/backends/cpu_backend.h"
+#include "optimized/backends/plan_validation.h"
+#include "optimized/engine/engine.h"
+#include "optimized/checkers/invariants.h"
+#include "optimized/engine/workload.h"
+#include "model/presets.h"
 #include "tests/fake_backend.h"
 
 namespace kvp {
@@ -59,11 +60,13 @@ Schedule draw_schedule() {
   return s;
 }
 
-EngineConfig engine_config(const Schedule& s, int64_t vocab) {
+// `model`: the backend's model, whose dimensions the pool carries (nullptr: no model).
+EngineConfig engine_config(const Schedule& s, int64_t vocab, const ModelConfig* model = nullptr) {
   EngineConfig c;
-  c.kv.num_device_blocks = s.num_blocks;
-  c.kv.num_host_blocks = s.num_blocks / 2;
-  c.kv.block_size = s.block_size;
+  if (model != nullptr) c.kv.pool = pool_shape_for(*model, s.block_size, s.num_blocks, s.num_blocks / 2);
+  c.kv.pool.num_device_blocks = s.num_blocks;
+  c.kv.pool.num_host_blocks = s.num_blocks / 2;
+  c.kv.pool.block_size = s.block_size;
   c.kv.watermark_blocks = 1;
   c.kv.enable_prefix_caching = s.prefix_caching;
   c.kv.poison_on_free = true;
@@ -113,12 +116,11 @@ struct TargetResult {
 };
 
 TargetResult run_with_target(const Schedule& s, const WorkloadRequest& target, std::vector<WorkloadRequest> others) {
+  const EngineConfig config = engine_config(s, micro_model().config.vocab_size, &micro_model().config);
   CpuBackendConfig bc;
-  bc.num_device_blocks = s.num_blocks;
-  bc.num_host_blocks = s.num_blocks / 2;
-  bc.block_size = s.block_size;
+  bc.pool = config.kv.pool;
   CpuBackend backend(micro_model(), bc);
-  Engine engine(engine_config(s, micro_model().config.vocab_size), backend);
+  Engine engine(config, backend);
   Workload w{"w", std::move(others)};
   w.requests.push_back(target);
   w.requests.back().spec.capture_logits = true;
@@ -169,8 +171,8 @@ RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmal
   const Schedule s = draw_schedule();
   const auto prefix = draw_prefix();
   const auto requests = draw_requests(prefix, 1, 40);
-  testing::FakeBackend backend(64);
   const EngineConfig config = engine_config(s, 64);
+  testing::FakeBackend backend(config.kv.pool, 64);
   Engine engine(config, backend);
   std::string violation;
   engine.set_plan_observer([&](const Engine& e, const BatchPlan& plan) -> Status {
@@ -220,9 +222,10 @@ RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmal
 // Overload: ten times more requests than the pool holds at once, all arriving together:
 // none lost, none rejected, every one finishes with all its tokens.
 TEST(EngineProperty, OverloadLosesNothing) {
-  testing::FakeBackend backend(64);
   Schedule s{4, 13, 8, 32, 8, PreemptionMode::kRecompute, AdmissionRule::kOptimistic, true};
-  Engine engine(engine_config(s, 64), backend);
+  const EngineConfig config = engine_config(s, 64);
+  testing::FakeBackend backend(config.kv.pool, 64);
+  Engine engine(config, backend);
   std::vector<RequestId> ids;
   // Each request needs 20 tokens = 5 blocks at its longest; 13 blocks hold ~2 at once.
   for (int i = 0; i < 26; ++i) {

@@ -1,6 +1,6 @@
 // Each checker must report a broken state, and name where it broke. The peer reaches into
 // the manager to corrupt exactly one thing per test.
-#include "optimized/invariants.h"
+#include "optimized/checkers/invariants.h"
 
 #include <gtest/gtest.h>
 
@@ -40,9 +40,9 @@ KvCacheManager& setup(KvCacheManager& m) {
 
 KvCacheConfig config() {
   KvCacheConfig c;
-  c.num_device_blocks = 6;
-  c.num_host_blocks = 2;
-  c.block_size = 4;
+  c.pool.num_device_blocks = 6;
+  c.pool.num_host_blocks = 2;
+  c.pool.block_size = 4;
   return c;
 }
 
