@@ -11,6 +11,7 @@
 #include "optimized/backends/cpu_backend.h"
 #include "optimized/backends/plan_validation.h"
 #include "optimized/engine/engine.h"
+#include "optimized/checkers/engine_invariants.h"
 #include "optimized/checkers/invariants.h"
 #include "reference/reference_model.h"
 
@@ -50,30 +51,17 @@ Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const
 }
 
 Status check_plan(const Engine& e, const BatchPlan& plan, CheckResult& inv) {
-  const SchedulerConfig& sc = e.config().scheduler;
-  auto fail = [&](const std::string& what) {
+  if (Status s = kvp::check_plan(e, plan); !s) {
     inv.passed = false;
-    if (inv.detail.empty()) inv.detail = "step " + std::to_string(plan.step) + ": " + what;
+    if (inv.detail.empty()) inv.detail = s.message();
     return Status::error(inv.detail);
-  };
-  if (plan.num_tokens() > sc.max_num_batched_tokens)
-    return fail("I8: " + std::to_string(plan.num_tokens()) + " tokens scheduled, budget " + std::to_string(sc.max_num_batched_tokens));
-  if (e.scheduler().num_running() > sc.max_num_seqs)
-    return fail("I8: " + std::to_string(e.scheduler().num_running()) + " running, max_num_seqs " + std::to_string(sc.max_num_seqs));
-  for (int64_t i = 0; i < plan.num_seqs(); ++i) {
-    const auto ui = static_cast<std::size_t>(i);
-    const int64_t n = plan.query_start[ui + 1] - plan.query_start[ui];
-    if (plan.context_lens[ui] > sc.max_model_len) return fail("I8: context longer than max_model_len");
-    const std::span<const int64_t> slots(plan.slot_mapping.data() + plan.query_start[ui], static_cast<std::size_t>(n));
-    if (Status s = check_slot_mapping(e.kv(), plan.seq_ids[ui], plan.context_lens[ui] - n, slots); !s) return fail(s.message());
-    if (Status s = check_exclusive_write(e.kv(), plan.seq_ids[ui], slots); !s) return fail(s.message());
   }
   return Status::ok();
 }
 
 Status check_state(const Engine& e, const BatchPlan& plan, CheckResult& inv) {
   ++inv.count;
-  if (Status s = check_all(e.kv()); !s) {
+  if (Status s = check_engine_state(e); !s) {
     inv.passed = false;
     if (inv.detail.empty()) inv.detail = "after step " + std::to_string(plan.step) + ": " + s.message();
     return Status::error(inv.detail);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -387,6 +388,81 @@ Status check_all(const KvCacheManager& m) {
   KVP_RETURN_IF_ERROR(check_isolation(m));
   KVP_RETURN_IF_ERROR(check_prefix_cache(m));
   return check_no_leak(m);
+}
+
+}  // namespace kvp
+
+namespace kvp {
+
+Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBounds& bounds, PlanReadStats* stats) {
+  const std::string at = "step " + str(plan.step) + ": ";
+  if (plan.num_tokens() > bounds.max_num_batched_tokens)
+    return Status::error(at + "I8: " + str(plan.num_tokens()) + " tokens scheduled, budget " +
+                         str(bounds.max_num_batched_tokens));
+  if (bounds.num_running > bounds.max_num_seqs)
+    return Status::error(at + "I8: " + str(bounds.num_running) + " running, max_num_seqs " +
+                         str(bounds.max_num_seqs));
+  const bool global = m.config().global_prefix_sharing;
+  std::unordered_map<int32_t, std::vector<const SequenceState*>> holders;
+  for (const auto& [id, s] : m.sequences())
+    if (!s.swapped)
+      for (int32_t b : s.table.blocks()) holders[b].push_back(&s);
+  const auto width = static_cast<std::size_t>(plan.max_blocks_per_seq);
+  for (int64_t i = 0; i < plan.num_seqs(); ++i) {
+    const auto ui = static_cast<std::size_t>(i);
+    const SeqId id = plan.seq_ids[ui];
+    const std::string where = at + "sequence " + str(id);
+    const SequenceState* s = m.sequence(id);
+    if (s == nullptr) return Status::error(where + ": I5: not known to the KV-cache manager");
+    if (s->swapped) return Status::error(where + ": I5: scheduled while swapped out");
+    const int64_t first = plan.query_start[ui];
+    const int64_t n = plan.query_start[ui + 1] - first;
+    const int64_t context = plan.context_lens[ui];
+    if (context > bounds.max_model_len)
+      return Status::error(where + ": I8: context " + str(context) + " beyond max_model_len " +
+                           str(bounds.max_model_len));
+    if (context != s->num_slots)
+      return Status::error(where + ": I5: context length " + str(context) + " but " + str(s->num_slots) +
+                           " slots reserved");
+    const int32_t* row = plan.block_tables.data() + ui * width;
+    for (std::size_t j = 0; j < width; ++j) {
+      const int32_t want = static_cast<int64_t>(j) < s->table.size() ? s->table[static_cast<int64_t>(j)] : -1;
+      if (row[j] != want)
+        return Status::error(where + ": I5: block-table entry " + str(static_cast<int64_t>(j)) + " is " + str(row[j]) +
+                             ", the manager's table has " + str(want));
+    }
+    const std::span<const int64_t> slots(plan.slot_mapping.data() + first, static_cast<std::size_t>(n));
+    if (Status st = check_slot_mapping(m, id, context - n, slots); !st) return Status::error(at + st.message());
+    if (Status st = check_exclusive_write(m, id, slots); !st) return Status::error(at + st.message());
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t pos = plan.positions[static_cast<std::size_t>(first + k)];
+      const int32_t tok = plan.token_ids[static_cast<std::size_t>(first + k)];
+      if (pos < 0 || pos >= static_cast<int64_t>(s->tokens.size()) || s->tokens[static_cast<std::size_t>(pos)] != tok)
+        return Status::error(where + ": I10: the plan carries token " + str(tok) + " at position " + str(pos) +
+                             ", the sequence's token history has " +
+                             (pos >= 0 && pos < static_cast<int64_t>(s->tokens.size())
+                                  ? str(s->tokens[static_cast<std::size_t>(pos)])
+                                  : std::string("none")));
+      if (stats != nullptr) stats->kv_position_reads += pos + 1;
+    }
+    const int64_t nblocks = kernels::blocks_for_tokens(context, m.block_size());
+    for (int64_t j = 0; j < nblocks; ++j) {
+      const int32_t b = row[static_cast<std::size_t>(j)];
+      if (!global) {
+        for (const SequenceState* h : holders[b]) {
+          if (h->tenant != s->tenant)
+            return Status::error(where + " (tenant " + str(s->tenant) + "): I4: reads block " + str(b) +
+                                 " (block-table index " + str(j) + "), also held by sequence " + str(h->id) +
+                                 " of tenant " + str(h->tenant));
+        }
+      }
+      if (stats != nullptr) {
+        ++stats->block_reads;
+        stats->blocks.push_back(b);
+      }
+    }
+  }
+  return Status::ok();
 }
 
 }  // namespace kvp
