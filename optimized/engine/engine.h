@@ -74,14 +74,19 @@ class Engine {
 
  private:
   void reject(Request& r, std::string reason);
+  // Ends a request through the scheduler (which frees its blocks) and records when.
   void finish(Request& r, FinishReason reason);
+  void record_finish(Request& r);
+  // Samples the plan's outputs and hands the outcome to Scheduler::apply, the one place
+  // KV-cache state changes after a step.
   void process_outputs(const BatchPlan& plan, const StepOutput& out);
   void fill_audit_arrays(BatchPlan& plan) const;
-  // Forks a request whose prompt is computed into its n parallel samples; returns their ids.
-  std::vector<RequestId> fork_samples(Request& r);
-  // Samples (or takes the forced) next token, appends it, finishes the request at its stop
-  // token or length.
-  void emit_token(Request& r, std::span<const float> logits);
+  // The n - 1 parallel samples of a request whose prompt is computed, as new requests (the
+  // scheduler forks their KV-cache sequences in apply).
+  std::vector<Request*> make_samples(Request& r);
+  // Samples (or takes the forced) next token and decides whether it ends the request (stop
+  // token or length); changes no KV-cache or queue state.
+  StepUpdate::Token next_token(Request& r, std::span<const float> logits);
   double now() const;
 
   EngineConfig config_;
