@@ -24,7 +24,12 @@
 #include <string>
 #include <vector>
 
+#include "optimized/kv/kv_event.h"
+
 namespace kvp {
+
+// The JSON line of one event (the format above).
+std::string to_json_line(const KvEvent& event);
 
 class EventLog {
  public:
@@ -33,10 +38,7 @@ class EventLog {
   // Also writes each line (with '\n') to `out`, which must outlive the log.
   explicit EventLog(std::ostream* out) : out_(out) {}
 
-  void record(std::string line) {
-    if (out_ != nullptr) *out_ << line << '\n';
-    lines_.push_back(std::move(line));
-  }
+  void record(const KvEvent& event) { record_line(to_json_line(event)); }
   const std::vector<std::string>& lines() const { return lines_; }
   std::string text() const {
     std::string s;
@@ -45,6 +47,10 @@ class EventLog {
   }
 
  private:
+  void record_line(std::string line) {
+    if (out_ != nullptr) *out_ << line << '\n';
+    lines_.push_back(std::move(line));
+  }
   std::ostream* out_ = nullptr;
   std::vector<std::string> lines_;
 };
