@@ -29,9 +29,26 @@ Status check_token_history(const Engine& e) {
   return Status::ok();
 }
 
+Status check_cancellations(const Engine& e) {
+  for (const auto& [id, r] : e.requests()) {
+    // Pending: cancelled since the last step ran.
+    if (!r->cancel_requested || (!r->finished() && r->cancel_step >= e.steps_done())) continue;
+    const std::string who = "request " + std::to_string(id) + " (cancelled before step " +
+                            std::to_string(r->cancel_step) + ")";
+    if (r->finish != FinishReason::kCancelled || r->time.finish_step != r->cancel_step)
+      return Status::error(who + ": ended " + to_string(r->finish) + " at step " +
+                           std::to_string(r->time.finish_step) + ", expected cancelled at step " +
+                           std::to_string(r->cancel_step));
+    if (r->in_kv || e.kv().sequence(id) != nullptr)
+      return Status::error(who + ": still holds a KV-cache sequence (blocks not released)");
+  }
+  return Status::ok();
+}
+
 Status check_engine_state(const Engine& e) {
   KVP_RETURN_IF_ERROR(check_all(e.kv()));
-  return check_token_history(e);
+  KVP_RETURN_IF_ERROR(check_token_history(e));
+  return check_cancellations(e);
 }
 
 }  // namespace kvp

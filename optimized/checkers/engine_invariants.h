@@ -15,7 +15,13 @@ Status check_plan(const Engine& e, const BatchPlan& plan, PlanReadStats* stats =
 // tokens the manager hashes its blocks from (Request::tokens == SequenceState::tokens).
 Status check_token_history(const Engine& e);
 
-// Everything that holds between steps: check_all on the manager, and check_token_history.
+// Cancellation: every request whose cancellation took effect in a step that has run ended
+// cancelled at exactly that step (the first boundary after Engine::cancel), and holds no
+// KV-cache sequence (its device and host blocks were released).
+Status check_cancellations(const Engine& e);
+
+// Everything that holds between steps: check_all on the manager, check_token_history and
+// check_cancellations.
 Status check_engine_state(const Engine& e);
 
 }  // namespace kvp

@@ -116,8 +116,11 @@ void Engine::reject(Request& r, std::string reason) {
 
 void Engine::cancel(RequestId id) {
   auto it = requests_.find(id);
-  if (it == requests_.end() || it->second->finished()) return;
-  it->second->cancel_requested = true;
+  if (it == requests_.end() || it->second->finished() || it->second->cancel_requested) return;
+  Request& r = *it->second;
+  r.cancel_requested = true;
+  r.cancel_step = step_;
+  for (RequestId c : r.children) cancel(c);
 }
 
 void Engine::finish(Request& r, FinishReason reason) {
@@ -135,7 +138,14 @@ bool Engine::has_unfinished() const { return !scheduler_.idle(); }
 
 Status Engine::step() {
   for (auto& [id, r] : requests_) {
-    if (r->cancel_requested && !r->finished()) finish(*r, FinishReason::kCancelled);
+    if (!r->cancel_requested || r->finished()) continue;
+    const SequenceState* s = kv_.sequence(id);
+    switch (r->state) {
+      case RequestState::kWaiting: r->cancelled_in = "waiting"; break;
+      case RequestState::kSwapped: r->cancelled_in = "swapped"; break;
+      default: r->cancelled_in = s != nullptr && s->num_slots < r->num_prompt() ? "prefill" : "running";
+    }
+    finish(*r, FinishReason::kCancelled);
   }
 
   ScheduledStep scheduled = scheduler_.schedule(step_);

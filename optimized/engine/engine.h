@@ -48,7 +48,9 @@ class Engine {
   // than the pool, bad sampling parameters); a rejected request is finished at once and
   // nothing else changes. Either way the id names the request's result.
   RequestId add_request(RequestSpec spec);
-  // Cancels a request; takes effect at the next step boundary. Unknown or finished: no-op.
+  // Cancels a request and its parallel samples; takes effect at the next step boundary
+  // (the start of the next step): the request ends there, cancelled, whatever it was doing,
+  // and its device and host blocks are released. Unknown or finished: no-op.
   void cancel(RequestId id);
 
   // One step. Errors come from the backend (a plan it could not run) or a step observer.
