@@ -32,6 +32,15 @@
 
 #if defined(KVP_SIMT_THREADS)
 #include <pthread.h>
+#include <sanitizer/tsan_interface.h>
+extern "C" {
+void AnnotateIgnoreReadsBegin(const char* file, int line);
+void AnnotateIgnoreReadsEnd(const char* file, int line);
+void AnnotateIgnoreWritesBegin(const char* file, int line);
+void AnnotateIgnoreWritesEnd(const char* file, int line);
+void AnnotateIgnoreSyncBegin(const char* file, int line);
+void AnnotateIgnoreSyncEnd(const char* file, int line);
+}
 #endif
 #if defined(KVP_SIMT_ASAN)
 #include <sanitizer/asan_interface.h>
@@ -81,6 +90,29 @@ const char* op_name(WarpOp op) {
 // Thrown inside a CUDA thread when its block has failed, to unwind the kernel's frames.
 struct BlockAborted {};
 
+#if defined(KVP_SIMT_THREADS)
+// The layer's own bookkeeping is invisible to TSan while one of these lives: its mutexes
+// order nothing and its reads and writes of the block's state are not checked. Otherwise a
+// thread that merely took the block's mutex after another would be ordered after all that
+// thread had done, hiding exactly the races we want reported. The only happens-before
+// edges between CUDA threads are then the ones CUDA promises (the launch, __syncthreads,
+// __syncwarp), added explicitly with __tsan_release / __tsan_acquire.
+struct TsanQuiet {
+  TsanQuiet() {
+    AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+  }
+  ~TsanQuiet() {
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+    AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
+  }
+  TsanQuiet(const TsanQuiet&) = delete;
+  TsanQuiet& operator=(const TsanQuiet&) = delete;
+};
+#endif
+
 enum class State : uint8_t { kRunning, kBarrier, kWarp, kDone };
 
 struct Block;
@@ -102,6 +134,7 @@ struct Thread {
   std::size_t shared_decls = 0;
 #if defined(KVP_SIMT_THREADS)
   std::condition_variable wake;
+  unsigned barriers_passed = 0;  // this thread's own count: selects the barrier's sync object
 #else
   ucontext_t context{};
   void* stack = nullptr;
@@ -128,6 +161,10 @@ struct Block {
   KernelBody body{};
 #if defined(KVP_SIMT_THREADS)
   std::mutex mu;
+  // TSan sync objects: barrier k releases and acquires barrier_sync[k % 2] (a thread can be
+  // at most one barrier ahead of another); __syncwarp of warp w uses warp_sync[w].
+  char barrier_sync[2] = {};
+  char warp_sync[32] = {};
 #else
   ucontext_t scheduler{};
 #if defined(KVP_SIMT_ASAN)
@@ -392,36 +429,106 @@ void block_until_woken(Block& b, Thread& t, std::unique_lock<std::mutex>& lock) 
   if (b.aborted) throw BlockAborted{};
 }
 
-void* thread_main(void* arg) {
-  Thread& t = *static_cast<Thread*>(arg);
+void thread_main(Thread& t) {
   Block& b = *t.block;
   tls_thread = &t;
   threadIdx = t.idx;
   set_builtins(b);
   run_body(b);
   {
+    TsanQuiet quiet;
     std::lock_guard<std::mutex> lock(b.mu);
     finish(b, t);
   }
   tls_thread = nullptr;
-  return nullptr;
 }
 
-void run_block_threads(Block& b) {
-  constexpr std::size_t kStackBytes = 256 * 1024;
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, kStackBytes);
-  std::vector<pthread_t> handles(static_cast<std::size_t>(b.nthreads));
-  for (int i = 0; i < b.nthreads; ++i) {
-    if (pthread_create(&handles[i], &attr, thread_main, &b.threads[i]) != 0) {
-      std::fprintf(stderr, "kvp::simt: cannot create thread %d of %s\n", i, where(b).c_str());
+// OS threads are created once and reused by every block: creating and joining a thread
+// costs milliseconds under TSan. Worker i runs CUDA thread i of the current block.
+class WorkerPool {
+ public:
+  static WorkerPool& get() {
+    static WorkerPool* pool = new WorkerPool;  // never destroyed: its workers wait forever
+    return *pool;
+  }
+
+  void run(Block& b) {
+    std::lock_guard<std::mutex> one_launch_at_a_time(launch_mu_);
+    __tsan_release(&launch_sync_);
+    {
+      TsanQuiet quiet;
+      std::unique_lock<std::mutex> lock(mu_);
+      while (workers_ < b.nthreads) spawn(workers_++);
+      block_ = &b;
+      active_ = b.nthreads;
+      remaining_ = b.nthreads;
+      generation_++;
+      work_.notify_all();
+      done_.wait(lock, [&] { return remaining_ == 0; });
+    }
+    __tsan_acquire(&done_sync_);
+  }
+
+ private:
+  struct Start {
+    WorkerPool* pool;
+    int index;
+  };
+  static void* thread_start(void* arg) {
+    const Start start = *static_cast<Start*>(arg);
+    delete static_cast<Start*>(arg);
+    start.pool->work(start.index);
+    return nullptr;
+  }
+
+  void spawn(int index) {
+    constexpr std::size_t kStackBytes = 256 * 1024;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, kStackBytes);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t handle;
+    if (pthread_create(&handle, &attr, &WorkerPool::thread_start, new Start{this, index}) != 0) {
+      std::fprintf(stderr, "kvp::simt: cannot create OS thread %d\n", index);
       std::abort();
     }
+    pthread_attr_destroy(&attr);
   }
-  for (pthread_t h : handles) pthread_join(h, nullptr);
-  pthread_attr_destroy(&attr);
-}
+
+  void work(int index) {
+    uint64_t seen = 0;
+    for (;;) {
+      Thread* t = nullptr;
+      {
+        TsanQuiet quiet;
+        std::unique_lock<std::mutex> lock(mu_);
+        work_.wait(lock, [&] { return generation_ != seen; });
+        seen = generation_;
+        if (index < active_) t = &block_->threads[index];
+      }
+      if (t == nullptr) continue;
+      __tsan_acquire(&launch_sync_);
+      thread_main(*t);
+      __tsan_release(&done_sync_);
+      TsanQuiet quiet;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--remaining_ == 0) done_.notify_all();
+    }
+  }
+
+  std::mutex launch_mu_;
+  std::mutex mu_;
+  std::condition_variable work_, done_;
+  int workers_ = 0;
+  uint64_t generation_ = 0;
+  Block* block_ = nullptr;
+  int active_ = 0;
+  int remaining_ = 0;
+  char launch_sync_ = 0;
+  char done_sync_ = 0;
+};
+
+void run_block_threads(Block& b) { WorkerPool::get().run(b); }
 
 #else
 // ---- fiber flavour: the block's threads are fibers on one host thread ----
@@ -593,10 +700,17 @@ void sync_block(const char* file, int line) {
   Thread& t = *tls_thread;
   Block& b = *t.block;
 #if defined(KVP_SIMT_THREADS)
-  std::unique_lock<std::mutex> lock(b.mu);
-  if (b.aborted) throw BlockAborted{};
-  arrive_barrier(b, t, file, line);
-  block_until_woken(b, t, lock);
+  char* sync = &b.barrier_sync[t.barriers_passed % 2];
+  __tsan_release(sync);
+  {
+    TsanQuiet quiet;
+    std::unique_lock<std::mutex> lock(b.mu);
+    if (b.aborted) throw BlockAborted{};
+    arrive_barrier(b, t, file, line);
+    block_until_woken(b, t, lock);
+  }
+  __tsan_acquire(sync);
+  t.barriers_passed++;
 #else
   if (b.aborted) throw BlockAborted{};
   arrive_barrier(b, t, file, line);
@@ -609,8 +723,28 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
   Thread& t = *tls_thread;
   Block& b = *t.block;
 #if defined(KVP_SIMT_THREADS)
-  std::unique_lock<std::mutex> lock(b.mu);
-#endif
+  // Only __syncwarp orders memory between lanes; shuffles and votes exchange values only.
+  char* sync = op == WarpOp::kSyncWarp ? &b.warp_sync[t.tid / 32] : nullptr;
+  if (sync) __tsan_release(sync);
+  uint64_t result;
+  {
+    TsanQuiet quiet;
+    std::unique_lock<std::mutex> lock(b.mu);
+    if (b.aborted) throw BlockAborted{};
+    t.op = op;
+    t.mask = mask;
+    t.value = value;
+    t.arg = arg;
+    t.width = width;
+    t.file = file;
+    t.line = line;
+    arrive_warp(b, t);
+    block_until_woken(b, t, lock);
+    result = t.result;
+  }
+  if (sync) __tsan_acquire(sync);
+  return result;
+#else
   if (b.aborted) throw BlockAborted{};
   t.op = op;
   t.mask = mask;
@@ -620,18 +754,16 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
   t.file = file;
   t.line = line;
   arrive_warp(b, t);
-#if defined(KVP_SIMT_THREADS)
-  block_until_woken(b, t, lock);
-#else
   block_until_woken(b, t);
-#endif
   return t.result;
+#endif
 }
 
 void* static_shared(std::size_t bytes, std::size_t align) {
   Thread& t = *tls_thread;
   Block& b = *t.block;
 #if defined(KVP_SIMT_THREADS)
+  TsanQuiet quiet;
   std::lock_guard<std::mutex> lock(b.mu);
 #endif
   if (b.aborted) throw BlockAborted{};
