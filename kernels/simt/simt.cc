@@ -13,10 +13,11 @@
 #include "kernels/simt/simt.h"
 
 #include <sys/mman.h>
-#include <ucontext.h>
+#include <ucontext.h>  // fiber switch where not x86-64
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <cstdarg>
@@ -113,6 +114,76 @@ struct TsanQuiet {
 };
 #endif
 
+#if !defined(KVP_SIMT_THREADS)
+// ---- fiber context switch ----
+// On x86-64 a fiber switch saves the callee-saved registers and the FP control words on
+// the old stack and loads them from the new one: no system call (swapcontext makes one to
+// save the signal mask, and ASan warns that it does not fully support it). Elsewhere,
+// ucontext.
+void fiber_main();
+
+#if defined(__x86_64__)
+extern "C" void kvp_simt_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .globl kvp_simt_switch
+  .hidden kvp_simt_switch
+  .type kvp_simt_switch, @function
+kvp_simt_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size kvp_simt_switch, .-kvp_simt_switch
+)");
+
+struct FiberContext {
+  void* sp = nullptr;
+};
+void fiber_switch(FiberContext& from, const FiberContext& to) { kvp_simt_switch(&from.sp, to.sp); }
+// Lays out a new stack as kvp_simt_switch leaves an old one, so that switching to it
+// "returns" into fiber_main with the stack aligned as after a call.
+void fiber_init(FiberContext& c, void* stack, std::size_t bytes) {
+  auto top = (reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t{15};
+  auto* sp = reinterpret_cast<uint64_t*>(top);
+  *--sp = 0;                                      // fiber_main's return address: none
+  *--sp = reinterpret_cast<uint64_t>(&fiber_main);  // where kvp_simt_switch returns to
+  for (int i = 0; i < 6; ++i) *--sp = 0;          // rbp rbx r12 r13 r14 r15
+  *--sp = uint64_t{0x037F} << 32 | 0x1F80;        // default x87 control word, MXCSR
+  c.sp = sp;
+}
+#else
+struct FiberContext {
+  ucontext_t uc{};
+};
+void fiber_switch(FiberContext& from, const FiberContext& to) { swapcontext(&from.uc, &to.uc); }
+void fiber_init(FiberContext& c, void* stack, std::size_t bytes) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, fiber_main, 0);
+}
+#endif
+#endif
+
 enum class State : uint8_t { kRunning, kBarrier, kWarp, kDone };
 
 struct Block;
@@ -136,7 +207,7 @@ struct Thread {
   std::condition_variable wake;
   unsigned barriers_passed = 0;  // this thread's own count: selects the barrier's sync object
 #else
-  ucontext_t context{};
+  FiberContext context;
   void* stack = nullptr;
   bool started = false;
 #if defined(KVP_SIMT_ASAN)
@@ -153,6 +224,9 @@ struct Block {
   std::unique_ptr<Thread[]> threads;
   int running = 0;
   int at_barrier = 0;
+  // Per warp, the lanes waiting at a warp collective and the lanes that exited.
+  unsigned warp_waiting[32] = {};
+  unsigned warp_done[32] = {};
   int done = 0;
   bool aborted = false;
   std::string error;
@@ -166,7 +240,7 @@ struct Block {
   char barrier_sync[2] = {};
   char warp_sync[32] = {};
 #else
-  ucontext_t scheduler{};
+  FiberContext scheduler;
 #if defined(KVP_SIMT_ASAN)
   const void* scheduler_stack = nullptr;
   std::size_t scheduler_stack_size = 0;
@@ -175,6 +249,7 @@ struct Block {
 };
 
 thread_local Thread* tls_thread = nullptr;
+
 
 std::string where(const Block& b) {
   return format("kernel %s, block (%u,%u,%u)", b.kernel, b.idx.x, b.idx.y, b.idx.z);
@@ -200,6 +275,7 @@ std::string waits_at(const Thread& t) {
 // ---- the block state machine (called with the block's mutex held in the thread flavour) ----
 
 void wake(Thread& t) {
+  if (t.state == State::kWarp) t.block->warp_waiting[t.tid / 32] &= ~(1u << (t.tid % 32));
   t.state = State::kRunning;
   t.block->running++;
 #if defined(KVP_SIMT_THREADS)
@@ -327,36 +403,38 @@ uint64_t collective_result(const Block& b, const Thread& t, int base) {
 }
 
 void arrive_warp(Block& b, Thread& t) {
-  t.state = State::kWarp;
-  b.running--;
   const int base = t.tid / 32 * 32;
   const int lane = t.tid - base;
+  t.state = State::kWarp;
+  b.running--;
+  b.warp_waiting[t.tid / 32] |= 1u << lane;
   const int lanes_in_warp = std::min(32, b.nthreads - base);
-  const std::string call = std::string(op_name(t.op)) + "(" + site(t.file, t.line) + ")";
+  auto call = [&] { return std::string(op_name(t.op)) + "(" + site(t.file, t.line) + ")"; };
   if (t.width < 1 || t.width > 32 || (t.width & (t.width - 1)) != 0) {
-    fail(b, call + ": width " + std::to_string(t.width) + " is not a power of two in [1, 32]");
+    fail(b, call() + ": width " + std::to_string(t.width) + " is not a power of two in [1, 32]");
     return;
   }
   if (!(t.mask >> lane & 1u)) {
-    fail(b, call + format(" mask 0x%08x does not name the calling lane %d (", t.mask, lane) + who(t) + ")");
+    fail(b, call() + format(" mask 0x%08x does not name the calling lane %d (", t.mask, lane) + who(t) + ")");
     return;
   }
   if (lanes_in_warp < 32 && (t.mask >> lanes_in_warp) != 0) {
-    fail(b, call + format(" mask 0x%08x names lanes beyond the block: warp %d has only %d threads", t.mask,
+    fail(b, call() + format(" mask 0x%08x names lanes beyond the block: warp %d has only %d threads", t.mask,
                           t.tid / 32, lanes_in_warp));
     return;
   }
-  bool all_here = true;
-  for (int l = 0; l < 32; ++l) {
+  if (const unsigned exited = t.mask & b.warp_done[t.tid / 32]) {
+    const int l = std::countr_zero(exited);
+    fail(b, call() + format(" mask 0x%08x names lane %d, which does not take part: ", t.mask, l) +
+                who(b.threads[base + l]) + " has exited");
+    return;
+  }
+  // Complete only when every lane of the mask waits at this very collective.
+  bool all_here = (b.warp_waiting[t.tid / 32] & t.mask) == t.mask;
+  for (int l = 0; l < 32 && all_here; ++l) {
     if (!(t.mask >> l & 1u)) continue;
     const Thread& u = b.threads[base + l];
-    if (u.state == State::kDone) {
-      fail(b, call + format(" mask 0x%08x names lane %d, which does not take part: ", t.mask, l) + who(u) +
-                  " has exited");
-      return;
-    }
-    if (u.state != State::kWarp || !same_site(u.file, u.line, t.file, t.line) || u.mask != t.mask || u.op != t.op)
-      all_here = false;
+    if (!same_site(u.file, u.line, t.file, t.line) || u.mask != t.mask || u.op != t.op) all_here = false;
   }
   if (all_here) {
     for (int l = 0; l < 32; ++l)
@@ -369,6 +447,7 @@ void arrive_warp(Block& b, Thread& t) {
 }
 
 void finish(Block& b, Thread& t) {
+  b.warp_done[t.tid / 32] |= 1u << (t.tid % 32);
   t.state = State::kDone;
   b.running--;
   b.done++;
@@ -583,7 +662,7 @@ void yield_to_scheduler(Thread& t, bool exiting) {
 #else
   (void)exiting;
 #endif
-  swapcontext(&t.context, &b.scheduler);
+  fiber_switch(t.context, b.scheduler);
 #if defined(KVP_SIMT_ASAN)
   __sanitizer_finish_switch_fiber(t.fake_stack, nullptr, nullptr);
 #endif
@@ -613,7 +692,7 @@ void resume(Block& b, Thread& t) {
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, t.stack, kStackBytes);
 #endif
-  swapcontext(&b.scheduler, &t.context);
+  fiber_switch(b.scheduler, t.context);
 #if defined(KVP_SIMT_ASAN)
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
@@ -621,16 +700,10 @@ void resume(Block& b, Thread& t) {
 }
 
 void run_block_fibers(Block& b) {
-  ucontext_t prototype;
-  getcontext(&prototype);
   for (int i = 0; i < b.nthreads; ++i) {
     Thread& t = b.threads[i];
     t.stack = stack_pool().take();
-    t.context = prototype;
-    t.context.uc_stack.ss_sp = t.stack;
-    t.context.uc_stack.ss_size = kStackBytes;
-    t.context.uc_link = nullptr;
-    makecontext(&t.context, fiber_main, 0);
+    fiber_init(t.context, t.stack, kStackBytes);
   }
   // Round robin in thread order: each runnable fiber runs until it blocks or exits.
   while (b.done < b.nthreads) {
