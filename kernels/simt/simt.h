@@ -27,7 +27,9 @@
 //     barrier epoch per shared-memory location because it needs no change to how kernels
 //     touch shared memory (raw pointers stay raw pointers, as under nvcc) and TSan's
 //     happens-before analysis also covers global memory and atomics. In the fiber flavour
-//     it is not reported: fibers run each thread to its next barrier in thread order.
+//     it is not reported, but usually shows in the results: fibers run each thread to its
+//     next barrier in thread order, so a read of another thread's not-yet-written shared
+//     memory returns the uninitialised (NaN) pattern.
 //   - A __syncthreads not every thread of the block reaches (inside a branch, or after a
 //     thread returned), threads waiting at different __syncthreads, or a deadlock between
 //     a barrier and a warp collective: the launch fails with cudaErrorLaunchFailure and
