@@ -14,9 +14,10 @@
 
 #include "common/rng.h"
 #include "kernels/cpu_attention.h"
-#include "optimized/cpu_backend.h"
-#include "optimized/engine.h"
-#include "reference/presets.h"
+#include "optimized/backends/cpu_backend.h"
+#include "optimized/backends/plan_validation.h"
+#include "optimized/engine/engine.h"
+#include "model/presets.h"
 #include "reference/reference_model.h"
 #include "tests/fake_backend.h"
 
@@ -39,16 +40,15 @@ void BM_EngineDecode(benchmark::State& state) {
   const auto batch = static_cast<int32_t>(state.range(0));
   const Model& model = small_model();
   EngineConfig c;
-  c.kv.block_size = 16;
   // Room for every sequence's whole life (128 + 400 tokens): no preemption while timing.
-  c.kv.num_device_blocks = batch * 34;
-  c.kv.num_host_blocks = 0;
+  c.kv.pool = pool_shape_for(model.config, 16, batch * 34, 0);
   c.scheduler.max_num_batched_tokens = 4096;
   c.scheduler.max_num_seqs = batch;
   c.scheduler.prefill_chunk_size = 4096;
   c.scheduler.max_model_len = 4096;
   c.vocab_size = model.config.vocab_size;
-  CpuBackendConfig bc{c.kv.num_device_blocks, 0, 16, 1};
+  CpuBackendConfig bc;
+  bc.pool = c.kv.pool;
   CpuBackend backend(model, bc);
   Engine engine(c, backend);
   for (int32_t i = 0; i < batch; ++i) {
@@ -135,15 +135,16 @@ BENCHMARK(BM_DenseAttention)->RangeMultiplier(4)->Range(128, 8192);
 void BM_SchedulerStep256(benchmark::State& state) {
   const int64_t vocab = 16;
   EngineConfig c;
-  c.kv.block_size = 16;
-  c.kv.num_device_blocks = 256 * 80;
+  c.kv.pool.block_size = 16;
+  c.kv.pool.num_device_blocks = 256 * 80;
   c.scheduler.max_num_batched_tokens = 8192;
   c.scheduler.max_num_seqs = 256;
   c.scheduler.prefill_chunk_size = 8192;
   c.scheduler.max_model_len = 1 << 16;
   c.vocab_size = vocab;
-  testing::FakeBackend backend(vocab);
-  Engine engine(c, backend);
+  const EngineConfig engine_config = c;
+  testing::FakeBackend backend(engine_config.kv.pool, vocab);
+  Engine engine(engine_config, backend);
   for (int i = 0; i < 256; ++i) {
     RequestSpec s;
     s.prompt = prompt(64, static_cast<uint64_t>(i), vocab);

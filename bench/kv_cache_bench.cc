@@ -6,8 +6,8 @@
 #include <numeric>
 #include <vector>
 
-#include "optimized/block_allocator.h"
-#include "optimized/kv_cache_manager.h"
+#include "optimized/kv/block_allocator.h"
+#include "optimized/kv/kv_cache_manager.h"
 
 namespace kvp {
 namespace {
@@ -32,8 +32,8 @@ BENCHMARK(BM_AllocatorAllocateFree);
 // Through the manager: a one-token sequence takes a block, then frees it.
 void BM_ManagerAllocateFree(benchmark::State& state) {
   KvCacheConfig c;
-  c.num_device_blocks = 1024;
-  c.block_size = 16;
+  c.pool.num_device_blocks = 1024;
+  c.pool.block_size = 16;
   c.enable_prefix_caching = false;
   KvCacheManager m(c);
   const std::vector<int32_t> one = {1};
@@ -57,8 +57,8 @@ BENCHMARK(BM_ManagerAllocateFree);
 void BM_DecodeAppend(benchmark::State& state) {
   const bool new_block = state.range(0) == 1;
   KvCacheConfig c;
-  c.num_device_blocks = new_block ? 4096 : 64;
-  c.block_size = new_block ? 1 : 1 << 20;
+  c.pool.num_device_blocks = new_block ? 4096 : 64;
+  c.pool.block_size = new_block ? 1 : 1 << 20;
   c.enable_prefix_caching = !new_block;
   KvCacheManager m(c);
   (void)m.add_sequence(0, 0, prompt_of(1));
@@ -87,8 +87,8 @@ BENCHMARK(BM_DecodeAppend)->Arg(0)->Arg(1);
 // Reported per lookup; divide by 4 for us per 1k tokens.
 void BM_PrefixLookup4k(benchmark::State& state) {
   KvCacheConfig c;
-  c.num_device_blocks = 1024;
-  c.block_size = 16;
+  c.pool.num_device_blocks = 1024;
+  c.pool.block_size = 16;
   KvCacheManager m(c);
   const std::vector<int32_t> prompt = prompt_of(4096);
   std::vector<int64_t> slots;
@@ -128,8 +128,8 @@ BENCHMARK(BM_ChainHash4k)->Unit(benchmark::kMicrosecond);
 // copy-on-write of the last block; then free the child.
 void BM_ForkThenCopyOnWrite(benchmark::State& state) {
   KvCacheConfig c;
-  c.num_device_blocks = 1024;
-  c.block_size = 16;
+  c.pool.num_device_blocks = 1024;
+  c.pool.block_size = 16;
   c.enable_prefix_caching = false;
   KvCacheManager m(c);
   std::vector<int64_t> slots;

@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "reference/model_config.h"
-#include "reference/safetensors.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "optimized/event_log_replay.h"
+#include "optimized/checkers/event_log_replay.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const kvp::ReplayResult r =

@@ -8,7 +8,7 @@
 #include <cstdlib>
 
 #include "fuzz/byte_reader.h"
-#include "optimized/event_log_replay.h"
+#include "optimized/checkers/event_log_replay.h"
 #include "properties/kv_harness.h"
 
 namespace {
@@ -24,10 +24,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kvp::fuzz::ByteReader in(data, size);
   kvp::KvCacheConfig c;
   const uint8_t flags = in.u8();
-  c.block_size = 1 + in.below(5);
-  c.num_device_blocks = in.below(33);
-  c.num_host_blocks = in.below(9);
-  c.watermark_blocks = c.num_device_blocks == 0 ? 0 : in.below(c.num_device_blocks / 4 + 1);
+  c.pool.block_size = 1 + in.below(5);
+  c.pool.num_device_blocks = in.below(33);
+  c.pool.num_host_blocks = in.below(9);
+  c.watermark_blocks = c.pool.num_device_blocks == 0 ? 0 : in.below(c.pool.num_device_blocks / 4 + 1);
   c.enable_prefix_caching = (flags & 1) == 0;
   c.global_prefix_sharing = (flags & 2) != 0;
   c.poison_on_free = (flags & 4) != 0;

@@ -12,11 +12,12 @@
 #include <rapidcheck/gtest.h>
 
 #include "kernels/kv_index.h"
-#include "optimized/cpu_backend.h"
-#include "optimized/engine.h"
-#include "optimized/invariants.h"
-#include "optimized/workload.h"
-#include "reference/presets.h"
+#include "optimized/backends/cpu_backend.h"
+#include "optimized/backends/plan_validation.h"
+#include "optimized/engine/engine.h"
+#include "optimized/checkers/engine_invariants.h"
+#include "optimized/engine/workload.h"
+#include "model/presets.h"
 #include "tests/fake_backend.h"
 
 namespace kvp {
@@ -59,11 +60,13 @@ Schedule draw_schedule() {
   return s;
 }
 
-EngineConfig engine_config(const Schedule& s, int64_t vocab) {
+// `model`: the backend's model, whose dimensions the pool carries (nullptr: no model).
+EngineConfig engine_config(const Schedule& s, int64_t vocab, const ModelConfig* model = nullptr) {
   EngineConfig c;
-  c.kv.num_device_blocks = s.num_blocks;
-  c.kv.num_host_blocks = s.num_blocks / 2;
-  c.kv.block_size = s.block_size;
+  if (model != nullptr) c.kv.pool = pool_shape_for(*model, s.block_size, s.num_blocks, s.num_blocks / 2);
+  c.kv.pool.num_device_blocks = s.num_blocks;
+  c.kv.pool.num_host_blocks = s.num_blocks / 2;
+  c.kv.pool.block_size = s.block_size;
   c.kv.watermark_blocks = 1;
   c.kv.enable_prefix_caching = s.prefix_caching;
   c.kv.poison_on_free = true;
@@ -113,12 +116,11 @@ struct TargetResult {
 };
 
 TargetResult run_with_target(const Schedule& s, const WorkloadRequest& target, std::vector<WorkloadRequest> others) {
+  const EngineConfig config = engine_config(s, micro_model().config.vocab_size, &micro_model().config);
   CpuBackendConfig bc;
-  bc.num_device_blocks = s.num_blocks;
-  bc.num_host_blocks = s.num_blocks / 2;
-  bc.block_size = s.block_size;
+  bc.pool = config.kv.pool;
   CpuBackend backend(micro_model(), bc);
-  Engine engine(engine_config(s, micro_model().config.vocab_size), backend);
+  Engine engine(config, backend);
   Workload w{"w", std::move(others)};
   w.requests.push_back(target);
   w.requests.back().spec.capture_logits = true;
@@ -169,24 +171,15 @@ RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmal
   const Schedule s = draw_schedule();
   const auto prefix = draw_prefix();
   const auto requests = draw_requests(prefix, 1, 40);
-  testing::FakeBackend backend(64);
   const EngineConfig config = engine_config(s, 64);
+  testing::FakeBackend backend(config.kv.pool, 64);
   Engine engine(config, backend);
   std::string violation;
   engine.set_plan_observer([&](const Engine& e, const BatchPlan& plan) -> Status {
-    if (plan.num_tokens() > config.scheduler.max_num_batched_tokens) violation = "token budget exceeded";
-    if (e.scheduler().num_running() > config.scheduler.max_num_seqs) violation = "max_num_seqs exceeded";
-    for (int32_t len : plan.context_lens)
-      if (len > config.scheduler.max_model_len) violation = "context beyond max_model_len";
-    for (std::size_t i = 0; i < plan.seq_ids.size(); ++i) {
-      const int64_t n = plan.query_start[i + 1] - plan.query_start[i];
-      std::span<const int64_t> slots(plan.slot_mapping.data() + plan.query_start[i], static_cast<std::size_t>(n));
-      if (Status st = check_slot_mapping(e.kv(), plan.seq_ids[i], plan.context_lens[i] - n, slots); !st) violation = st.message();
-      if (Status st = check_exclusive_write(e.kv(), plan.seq_ids[i], slots); !st) violation = st.message();
-    }
+    if (Status st = check_plan(e, plan); !st && violation.empty()) violation = st.message();
     return violation.empty() ? Status::ok() : Status::error(violation);
   });
-  engine.set_step_observer([](const Engine& e, const BatchPlan&) { return check_all(e.kv()); });
+  engine.set_step_observer([](const Engine& e, const BatchPlan&) { return check_engine_state(e); });
 
   // Progress: a generous bound on steps; a deadlock or livelock runs past it.
   int64_t work = 0;
@@ -220,9 +213,10 @@ RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmal
 // Overload: ten times more requests than the pool holds at once, all arriving together:
 // none lost, none rejected, every one finishes with all its tokens.
 TEST(EngineProperty, OverloadLosesNothing) {
-  testing::FakeBackend backend(64);
   Schedule s{4, 13, 8, 32, 8, PreemptionMode::kRecompute, AdmissionRule::kOptimistic, true};
-  Engine engine(engine_config(s, 64), backend);
+  const EngineConfig config = engine_config(s, 64);
+  testing::FakeBackend backend(config.kv.pool, 64);
+  Engine engine(config, backend);
   std::vector<RequestId> ids;
   // Each request needs 20 tokens = 5 blocks at its longest; 13 blocks hold ~2 at once.
   for (int i = 0; i < 26; ++i) {

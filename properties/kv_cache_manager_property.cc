@@ -9,7 +9,7 @@
 #include <tuple>
 #include <vector>
 
-#include "optimized/invariants.h"
+#include "optimized/checkers/invariants.h"
 #include "properties/kv_harness.h"
 
 namespace kvp::testing {
@@ -29,10 +29,10 @@ rc::Gen<std::vector<Op>> gen_ops() {
 
 KvCacheConfig gen_config(bool tiny_pools) {
   KvCacheConfig c;
-  c.block_size = *rc::gen::element(1, 2, 4);
-  c.num_device_blocks = tiny_pools ? *rc::gen::inRange(0, 5) : *rc::gen::inRange(1, 40);
-  c.num_host_blocks = tiny_pools ? *rc::gen::inRange(0, 3) : *rc::gen::inRange(0, 12);
-  c.watermark_blocks = *rc::gen::inRange(0, c.num_device_blocks / 4 + 1);
+  c.pool.block_size = *rc::gen::element(1, 2, 4);
+  c.pool.num_device_blocks = tiny_pools ? *rc::gen::inRange(0, 5) : *rc::gen::inRange(1, 40);
+  c.pool.num_host_blocks = tiny_pools ? *rc::gen::inRange(0, 3) : *rc::gen::inRange(0, 12);
+  c.watermark_blocks = *rc::gen::inRange(0, c.pool.num_device_blocks / 4 + 1);
   c.enable_prefix_caching = *rc::gen::element(true, true, false);
   c.global_prefix_sharing = *rc::gen::arbitrary<bool>();
   c.poison_on_free = *rc::gen::arbitrary<bool>();
@@ -78,9 +78,9 @@ RC_GTEST_PROP(KvCacheManagerProperty, FreeingEverythingAndFlushingLeavesEveryBlo
   }
   const Status st = h.drain();
   if (!st.is_ok()) RC_FAIL(st.message());
-  RC_ASSERT(h.manager().device_allocator().num_free() == config.num_device_blocks);
-  RC_ASSERT(h.manager().host_allocator().num_free() == config.num_host_blocks);
-  for (int32_t b = 0; b < config.num_device_blocks; ++b) {
+  RC_ASSERT(h.manager().device_allocator().num_free() == config.pool.num_device_blocks);
+  RC_ASSERT(h.manager().host_allocator().num_free() == config.pool.num_host_blocks);
+  for (int32_t b = 0; b < config.pool.num_device_blocks; ++b) {
     RC_ASSERT(h.manager().device_allocator().refcount(b) == 0);
   }
 }

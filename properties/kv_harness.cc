@@ -1,7 +1,7 @@
 #include "properties/kv_harness.h"
 
 #include "kernels/kv_index.h"
-#include "optimized/invariants.h"
+#include "optimized/checkers/invariants.h"
 
 namespace kvp::testing {
 namespace {
@@ -11,8 +11,8 @@ std::string str(int64_t v) { return std::to_string(v); }
 KvHarness::KvHarness(const KvCacheConfig& config)
     : config_(config),
       m_(config),
-      device_pool_(static_cast<size_t>(config.num_device_blocks) * config.block_size),
-      host_pool_(static_cast<size_t>(config.num_host_blocks) * config.block_size) {}
+      device_pool_(static_cast<size_t>(config.pool.num_device_blocks) * config.pool.block_size),
+      host_pool_(static_cast<size_t>(config.pool.num_host_blocks) * config.pool.block_size) {}
 
 KvHarness::Snapshot KvHarness::snapshot() const {
   Snapshot s;
@@ -56,7 +56,7 @@ SeqId KvHarness::pick(int a) const {
 
 void KvHarness::apply_plan_ops() {
   const KvPlanOps ops = m_.take_plan_ops();
-  const int64_t bs = config_.block_size;
+  const int64_t bs = config_.pool.block_size;
   auto copy = [&](std::vector<Cell>& from, int32_t src, std::vector<Cell>& to, int32_t dst) {
     for (int64_t o = 0; o < bs; ++o) {
       to[static_cast<size_t>(dst * bs + o)] = from[static_cast<size_t>(src * bs + o)];
@@ -89,7 +89,7 @@ Status KvHarness::allocate(SeqId s, int64_t n) {
   }
   ModelSeq& ms = model_.at(s);
   const int64_t start = ms.num_slots + skip;
-  if (skip % config_.block_size != 0 || (skip > 0 && ms.num_slots != 0) ||
+  if (skip % config_.pool.block_size != 0 || (skip > 0 && ms.num_slots != 0) ||
       (skip > 0 && skip > static_cast<int64_t>(ms.tokens.size()) - 1)) {
     return Status::error("seq " + str(s) + ": bad cached prefix " + str(skip));
   }
@@ -215,7 +215,7 @@ Status KvHarness::check() {
     return Status::error("manager has " + str(m_.num_sequences()) + " sequences, model " +
                          str(static_cast<int64_t>(model_.size())));
   }
-  const int64_t bs = config_.block_size;
+  const int64_t bs = config_.pool.block_size;
   for (const auto& [id, ms] : model_) {
     const SequenceState* s = m_.sequence(id);
     if (s == nullptr) return Status::error("sequence " + str(id) + " is missing");

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "optimized/kv_cache_manager.h"
+#include "optimized/kv/kv_cache_manager.h"
 
 namespace kvp::testing {
 

@@ -11,20 +11,20 @@
 #include <utility>
 #include <vector>
 
-#include "optimized/invariants.h"
-#include "optimized/kv_cache_manager.h"
+#include "optimized/checkers/invariants.h"
+#include "optimized/kv/kv_cache_manager.h"
 
 namespace kvp {
 namespace {
 
 void check_against_model(int hash_bits) {
   KvCacheConfig c;
-  c.block_size = *rc::gen::element(1, 2, 3);
-  c.num_device_blocks = 512;
+  c.pool.block_size = *rc::gen::element(1, 2, 3);
+  c.pool.num_device_blocks = 512;
   c.hash_bits = hash_bits;
   c.global_prefix_sharing = *rc::gen::arbitrary<bool>();
   KvCacheManager m(c);
-  const int64_t bs = c.block_size;
+  const int64_t bs = c.pool.block_size;
   // (salt, prefix of whole blocks) -> the block holding the last block of that prefix.
   std::map<std::pair<int64_t, std::vector<int32_t>>, int32_t> model;
   const int n = *rc::gen::inRange(1, 30);

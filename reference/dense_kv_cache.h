@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "reference/model_config.h"
+#include "model/model_config.h"
 #include "reference/ops.h"
 
 namespace kvp {

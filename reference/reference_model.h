@@ -11,7 +11,7 @@
 #include "common/status.h"
 #include "reference/dense_kv_cache.h"
 #include "reference/ops.h"
-#include "reference/weights.h"
+#include "model/weights.h"
 
 namespace kvp {
 

@@ -1,4 +1,4 @@
-#include "reference/checkpoint.h"
+#include "model/checkpoint.h"
 
 #include <filesystem>
 #include <fstream>
@@ -6,9 +6,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "reference/presets.h"
+#include "model/presets.h"
 #include "reference/reference_model.h"
-#include "reference/safetensors.h"
+#include "model/safetensors.h"
 
 namespace kvp {
 namespace {

@@ -2,7 +2,8 @@
 // position) and against itself across schedules (N1: bitwise equality whatever the block
 // size, block ids, chunking, batch composition and thread count), plus its memory ops
 // (swap, copy-on-write, poison) and its rejection of malformed plans.
-#include "optimized/cpu_backend.h"
+#include "optimized/backends/cpu_backend.h"
+#include "optimized/backends/plan_validation.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +17,7 @@
 
 #include "common/rng.h"
 #include "kernels/kv_index.h"
-#include "reference/presets.h"
+#include "model/presets.h"
 #include "reference/reference_model.h"
 
 namespace kvp {
@@ -53,9 +54,7 @@ std::vector<int32_t> scrambled_table(int64_t count, int32_t num_blocks, uint64_t
 CpuBackend make_backend(const Model& m, int32_t num_blocks, int32_t block_size, int num_threads = 1,
                         int64_t partition = kernels::kDefaultAttentionPartition, int32_t host_blocks = 0) {
   CpuBackendConfig c;
-  c.num_device_blocks = num_blocks;
-  c.num_host_blocks = host_blocks;
-  c.block_size = block_size;
+  c.pool = pool_shape_for(m.config, block_size, num_blocks, host_blocks);
   c.num_threads = num_threads;
   c.attention_partition = partition;
   return CpuBackend(m, c);
@@ -607,16 +606,24 @@ TEST(CpuBackend, RejectsMalformedPlansWithoutChangingAnything) {
 
 TEST(CpuBackend, CreateRejectsBadConfigs) {
   CpuBackendConfig c;
-  c.num_device_blocks = 4;
-  c.block_size = 0;
+  c.pool = pool_shape_for(tiny().config, 4, 4, 0);
+  c.pool.num_layers += 1;  // a pool laid out for another model
+  auto wrong_model = CpuBackend::create(tiny(), c);
+  ASSERT_FALSE(wrong_model.is_ok());
+  EXPECT_NE(wrong_model.status().message().find("num_layers"), std::string::npos) << wrong_model.status().message();
+  c.pool.num_layers -= 1;
+  c.pool.kv_dtype = DType::kBF16;
   EXPECT_FALSE(CpuBackend::create(tiny(), c).is_ok());
-  c.block_size = 4;
+  c.pool.kv_dtype = DType::kF32;
+  c.pool.block_size = 0;
+  EXPECT_FALSE(CpuBackend::create(tiny(), c).is_ok());
+  c.pool.block_size = 4;
   c.num_threads = 0;
   EXPECT_FALSE(CpuBackend::create(tiny(), c).is_ok());
   c.num_threads = 2;
-  c.num_device_blocks = 0;
+  c.pool.num_device_blocks = 0;
   EXPECT_FALSE(CpuBackend::create(tiny(), c).is_ok());
-  c.num_device_blocks = 4;
+  c.pool.num_device_blocks = 4;
   auto ok = CpuBackend::create(tiny(), c);
   ASSERT_TRUE(ok.is_ok()) << ok.status().message();
   EXPECT_EQ((*ok)->num_device_slots(), 16);

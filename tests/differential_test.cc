@@ -4,11 +4,11 @@
 // non-interference) must pass for each configuration.
 #include <gtest/gtest.h>
 
-#include "reference/presets.h"
-#include "tools/audit.h"
-#include "tools/verify.h"
+#include "model/presets.h"
+#include "verify/audit.h"
+#include "verify/verify.h"
 
-namespace kvp::tools {
+namespace kvp::verify {
 namespace {
 
 const Model& tiny() {
@@ -114,4 +114,4 @@ TEST(Audit, MultiTenantWorkloadPassesEveryIsolationCheck) {
 }
 
 }  // namespace
-}  // namespace kvp::tools
+}  // namespace kvp::verify

@@ -1,12 +1,13 @@
 // The scheduler and engine loop, with a model-free backend: admission, rejection,
 // cancellation, chunked prefill, preemption and the terminal-state contract.
-#include "optimized/engine.h"
+#include "optimized/engine/engine.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "optimized/invariants.h"
-#include "optimized/workload.h"
+#include "optimized/checkers/engine_invariants.h"
+#include "optimized/checkers/invariants.h"
+#include "optimized/engine/workload.h"
 #include "tests/fake_backend.h"
 
 namespace kvp {
@@ -17,9 +18,9 @@ constexpr int64_t kVocab = 64;
 EngineConfig small_config(int32_t blocks, AdmissionRule admission = AdmissionRule::kOptimistic,
                           PreemptionMode mode = PreemptionMode::kRecompute) {
   EngineConfig c;
-  c.kv.num_device_blocks = blocks;
-  c.kv.num_host_blocks = blocks / 2;
-  c.kv.block_size = 4;
+  c.kv.pool.num_device_blocks = blocks;
+  c.kv.pool.num_host_blocks = blocks / 2;
+  c.kv.pool.block_size = 4;
   c.kv.watermark_blocks = 0;
   c.scheduler.max_num_batched_tokens = 32;
   c.scheduler.max_num_seqs = 8;
@@ -47,8 +48,9 @@ Status run_to_end(Engine& e, int64_t max_steps = 10000) {
 }
 
 TEST(Engine, RejectsRequestsThatCanNeverRunWithAReasonAndChangesNothingElse) {
-  testing::FakeBackend backend(kVocab);
-  Engine e(small_config(16), backend);
+  const EngineConfig e_config = small_config(16);
+  testing::FakeBackend backend(e_config.kv.pool, kVocab);
+  Engine e(e_config, backend);
   const RequestId empty = e.add_request(spec(0, 4));
   const RequestId bad_token = e.add_request([] { auto s = spec(3, 4); s.prompt[1] = kVocab; return s; }());
   const RequestId too_long = e.add_request(spec(250, 10));
@@ -66,8 +68,9 @@ TEST(Engine, RejectsRequestsThatCanNeverRunWithAReasonAndChangesNothingElse) {
 }
 
 TEST(Engine, GeneratesExactlyMaxTokensAndFreesEverything) {
-  testing::FakeBackend backend(kVocab);
-  Engine e(small_config(32), backend);
+  const EngineConfig e_config = small_config(32);
+  testing::FakeBackend backend(e_config.kv.pool, kVocab);
+  Engine e(e_config, backend);
   const RequestId id = e.add_request(spec(10, 7));
   ASSERT_TRUE(run_to_end(e).is_ok());
   EXPECT_EQ(e.request(id).finish, FinishReason::kLength);
@@ -80,8 +83,9 @@ TEST(Engine, GeneratesExactlyMaxTokensAndFreesEverything) {
 }
 
 TEST(Engine, StopTokenEndsTheRequest) {
-  testing::FakeBackend backend(kVocab);
-  Engine e(small_config(32), backend);
+  const EngineConfig e_config = small_config(32);
+  testing::FakeBackend backend(e_config.kv.pool, kVocab);
+  Engine e(e_config, backend);
   RequestSpec s = spec(10, 20);
   // The first generated token is (token 9 * 31 + 9 * 17) % 64.
   s.stop_token = static_cast<int32_t>((s.prompt[9] * 31 + 9 * 17) % kVocab);
@@ -92,8 +96,9 @@ TEST(Engine, StopTokenEndsTheRequest) {
 }
 
 TEST(Engine, CancellationTakesEffectAtTheNextStepAndFreesBlocks) {
-  testing::FakeBackend backend(kVocab);
-  Engine e(small_config(32), backend);
+  const EngineConfig e_config = small_config(32);
+  testing::FakeBackend backend(e_config.kv.pool, kVocab);
+  Engine e(e_config, backend);
   const RequestId a = e.add_request(spec(10, 50));
   const RequestId b = e.add_request(spec(10, 5));
   ASSERT_TRUE(e.step().is_ok());
@@ -111,10 +116,10 @@ TEST(Engine, CancellationTakesEffectAtTheNextStepAndFreesBlocks) {
 }
 
 TEST(Engine, RunningDecodesAreServedWhileALongPromptPrefillsInChunks) {
-  testing::FakeBackend backend(kVocab);
   EngineConfig c = small_config(64);
   c.scheduler.max_num_batched_tokens = 16;
   c.scheduler.prefill_chunk_size = 12;
+  testing::FakeBackend backend(c.kv.pool, kVocab);
   Engine e(c, backend);
   const RequestId chat = e.add_request(spec(4, 20));
   ASSERT_TRUE(e.step().is_ok());  // chat's prefill
@@ -134,8 +139,9 @@ TEST(Engine, RunningDecodesAreServedWhileALongPromptPrefillsInChunks) {
 }
 
 TEST(Engine, ConservativeAdmissionNeverPreemptsUnderOverload) {
-  testing::FakeBackend backend(kVocab);
-  Engine e(small_config(24, AdmissionRule::kConservative), backend);
+  const EngineConfig e_config = small_config(24, AdmissionRule::kConservative);
+  testing::FakeBackend backend(e_config.kv.pool, kVocab);
+  Engine e(e_config, backend);
   std::vector<RequestId> ids;
   for (int i = 0; i < 40; ++i) ids.push_back(e.add_request(spec(10 + i % 7, 12, i)));
   ASSERT_TRUE(run_to_end(e).is_ok());
@@ -145,8 +151,9 @@ TEST(Engine, ConservativeAdmissionNeverPreemptsUnderOverload) {
 
 TEST(Engine, OptimisticAdmissionPreemptsAndEveryRequestStillFinishes) {
   for (PreemptionMode mode : {PreemptionMode::kRecompute, PreemptionMode::kSwap}) {
-    testing::FakeBackend backend(kVocab);
-    Engine e(small_config(24, AdmissionRule::kOptimistic, mode), backend);
+    const EngineConfig e_config = small_config(24, AdmissionRule::kOptimistic, mode);
+    testing::FakeBackend backend(e_config.kv.pool, kVocab);
+    Engine e(e_config, backend);
     std::vector<RequestId> ids;
     for (int i = 0; i < 40; ++i) ids.push_back(e.add_request(spec(10 + i % 7, 12, i)));
     ASSERT_TRUE(run_to_end(e).is_ok());
@@ -163,15 +170,17 @@ TEST(Engine, OptimisticAdmissionPreemptsAndEveryRequestStillFinishes) {
 }
 
 TEST(Engine, PreemptedRequestsProduceTheTokensTheyWouldHaveAlone) {
-  testing::FakeBackend backend(kVocab);
-  Engine crowded(small_config(20), backend);
+  const EngineConfig crowded_config = small_config(20);
+  testing::FakeBackend backend(crowded_config.kv.pool, kVocab);
+  Engine crowded(crowded_config, backend);
   std::vector<RequestId> ids;
   for (int i = 0; i < 12; ++i) ids.push_back(crowded.add_request(spec(14, 16, 3 * i)));
   ASSERT_TRUE(run_to_end(crowded).is_ok());
   ASSERT_GT(crowded.metrics().counters.preemptions, 0);
   for (int i = 0; i < 12; ++i) {
-    testing::FakeBackend b2(kVocab);
-    Engine alone(small_config(64), b2);
+    const EngineConfig alone_config = small_config(64);
+    testing::FakeBackend b2(alone_config.kv.pool, kVocab);
+    Engine alone(alone_config, b2);
     const RequestId id = alone.add_request(spec(14, 16, 3 * i));
     ASSERT_TRUE(run_to_end(alone).is_ok());
     EXPECT_EQ(alone.request(id).tokens, crowded.request(ids[static_cast<std::size_t>(i)]).tokens) << i;
@@ -179,8 +188,9 @@ TEST(Engine, PreemptedRequestsProduceTheTokensTheyWouldHaveAlone) {
 }
 
 TEST(Engine, ParallelSamplesForkTheirPromptAndCopyOnWrite) {
-  testing::FakeBackend backend(kVocab);
-  Engine e(small_config(32), backend);
+  const EngineConfig e_config = small_config(32);
+  testing::FakeBackend backend(e_config.kv.pool, kVocab);
+  Engine e(e_config, backend);
   RequestSpec s = spec(10, 6);  // 10 tokens: the prompt's last block is half full, so shared
   s.n = 3;
   s.sampling = SamplingParams{1.0f, 0, 1.0f, 40};
@@ -196,8 +206,9 @@ TEST(Engine, ParallelSamplesForkTheirPromptAndCopyOnWrite) {
     EXPECT_EQ(r.num_generated(), 6);
     EXPECT_EQ(r.spec.sampling.seed, 40 + k);
     // Each sample is what a lone request with its seed produces.
-    testing::FakeBackend b2(kVocab);
-    Engine alone(small_config(32), b2);
+    const EngineConfig alone_config = small_config(32);
+    testing::FakeBackend b2(alone_config.kv.pool, kVocab);
+    Engine alone(alone_config, b2);
     RequestSpec one = spec(10, 6);
     one.sampling = SamplingParams{1.0f, 0, 1.0f, 40 + k};
     const RequestId id = alone.add_request(one);
@@ -238,6 +249,65 @@ TEST(Workload, SharedPrefixGroupsShareTheirLeadingTokens) {
   auto again = builtin_workload("shared-prefix", kVocab, 7);
   EXPECT_EQ(again->requests[3].spec.prompt, w->requests[3].spec.prompt);
   EXPECT_FALSE(builtin_workload("nope", kVocab, 0).is_ok());
+}
+
+TEST(Engine, CreateRefusesABackendWhosePoolIsNotTheManagers) {
+  const EngineConfig c = small_config(16);
+  KvPoolShape other = c.kv.pool;
+  other.num_device_blocks += 1;
+  testing::FakeBackend backend(other, kVocab);
+  auto e = Engine::create(c, backend);
+  ASSERT_FALSE(e.is_ok());
+  EXPECT_NE(e.status().message().find("device blocks 17"), std::string::npos) << e.status().message();
+  testing::FakeBackend same(c.kv.pool, kVocab);
+  EXPECT_TRUE(Engine::create(c, same).is_ok());
+}
+
+TEST(Engine, RecordsWhenEachRequestWasFirstScheduled) {
+  const EngineConfig c = small_config(32);
+  testing::FakeBackend backend(c.kv.pool, kVocab);
+  Engine e(c, backend);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(e.add_request(spec(20, 4, i)));
+  ASSERT_TRUE(run_to_end(e).is_ok());
+  for (RequestId id : ids) {
+    const RequestTimeline& t = e.request(id).time;
+    EXPECT_GE(t.first_scheduled_s, t.arrival_s) << "request " << id;
+    EXPECT_LE(t.first_scheduled_s, t.first_token_s) << "request " << id;
+    EXPECT_GE(t.first_scheduled_step, 0);
+  }
+  EXPECT_EQ(e.metrics().queue_s.count, 6);
+  EXPECT_GE(e.metrics().queue_s.p50, 0.0);
+}
+
+TEST(Engine, EveryPlanAndStatePassesTheCheckersAndTheTokenHistoryIsOne) {
+  const EngineConfig c = small_config(20, AdmissionRule::kOptimistic, PreemptionMode::kSwap);
+  testing::FakeBackend backend(c.kv.pool, kVocab);
+  Engine e(c, backend);
+  int64_t plans = 0;
+  e.set_plan_observer([&](const Engine& eng, const BatchPlan& plan) {
+    ++plans;
+    return check_plan(eng, plan);
+  });
+  e.set_step_observer([](const Engine& eng, const BatchPlan&) { return check_engine_state(eng); });
+  for (int i = 0; i < 12; ++i) e.add_request(spec(10 + i, 12, i));
+  ASSERT_TRUE(run_to_end(e).is_ok());
+  EXPECT_GT(plans, 0);
+  EXPECT_GT(e.metrics().counters.preemptions, 0);
+}
+
+TEST(Engine, TokenHistoryCheckerSeesARequestAndItsSequenceDisagree) {
+  const EngineConfig c = small_config(32);
+  testing::FakeBackend backend(c.kv.pool, kVocab);
+  Engine e(c, backend);
+  const RequestId id = e.add_request(spec(6, 8));
+  ASSERT_TRUE(e.step().is_ok());
+  ASSERT_TRUE(check_token_history(e).is_ok());
+  // Nothing in the engine hands out a mutable request; a test does it the hard way.
+  const_cast<Request&>(e.request(id)).tokens[2] += 1;
+  const Status st = check_token_history(e);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("first difference at position 2"), std::string::npos) << st.message();
 }
 
 }  // namespace

@@ -1,34 +1,32 @@
 // A backend with no model, for scheduler and engine tests that need speed, not numbers:
-// it checks the plan's shape against the contract in optimized/batch_plan.h and returns
+// it validates the plan with the shared plan validator (as every backend does) and returns
 // logits whose arg-max is a fixed function of the token and its position, so greedy
 // generation is deterministic and depends on nothing but the request itself.
 #pragma once
 
+#include <limits>
 #include <string>
 
-#include "optimized/backend.h"
+#include "optimized/backends/backend.h"
+#include "optimized/backends/plan_validation.h"
 
 namespace kvp::testing {
 
 class FakeBackend final : public Backend {
  public:
-  explicit FakeBackend(int64_t vocab) : vocab_(vocab) {}
+  // `pool`: the engine's KV pool shape (config.kv.pool); token ids must be < vocab.
+  FakeBackend(const KvPoolShape& pool, int64_t vocab) : pool_(pool), vocab_(vocab) {}
 
   Status execute(const BatchPlan& plan, StepOutput& out) override {
+    KVP_RETURN_IF_ERROR(validate_plan(plan, pool_, {vocab_, std::numeric_limits<int32_t>::max()}));
+    auto reads = check_plan_read_scope(plan, pool_);
+    if (!reads) return reads.status();
     const auto n = static_cast<std::size_t>(plan.num_seqs());
-    if (plan.query_start.size() != n + 1 || plan.context_lens.size() != n || plan.needs_logits.size() != n ||
-        plan.logits_all.size() != n || plan.block_tables.size() != n * static_cast<std::size_t>(plan.max_blocks_per_seq) ||
-        plan.positions.size() != plan.token_ids.size() || plan.slot_mapping.size() != plan.token_ids.size() ||
-        plan.query_start.back() != static_cast<int32_t>(plan.token_ids.size()))
-      return Status::error("plan arrays have inconsistent sizes");
     out.vocab_size = vocab_;
     out.logit_row_start.assign(1, 0);
     out.logits.clear();
     for (std::size_t i = 0; i < n; ++i) {
-      const int32_t begin = plan.query_start[i], end = plan.query_start[i + 1];
-      if (end <= begin) return Status::error("sequence " + std::to_string(i) + " has no tokens");
-      if (plan.positions[static_cast<std::size_t>(end - 1)] != plan.context_lens[i] - 1)
-        return Status::error("last position is not context_len - 1");
+      const int32_t end = plan.query_start[i + 1];
       const int32_t rows = logit_rows_for(plan, static_cast<int64_t>(i));
       for (int32_t t = end - rows; t < end; ++t) {
         const auto ut = static_cast<std::size_t>(t);
@@ -41,9 +39,11 @@ class FakeBackend final : public Backend {
     return Status::ok();
   }
   const char* name() const override { return "fake"; }
+  const KvPoolShape& pool_shape() const override { return pool_; }
   int64_t steps() const { return steps_; }
 
  private:
+  KvPoolShape pool_;
   int64_t vocab_;
   int64_t steps_ = 0;
 };

@@ -1,4 +1,4 @@
-#include "optimized/block_allocator.h"
+#include "optimized/kv/block_allocator.h"
 
 #include <gtest/gtest.h>
 

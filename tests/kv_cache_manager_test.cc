@@ -1,11 +1,11 @@
-#include "optimized/kv_cache_manager.h"
+#include "optimized/kv/kv_cache_manager.h"
 
 #include <gtest/gtest.h>
 
 #include <numeric>
 #include <vector>
 
-#include "optimized/invariants.h"
+#include "optimized/checkers/invariants.h"
 
 namespace kvp {
 namespace {
@@ -21,9 +21,9 @@ using Slots = std::vector<int64_t>;
 
 KvCacheConfig small_config() {
   KvCacheConfig c;
-  c.num_device_blocks = 8;
-  c.num_host_blocks = 4;
-  c.block_size = 4;
+  c.pool.num_device_blocks = 8;
+  c.pool.num_host_blocks = 4;
+  c.pool.block_size = 4;
   return c;
 }
 
@@ -243,7 +243,7 @@ TEST(KvCacheManager, TruncatedFinalTokensAreNoLongerFinal) {
 
 TEST(KvCacheManager, FailedAllocationChangesNothing) {
   KvCacheConfig c = small_config();
-  c.num_device_blocks = 3;
+  c.pool.num_device_blocks = 3;
   KvCacheManager m(c);
   prefill(m, 1, iota(5));  // blocks 0, 1
   ASSERT_TRUE(m.add_sequence(2, 0, iota(8, 500)).is_ok());
@@ -263,7 +263,7 @@ TEST(KvCacheManager, FailedAllocationChangesNothing) {
 
 TEST(KvCacheManager, FailedCopyOnWriteChangesNothing) {
   KvCacheConfig c = small_config();
-  c.num_device_blocks = 2;
+  c.pool.num_device_blocks = 2;
   KvCacheManager m(c);
   prefill(m, 1, iota(6));  // blocks 0, 1: pool full
   ASSERT_TRUE(m.fork(1, 2).is_ok());
@@ -329,7 +329,7 @@ TEST(KvCacheManager, SwapOutAndInMoveTheTableBetweenPools) {
 
 TEST(KvCacheManager, SwapOutWithoutHostRoomChangesNothing) {
   KvCacheConfig c = small_config();
-  c.num_host_blocks = 1;
+  c.pool.num_host_blocks = 1;
   KvCacheManager m(c);
   prefill(m, 1, iota(6));
   m.take_plan_ops();
@@ -368,7 +368,7 @@ TEST(KvCacheManager, PoisonOnFreeListsFreedButNotCachedBlocks) {
 
 TEST(KvCacheManager, ACopyDestinationIsNotPoisonedInTheSameStep) {
   KvCacheConfig c = small_config();
-  c.num_device_blocks = 3;
+  c.pool.num_device_blocks = 3;
   c.poison_on_free = true;
   c.enable_prefix_caching = false;
   KvCacheManager m(c);
@@ -387,7 +387,7 @@ TEST(KvCacheManager, ACopyDestinationIsNotPoisonedInTheSameStep) {
 
 TEST(KvCacheManager, TinyHashCollisionsNeverShareForeignBlocks) {
   KvCacheConfig c = small_config();
-  c.num_device_blocks = 64;
+  c.pool.num_device_blocks = 64;
   c.hash_bits = 1;
   KvCacheManager m(c);
   for (int s = 0; s < 8; ++s) prefill(m, s, iota(9, 1000 * s));
@@ -419,7 +419,7 @@ TEST(KvCacheManager, ErrorsNameTheSequenceAndChangeNothing) {
 
 TEST(KvCacheManager, ConfigValidationNamesTheField) {
   KvCacheConfig c = small_config();
-  c.block_size = 0;
+  c.pool.block_size = 0;
   EXPECT_NE(validate(c).message().find("block_size"), std::string::npos);
   c = small_config();
   c.hash_bits = 0;

@@ -1,11 +1,11 @@
-#include "optimized/event_log_replay.h"
+#include "optimized/checkers/event_log_replay.h"
 
 #include <gtest/gtest.h>
 
 #include <numeric>
 #include <vector>
 
-#include "optimized/kv_cache_manager.h"
+#include "optimized/kv/kv_cache_manager.h"
 
 namespace kvp {
 namespace {
@@ -29,9 +29,9 @@ void expect_failure(const ReplayResult& r, Kind kind, const std::string& fragmen
 
 TEST(EventLogReplay, AManagerLogReplaysCleanly) {
   KvCacheConfig c;
-  c.num_device_blocks = 6;
-  c.num_host_blocks = 4;
-  c.block_size = 4;
+  c.pool.num_device_blocks = 6;
+  c.pool.num_host_blocks = 4;
+  c.pool.block_size = 4;
   c.poison_on_free = true;
   KvCacheManager m(c);
   EventLog log;

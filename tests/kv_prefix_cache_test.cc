@@ -1,10 +1,10 @@
-#include "optimized/prefix_cache.h"
+#include "optimized/kv/prefix_cache.h"
 
 #include <gtest/gtest.h>
 
 #include <vector>
 
-#include "optimized/block_hash.h"
+#include "optimized/kv/block_hash.h"
 
 namespace kvp {
 namespace {

@@ -1,9 +1,9 @@
-#include "reference/model_config.h"
+#include "model/model_config.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "reference/presets.h"
+#include "model/presets.h"
 
 namespace kvp {
 namespace {

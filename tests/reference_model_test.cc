@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "reference/presets.h"
+#include "model/presets.h"
 
 namespace kvp {
 namespace {

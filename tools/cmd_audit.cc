@@ -3,7 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tools/audit.h"
+#include "verify/audit.h"
 #include "tools/commands.h"
 #include "tools/run_inputs.h"
 
@@ -13,7 +13,7 @@ void add_audit_command(CLI::App& app, int& exit_code) {
   struct Options {
     RunInputs inputs;
     std::string preemption = "recompute", json_out, event_log;
-    VerifyOptions v;
+    verify::VerifyOptions v;
   };
   auto opt = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("audit",
@@ -34,7 +34,7 @@ void add_audit_command(CLI::App& app, int& exit_code) {
     if (!loaded) return fail(loaded.status().message());
     const Model& model = loaded->first;
     const Workload& workload = loaded->second;
-    AuditOptions a;
+    verify::AuditOptions a;
     a.engine = opt->v;
     a.engine.modes = {opt->preemption == "swap" ? PreemptionMode::kSwap : PreemptionMode::kRecompute};
     a.engine.max_model_len = std::min<int64_t>(a.engine.max_model_len, model.config.max_position_embeddings);
@@ -43,7 +43,7 @@ void add_audit_command(CLI::App& app, int& exit_code) {
                 opt->inputs.describe(workload).c_str(), a.engine.block_size,
                 a.engine.num_blocks, a.engine.num_host_blocks, a.engine.global_prefix_sharing ? "global" : "tenant-scoped",
                 opt->preemption.c_str());
-    auto report = run_audit(model, workload, a);
+    auto report = verify::run_audit(model, workload, a);
     if (!report) return fail(report.status().message());
     std::printf("%s", report->summary().c_str());
     if (!opt->json_out.empty()) std::ofstream(opt->json_out) << report->to_json().dump(2) << "\n";

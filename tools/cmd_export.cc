@@ -1,8 +1,8 @@
 #include <cstdio>
 
 #include "common/dtype.h"
-#include "reference/checkpoint.h"
-#include "reference/presets.h"
+#include "model/checkpoint.h"
+#include "model/presets.h"
 #include "tools/commands.h"
 
 namespace kvp::tools {

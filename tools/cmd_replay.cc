@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "optimized/event_log_replay.h"
+#include "optimized/checkers/event_log_replay.h"
 #include "tools/commands.h"
 
 namespace kvp::tools {

@@ -3,10 +3,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "optimized/workload.h"
+#include "optimized/engine/workload.h"
 #include "tools/commands.h"
 #include "tools/run_inputs.h"
-#include "tools/verify.h"
+#include "verify/verify.h"
 
 namespace kvp::tools {
 
@@ -15,7 +15,7 @@ void add_verify_command(CLI::App& app, int& exit_code) {
     RunInputs inputs;
     std::string preemption = "both", admission = "optimistic", backend = "cpu";
     std::string json_out, junit_out;
-    VerifyOptions v;
+    verify::VerifyOptions v;
   };
   auto opt = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("verify",
@@ -45,7 +45,7 @@ void add_verify_command(CLI::App& app, int& exit_code) {
     if (!loaded) return fail(loaded.status().message());
     const Model& model = loaded->first;
     const Workload& workload = loaded->second;
-    VerifyOptions v = opt->v;
+    verify::VerifyOptions v = opt->v;
     v.modes.clear();
     if (opt->preemption != "swap") v.modes.push_back(PreemptionMode::kRecompute);
     if (opt->preemption != "recompute") v.modes.push_back(PreemptionMode::kSwap);
@@ -55,7 +55,7 @@ void add_verify_command(CLI::App& app, int& exit_code) {
     std::printf("kvproof verify: %s, backend %s, block size %d, %d blocks + %d host, chunk %d\n",
                 opt->inputs.describe(workload).c_str(), opt->backend.c_str(),
                 v.block_size, v.num_blocks, v.num_host_blocks, v.prefill_chunk_size);
-    auto report = run_verify(model, workload, v);
+    auto report = verify::run_verify(model, workload, v);
     if (!report) return fail(report.status().message());
     std::printf("%s", report->table().c_str());
     if (!opt->json_out.empty()) {

@@ -13,13 +13,9 @@ int main(int argc, char** argv) {
   kvp::tools::add_info_command(app, exit_code);
   kvp::tools::add_generate_command(app, exit_code);
   kvp::tools::add_export_command(app, exit_code);
-#ifdef KVPROOF_HAS_VERIFY
   kvp::tools::add_verify_command(app, exit_code);
   kvp::tools::add_audit_command(app, exit_code);
-#endif
-#ifdef KVPROOF_HAS_REPLAY
   kvp::tools::add_replay_command(app, exit_code);
-#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,7 +1,7 @@
 #include "tools/model_source.h"
 
-#include "reference/checkpoint.h"
-#include "reference/presets.h"
+#include "model/checkpoint.h"
+#include "model/presets.h"
 
 namespace kvp::tools {
 

@@ -6,7 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/status.h"
-#include "reference/weights.h"
+#include "model/weights.h"
 
 namespace kvp::tools {
 

@@ -31,7 +31,7 @@ std::string RunInputs::describe(const Workload& w) const {
   return s.describe() + ", workload " + w.name + " (" + std::to_string(w.requests.size()) + " requests)";
 }
 
-void add_pool_options(CLI::App& cmd, VerifyOptions& v) {
+void add_pool_options(CLI::App& cmd, verify::VerifyOptions& v) {
   cmd.add_option("--block-size", v.block_size, "tokens per KV block")->check(CLI::Range(1, 1024));
   cmd.add_option("--num-blocks", v.num_blocks, "device KV blocks (small, so that preemption happens)")
       ->check(CLI::Range(1, 1 << 24));

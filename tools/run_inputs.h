@@ -9,10 +9,10 @@
 #include <CLI/CLI.hpp>
 
 #include "common/status.h"
-#include "optimized/workload.h"
-#include "reference/weights.h"
+#include "optimized/engine/workload.h"
+#include "model/weights.h"
 #include "tools/model_source.h"
-#include "tools/verify.h"
+#include "verify/verify.h"
 
 namespace kvp::tools {
 
@@ -30,6 +30,6 @@ struct RunInputs {
 };
 
 // Adds --block-size, --num-blocks and --host-blocks.
-void add_pool_options(CLI::App& cmd, VerifyOptions& v);
+void add_pool_options(CLI::App& cmd, verify::VerifyOptions& v);
 
 }  // namespace kvp::tools

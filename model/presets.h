@@ -1,0 +1,29 @@
+// Built-in models with seeded random weights, for tests, the default job and benchmarks.
+//
+//   tiny   vocab 512, hidden 128, 4 layers, 8 heads, 2 KV heads, head_dim 16  (~0.5M params)
+//   small  vocab 2048, hidden 256, 6 layers, 8 heads, 4 KV heads, head_dim 32 (~5.7M params)
+//
+// Weights are scaled so that each projection keeps unit variance and the logits have a
+// standard deviation of about 2.5: next-token distributions that are neither one-hot nor
+// uniform (tests/reference_model_test.cc checks the entropy).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "model/weights.h"
+
+namespace kvp {
+
+std::vector<std::string> preset_names();
+Result<ModelConfig> preset_config(std::string_view name);
+Result<Model> make_preset(std::string_view name, uint64_t seed = 0);
+
+// Fills a model of any valid config with seeded random weights (the presets' recipe).
+// REQUIRES: config.validate().is_ok().
+Model make_random_model(const ModelConfig& config, uint64_t seed);
+
+}  // namespace kvp

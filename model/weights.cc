@@ -1,0 +1,57 @@
+#include "model/weights.h"
+
+namespace kvp {
+
+ModelWeights allocate_weights(const ModelConfig& c) {
+  KVP_CHECK(c.validate().is_ok());
+  const auto h = static_cast<Eigen::Index>(c.hidden_size);
+  const auto q = static_cast<Eigen::Index>(c.q_dim());
+  const auto kv = static_cast<Eigen::Index>(c.kv_dim());
+  const auto inter = static_cast<Eigen::Index>(c.intermediate_size);
+  const auto vocab = static_cast<Eigen::Index>(c.vocab_size);
+  ModelWeights w;
+  w.embed_tokens = MatrixF::Zero(vocab, h);
+  w.layers.resize(static_cast<std::size_t>(c.num_layers));
+  for (auto& l : w.layers) {
+    l.input_layernorm = VectorF::Zero(h);
+    l.q_proj = MatrixF::Zero(q, h);
+    l.k_proj = MatrixF::Zero(kv, h);
+    l.v_proj = MatrixF::Zero(kv, h);
+    l.o_proj = MatrixF::Zero(h, q);
+    l.post_attention_layernorm = VectorF::Zero(h);
+    l.gate_proj = MatrixF::Zero(inter, h);
+    l.up_proj = MatrixF::Zero(inter, h);
+    l.down_proj = MatrixF::Zero(h, inter);
+  }
+  w.norm = VectorF::Zero(h);
+  if (!c.tie_word_embeddings) w.lm_head = MatrixF::Zero(vocab, h);
+  return w;
+}
+
+std::vector<NamedTensor> named_tensors(const ModelConfig& c, ModelWeights& w) {
+  KVP_CHECK(static_cast<int64_t>(w.layers.size()) == c.num_layers);
+  std::vector<NamedTensor> out;
+  auto mat = [&](std::string name, MatrixF& m) {
+    out.push_back({std::move(name), {m.rows(), m.cols()}, m.data()});
+  };
+  auto vec = [&](std::string name, VectorF& v) { out.push_back({std::move(name), {v.size()}, v.data()}); };
+  mat("model.embed_tokens.weight", w.embed_tokens);
+  for (std::size_t i = 0; i < w.layers.size(); ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    LayerWeights& l = w.layers[i];
+    vec(p + "input_layernorm.weight", l.input_layernorm);
+    mat(p + "self_attn.q_proj.weight", l.q_proj);
+    mat(p + "self_attn.k_proj.weight", l.k_proj);
+    mat(p + "self_attn.v_proj.weight", l.v_proj);
+    mat(p + "self_attn.o_proj.weight", l.o_proj);
+    vec(p + "post_attention_layernorm.weight", l.post_attention_layernorm);
+    mat(p + "mlp.gate_proj.weight", l.gate_proj);
+    mat(p + "mlp.up_proj.weight", l.up_proj);
+    mat(p + "mlp.down_proj.weight", l.down_proj);
+  }
+  vec("model.norm.weight", w.norm);
+  if (!c.tie_word_embeddings) mat("lm_head.weight", w.lm_head);
+  return out;
+}
+
+}  // namespace kvp

@@ -1,0 +1,64 @@
+// The weights of a Llama-family decoder, held as fp32 in memory whatever the file dtype.
+// Matrices use the Hugging Face layout [out_features, in_features], row-major, so a
+// safetensors tensor's bytes map onto a matrix's storage as they are.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "model/model_config.h"
+
+namespace kvp {
+
+using MatrixF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using VectorF = Eigen::VectorXf;
+
+struct LayerWeights {
+  VectorF input_layernorm;           // [hidden]
+  MatrixF q_proj;                    // [num_heads * head_dim, hidden]
+  MatrixF k_proj;                    // [num_kv_heads * head_dim, hidden]
+  MatrixF v_proj;                    // [num_kv_heads * head_dim, hidden]
+  MatrixF o_proj;                    // [hidden, num_heads * head_dim]
+  VectorF post_attention_layernorm;  // [hidden]
+  MatrixF gate_proj;                 // [intermediate, hidden]
+  MatrixF up_proj;                   // [intermediate, hidden]
+  MatrixF down_proj;                 // [hidden, intermediate]
+};
+
+struct ModelWeights {
+  MatrixF embed_tokens;  // [vocab, hidden]
+  std::vector<LayerWeights> layers;
+  VectorF norm;      // [hidden]
+  MatrixF lm_head;   // [vocab, hidden]; empty when the config ties it to embed_tokens
+
+  // The matrix that maps the final hidden state to logits.
+  const MatrixF& output_embedding(const ModelConfig& c) const {
+    return c.tie_word_embeddings ? embed_tokens : lm_head;
+  }
+};
+
+struct Model {
+  ModelConfig config;
+  ModelWeights weights;
+};
+
+// One weight tensor by its Hugging Face name, with its expected shape and its storage.
+struct NamedTensor {
+  std::string name;
+  std::vector<int64_t> shape;  // 1 or 2 dimensions
+  float* data;                 // shape-product floats, row-major
+};
+
+// Allocates every tensor the config calls for, zero-filled. REQUIRES: c.validate().is_ok().
+ModelWeights allocate_weights(const ModelConfig& c);
+
+// Every tensor of the model in a fixed order (embed, layers 0..n-1, norm, lm_head unless
+// tied), named as in Hugging Face Llama checkpoints. This is the one place those names and
+// shapes are written down; loading, saving and random initialisation all walk this list.
+// REQUIRES: w was allocated for c.
+std::vector<NamedTensor> named_tensors(const ModelConfig& c, ModelWeights& w);
+
+}  // namespace kvp

@@ -1,0 +1,26 @@
+// A backend runs the model over a BatchPlan against its own KV pool (device blocks) and
+// host pool (swap blocks), laid out per layer as K and V, each
+// [num_blocks, block_size, num_kv_heads, head_dim].
+#pragma once
+
+#include "common/status.h"
+#include "optimized/backends/batch_plan.h"
+#include "optimized/kv/kv_pool_shape.h"
+
+namespace kvp {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // Validates the plan with validate_plan (plan_validation.h) and, in audit mode, the read
+  // scope with check_plan_read_scope, before it runs anything; on an error nothing changes.
+  // Then executes the plan's memory ops in plan_ops.h's order, writes the new tokens' K/V,
+  // runs attention through the block tables and fills `out` with the requested logits.
+  virtual Status execute(const BatchPlan& plan, StepOutput& out) = 0;
+  virtual const char* name() const = 0;
+  // The pool this backend was built with; the engine refuses a backend whose shape is not
+  // its KV-cache manager's.
+  virtual const KvPoolShape& pool_shape() const = 0;
+};
+
+}  // namespace kvp

@@ -1,0 +1,375 @@
+#include "optimized/backends/cpu_backend.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "kernels/kv_index.h"
+#include "optimized/backends/plan_validation.h"
+
+namespace kvp {
+
+// A fixed set of worker threads. parallel_for(n, fn) cuts [0, n) into num_threads
+// contiguous ranges, runs range 0 on the calling thread and range i on worker i-1, and
+// returns when all are done. Which thread runs a range never changes what it computes.
+class CpuBackend::ThreadPool {
+ public:
+  using RangeFn = std::function<void(int64_t begin, int64_t end)>;
+
+  explicit ThreadPool(int num_threads) : num_threads_(num_threads) {
+    for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { work(i); });
+  }
+  ~ThreadPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    start_cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  void parallel_for(int64_t n, const RangeFn& fn) {
+    if (n <= 0) return;
+    if (num_threads_ == 1 || n == 1) {
+      fn(0, n);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fn_ = &fn;
+      n_ = n;
+      pending_ = num_threads_ - 1;
+      ++generation_;
+    }
+    start_cv_.notify_all();
+    run_range(fn, n, 0);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [this] { return pending_ == 0; });
+    fn_ = nullptr;
+  }
+
+ private:
+  void run_range(const RangeFn& fn, int64_t n, int index) const {
+    const int64_t begin = n * index / num_threads_;
+    const int64_t end = n * (index + 1) / num_threads_;
+    if (begin < end) fn(begin, end);
+  }
+
+  void work(int index) {
+    uint64_t seen = 0;
+    for (;;) {
+      const RangeFn* fn = nullptr;
+      int64_t n = 0;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        fn = fn_;
+        n = n_;
+      }
+      run_range(*fn, n, index);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        --pending_;
+      }
+      done_cv_.notify_one();
+    }
+  }
+
+  const int num_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable start_cv_, done_cv_;
+  const RangeFn* fn_ = nullptr;
+  int64_t n_ = 0;
+  int pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+// Activations of one step, [tokens, width] row-major; reused across steps.
+struct CpuBackend::Scratch {
+  std::vector<float> x, h, q, k, v, attn, proj, gate, up, final_h, logits;
+  std::vector<int32_t> seq_of_token;
+};
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+
+}  // namespace
+
+Status CpuBackendConfig::validate() const {
+  KVP_RETURN_IF_ERROR(pool.validate_for_backend());
+  if (pool.kv_dtype != DType::kF32)
+    return Status::error("kv_dtype must be f32 (the CPU backend keeps its pools in fp32), got " +
+                         std::string(dtype_name(pool.kv_dtype)));
+  if (num_threads < 1 || num_threads > 256) return Status::error("num_threads must be in [1, 256]");
+  if (attention_partition <= 0) return Status::error("attention_partition must be > 0");
+  return Status::ok();
+}
+
+Result<std::unique_ptr<CpuBackend>> CpuBackend::create(const Model& model, const CpuBackendConfig& config) {
+  KVP_RETURN_IF_ERROR(model.config.validate().with_context("model config"));
+  KVP_RETURN_IF_ERROR(config.validate().with_context("cpu backend config"));
+  KVP_RETURN_IF_ERROR(check_pool_matches_model(config.pool, model.config).with_context("cpu backend config"));
+  // Each pool of one layer must be addressable: blocks * block_size * kv_dim floats.
+  const int64_t per_block = static_cast<int64_t>(config.pool.block_size) * model.config.kv_dim();
+  const int64_t max_blocks = std::max(config.pool.num_device_blocks, config.pool.num_host_blocks);
+  if (per_block > (int64_t{1} << 40) / std::max<int64_t>(max_blocks, 1))
+    return Status::error("cpu backend config: pool of " + str(max_blocks) + " blocks of " + str(per_block) +
+                         " floats is too large");
+  return std::make_unique<CpuBackend>(model, config);
+}
+
+CpuBackend::CpuBackend(const Model& model, const CpuBackendConfig& config)
+    : model_(model), config_(config), scratch_(std::make_unique<Scratch>()) {
+  KVP_CHECK(model_.config.validate().is_ok());
+  KVP_CHECK(config_.validate().is_ok());
+  KVP_CHECK(check_pool_matches_model(config_.pool, model_.config).is_ok());
+  const ModelConfig& c = model_.config;
+  const int64_t half = c.head_dim / 2;
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq_.push_back(kernels::rope_inv_freq(i, c.head_dim, static_cast<float>(c.rope_theta)));
+  const float fill = config_.nan_fill_at_start ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+  const auto device_floats = static_cast<std::size_t>(config_.pool.num_device_blocks * floats_per_block());
+  const auto host_floats = static_cast<std::size_t>(config_.pool.num_host_blocks * floats_per_block());
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    device_k_.emplace_back(device_floats, fill);
+    device_v_.emplace_back(device_floats, fill);
+    host_k_.emplace_back(host_floats, fill);
+    host_v_.emplace_back(host_floats, fill);
+  }
+  pool_ = std::make_unique<ThreadPool>(config_.num_threads);
+}
+
+CpuBackend::~CpuBackend() = default;
+
+int64_t CpuBackend::floats_per_block() const {
+  return static_cast<int64_t>(config_.pool.block_size) * model_.config.kv_dim();
+}
+int64_t CpuBackend::num_device_slots() const {
+  return static_cast<int64_t>(config_.pool.num_device_blocks) * config_.pool.block_size;
+}
+int64_t CpuBackend::num_host_slots() const {
+  return static_cast<int64_t>(config_.pool.num_host_blocks) * config_.pool.block_size;
+}
+
+const float* CpuBackend::key_at(int64_t layer, int64_t slot) const {
+  KVP_CHECK(layer >= 0 && layer < model_.config.num_layers && slot >= 0 && slot < num_device_slots());
+  return device_k_[static_cast<std::size_t>(layer)].data() + slot * model_.config.kv_dim();
+}
+const float* CpuBackend::value_at(int64_t layer, int64_t slot) const {
+  KVP_CHECK(layer >= 0 && layer < model_.config.num_layers && slot >= 0 && slot < num_device_slots());
+  return device_v_[static_cast<std::size_t>(layer)].data() + slot * model_.config.kv_dim();
+}
+const float* CpuBackend::host_key_at(int64_t layer, int64_t slot) const {
+  KVP_CHECK(layer >= 0 && layer < model_.config.num_layers && slot >= 0 && slot < num_host_slots());
+  return host_k_[static_cast<std::size_t>(layer)].data() + slot * model_.config.kv_dim();
+}
+const float* CpuBackend::host_value_at(int64_t layer, int64_t slot) const {
+  KVP_CHECK(layer >= 0 && layer < model_.config.num_layers && slot >= 0 && slot < num_host_slots());
+  return host_v_[static_cast<std::size_t>(layer)].data() + slot * model_.config.kv_dim();
+}
+
+void CpuBackend::run_ops(const KvPlanOps& ops) {
+  const int64_t per_block = floats_per_block();
+  const auto copy_block = [per_block](const std::vector<float>& from, int64_t src, std::vector<float>& to,
+                                      int64_t dst) {
+    std::memcpy(to.data() + dst * per_block, from.data() + src * per_block,
+                static_cast<std::size_t>(per_block) * sizeof(float));
+  };
+  const auto num_layers = static_cast<std::size_t>(model_.config.num_layers);
+  for (const BlockCopy& s : ops.swap_out) {
+    for (std::size_t l = 0; l < num_layers; ++l) {
+      copy_block(device_k_[l], s.src, host_k_[l], s.dst);
+      copy_block(device_v_[l], s.src, host_v_[l], s.dst);
+    }
+  }
+  for (const BlockCopy& s : ops.block_copies) {
+    for (std::size_t l = 0; l < num_layers; ++l) {
+      copy_block(device_k_[l], s.src, device_k_[l], s.dst);
+      copy_block(device_v_[l], s.src, device_v_[l], s.dst);
+    }
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int32_t b : ops.poison) {
+    for (std::size_t l = 0; l < num_layers; ++l) {
+      std::fill_n(device_k_[l].data() + b * per_block, per_block, nan);
+      std::fill_n(device_v_[l].data() + b * per_block, per_block, nan);
+    }
+  }
+  for (const BlockCopy& s : ops.swap_in) {
+    for (std::size_t l = 0; l < num_layers; ++l) {
+      copy_block(host_k_[l], s.src, device_k_[l], s.dst);
+      copy_block(host_v_[l], s.src, device_v_[l], s.dst);
+    }
+  }
+}
+
+Status CpuBackend::execute(const BatchPlan& plan, StepOutput& out) {
+  KVP_RETURN_IF_ERROR(validate_plan(plan, config_.pool, {model_.config.vocab_size, model_.config.max_position_embeddings}));
+  auto reads = check_plan_read_scope(plan, config_.pool);
+  if (!reads) return reads.status();
+  audited_block_reads_ += *reads;
+  run_ops(plan.ops);
+  run_model(plan, out);
+  return Status::ok();
+}
+
+void CpuBackend::project(const float* w, int64_t out_dim, int64_t in_dim, const float* x, int64_t n, float* y) {
+  // Tokens are taken in tiles so that a tile's inputs stay in cache while each weight row
+  // is read once per tile, and in pairs (dot2) that share each load of the row; none of
+  // this touches any one dot product's arithmetic, so a token's row is the same whatever
+  // its neighbours.
+  constexpr int64_t kTokenTile = 16;
+  pool_->parallel_for(out_dim, [&](int64_t row_begin, int64_t row_end) {
+    for (int64_t t0 = 0; t0 < n; t0 += kTokenTile) {
+      const int64_t t1 = std::min(n, t0 + kTokenTile);
+      for (int64_t r = row_begin; r < row_end; ++r) {
+        const float* w_row = w + r * in_dim;
+        int64_t t = t0;
+        for (; t + 2 <= t1; t += 2)
+          kernels::dot2(w_row, x + t * in_dim, x + (t + 1) * in_dim, in_dim, &y[t * out_dim + r],
+                        &y[(t + 1) * out_dim + r]);
+        if (t < t1) y[t * out_dim + r] = kernels::dot(w_row, x + t * in_dim, in_dim);
+      }
+    }
+  });
+}
+
+void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q, float* out) {
+  const ModelConfig& c = model_.config;
+  const int64_t d = c.head_dim;
+  const int64_t n = plan.num_tokens();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const float* k_pool = device_k_[static_cast<std::size_t>(layer)].data();
+  const float* v_pool = device_v_[static_cast<std::size_t>(layer)].data();
+  const std::vector<int32_t>& seq_of_token = scratch_->seq_of_token;
+  pool_->parallel_for(n * c.num_heads, [&](int64_t begin, int64_t end) {
+    std::vector<float> partition_acc(static_cast<std::size_t>(d));
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / c.num_heads;
+      const int64_t head = item % c.num_heads;
+      const auto seq = static_cast<std::size_t>(seq_of_token[static_cast<std::size_t>(t)]);
+      const int32_t* table = plan.block_tables.data() + seq * static_cast<std::size_t>(plan.max_blocks_per_seq);
+      // GQA: query head `head` reads KV head head / group_size.
+      kernels::paged_attention_head(q + t * c.q_dim() + head * d, k_pool, v_pool, table, config_.pool.block_size,
+                                    c.num_kv_heads, head / c.group_size(), d,
+                                    plan.positions[static_cast<std::size_t>(t)], scale,
+                                    config_.attention_partition, partition_acc.data(),
+                                    out + t * c.q_dim() + head * d);
+    }
+  });
+}
+
+void CpuBackend::run_model(const BatchPlan& plan, StepOutput& out) {
+  const ModelConfig& c = model_.config;
+  const int64_t n = plan.num_tokens();
+  const int64_t hidden = c.hidden_size;
+  const int64_t d = c.head_dim;
+  const int64_t half = d / 2;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  Scratch& s = *scratch_;
+  const auto resize = [](std::vector<float>& v, int64_t size) { v.resize(static_cast<std::size_t>(size)); };
+
+  // Which rows get logits: per sequence its last logit_rows_for tokens.
+  out.vocab_size = c.vocab_size;
+  out.logit_row_start.assign(1, 0);
+  std::vector<int64_t> logit_tokens;
+  s.seq_of_token.resize(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < plan.num_seqs(); ++i) {
+    const int32_t start = plan.query_start[static_cast<std::size_t>(i)];
+    const int32_t end = plan.query_start[static_cast<std::size_t>(i) + 1];
+    for (int32_t t = start; t < end; ++t) s.seq_of_token[static_cast<std::size_t>(t)] = static_cast<int32_t>(i);
+    const int32_t rows = logit_rows_for(plan, i);
+    for (int32_t t = end - rows; t < end; ++t) logit_tokens.push_back(t);
+    out.logit_row_start.push_back(out.logit_row_start.back() + rows);
+  }
+  const auto num_rows = static_cast<int64_t>(logit_tokens.size());
+  out.logits.assign(static_cast<std::size_t>(num_rows * c.vocab_size), 0.0f);
+  if (n == 0) return;
+
+  resize(s.x, n * hidden);
+  resize(s.h, n * hidden);
+  resize(s.q, n * c.q_dim());
+  resize(s.k, n * c.kv_dim());
+  resize(s.v, n * c.kv_dim());
+  resize(s.attn, n * c.q_dim());
+  resize(s.proj, n * hidden);
+  resize(s.gate, n * c.intermediate_size);
+  resize(s.up, n * c.intermediate_size);
+
+  for (int64_t t = 0; t < n; ++t) {
+    const float* e = model_.weights.embed_tokens.data() + plan.token_ids[static_cast<std::size_t>(t)] * hidden;
+    std::copy_n(e, hidden, s.x.data() + t * hidden);
+  }
+
+  // cos/sin of every token's position, shared by all heads and layers.
+  std::vector<float> cos_table(static_cast<std::size_t>(n * half)), sin_table(static_cast<std::size_t>(n * half));
+  for (int64_t t = 0; t < n; ++t)
+    kernels::rope_cos_sin(plan.positions[static_cast<std::size_t>(t)], inv_freq_.data(), half,
+                          cos_table.data() + t * half, sin_table.data() + t * half);
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = model_.weights.layers[static_cast<std::size_t>(l)];
+    for (int64_t t = 0; t < n; ++t)
+      kernels::rms_norm(s.x.data() + t * hidden, w.input_layernorm.data(), hidden, eps, s.h.data() + t * hidden);
+    project(w.q_proj.data(), c.q_dim(), hidden, s.h.data(), n, s.q.data());
+    project(w.k_proj.data(), c.kv_dim(), hidden, s.h.data(), n, s.k.data());
+    project(w.v_proj.data(), c.kv_dim(), hidden, s.h.data(), n, s.v.data());
+    for (int64_t t = 0; t < n; ++t) {
+      const float* cs = cos_table.data() + t * half;
+      const float* sn = sin_table.data() + t * half;
+      for (int64_t head = 0; head < c.num_heads; ++head) kernels::apply_rope(s.q.data() + t * c.q_dim() + head * d, cs, sn, half);
+      for (int64_t kvh = 0; kvh < c.num_kv_heads; ++kvh) kernels::apply_rope(s.k.data() + t * c.kv_dim() + kvh * d, cs, sn, half);
+    }
+    // Every new token's K/V goes into its slot before any attention reads (a token attends
+    // to the tokens of its own chunk).
+    float* k_pool = device_k_[static_cast<std::size_t>(l)].data();
+    float* v_pool = device_v_[static_cast<std::size_t>(l)].data();
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t slot = plan.slot_mapping[static_cast<std::size_t>(t)];
+      if (slot == kernels::kSkipSlot) continue;
+      const int64_t at = kernels::kv_pool_offset(slot, 0, c.num_kv_heads, d);
+      std::copy_n(s.k.data() + t * c.kv_dim(), c.kv_dim(), k_pool + at);
+      std::copy_n(s.v.data() + t * c.kv_dim(), c.kv_dim(), v_pool + at);
+    }
+    attention(plan, l, s.q.data(), s.attn.data());
+    project(w.o_proj.data(), hidden, c.q_dim(), s.attn.data(), n, s.proj.data());
+    for (int64_t i = 0; i < n * hidden; ++i) s.x[static_cast<std::size_t>(i)] += s.proj[static_cast<std::size_t>(i)];
+
+    // MLP (SwiGLU): x += W_down (silu(W_gate h) * (W_up h)).
+    for (int64_t t = 0; t < n; ++t)
+      kernels::rms_norm(s.x.data() + t * hidden, w.post_attention_layernorm.data(), hidden, eps,
+                        s.h.data() + t * hidden);
+    project(w.gate_proj.data(), c.intermediate_size, hidden, s.h.data(), n, s.gate.data());
+    project(w.up_proj.data(), c.intermediate_size, hidden, s.h.data(), n, s.up.data());
+    for (int64_t i = 0; i < n * c.intermediate_size; ++i) {
+      const auto u = static_cast<std::size_t>(i);
+      s.gate[u] = kernels::silu(s.gate[u]) * s.up[u];
+    }
+    project(w.down_proj.data(), hidden, c.intermediate_size, s.gate.data(), n, s.proj.data());
+    for (int64_t i = 0; i < n * hidden; ++i) s.x[static_cast<std::size_t>(i)] += s.proj[static_cast<std::size_t>(i)];
+  }
+
+  if (num_rows == 0) return;
+  resize(s.final_h, num_rows * hidden);
+  for (int64_t r = 0; r < num_rows; ++r)
+    kernels::rms_norm(s.x.data() + logit_tokens[static_cast<std::size_t>(r)] * hidden, model_.weights.norm.data(),
+                      hidden, eps, s.final_h.data() + r * hidden);
+  project(model_.weights.output_embedding(c).data(), c.vocab_size, hidden, s.final_h.data(), num_rows,
+          out.logits.data());
+}
+
+}  // namespace kvp

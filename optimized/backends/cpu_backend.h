@@ -1,0 +1,113 @@
+// CpuBackend: the default model executor. Runs a Llama-family decoder in fp32 over a
+// BatchPlan against its own paged KV pool (device blocks) and host pool (swap blocks).
+//
+// The math is the engine's own (kernels/cpu_attention.h), written independently of the
+// reference oracle, and arranged so that non-interference (N1 in DESIGN.md) holds bitwise:
+//   - every projection row is its own dot product in a fixed order (kernels::dot), never a
+//     GEMM over the batch, so a token's result does not depend on the other tokens;
+//   - every new token's K/V is written into its slot before any attention reads;
+//   - attention walks the block table position by position with split points fixed in
+//     positions (CpuBackendConfig::attention_partition), never in blocks;
+//   - the thread pool splits work so that each output value is computed by exactly one
+//     thread in a fixed order: results do not depend on num_threads.
+// So a sequence's logits are bitwise the same whatever the block size, block ids, chunking
+// of its prefill, batch composition or thread count.
+//
+// Pools: per layer K and V, each [num_blocks, block_size, num_kv_heads, head_dim] float.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/cpu_attention.h"
+#include "optimized/backends/backend.h"
+#include "model/weights.h"
+
+namespace kvp {
+
+struct CpuBackendConfig {
+  // The pools: its layers, KV heads and head dim must be the model's, kv_dtype f32;
+  // num_device_blocks > 0.
+  KvPoolShape pool;
+  int num_threads = 1;            // >= 1; results are bitwise independent of it
+  // Positions per attention partition. N1 (bitwise equality across schedules) holds for
+  // a fixed value; the CUDA backend's split-KV size plays the same role.
+  int64_t attention_partition = kernels::kDefaultAttentionPartition;
+  // Fill both pools with quiet NaN at construction, so that a read of a slot no one wrote
+  // shows up as NaN logits (I7), as a poisoned block does.
+  bool nan_fill_at_start = true;
+
+  Status validate() const;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  // Copies the model's weights. REQUIRES: model.config.validate() and config.validate() are ok
+  // (use create() to get those as a Status instead).
+  CpuBackend(const Model& model, const CpuBackendConfig& config);
+  ~CpuBackend() override;
+  CpuBackend(const CpuBackend&) = delete;
+  CpuBackend& operator=(const CpuBackend&) = delete;
+
+  // As the constructor; an invalid model config or backend config is an error naming the field.
+  static Result<std::unique_ptr<CpuBackend>> create(const Model& model, const CpuBackendConfig& config);
+
+  // Validates the whole plan first (array sizes, token ids, positions consistent with the
+  // context lengths, block ids and slots inside the pools, op block ids inside their pools);
+  // on an error nothing changes (pools and `out` untouched). Then runs the ops in
+  // plan_ops.h's order (swap_out, block_copies, poison, swap_in), then the model: per layer
+  // every new token's K/V into slot_mapping[t] (kSkipSlot skipped), then attention through
+  // the block tables. `out` receives logit_rows_for(plan, i) rows per sequence i.
+  // Validation is what memory safety and the plan's shape need; whether the slot mapping
+  // agrees with the block tables and who owns which block (I3-I5) are the invariant
+  // checkers' business: a plan that breaks them runs, and shows up as wrong or NaN logits.
+  // Not reentrant: one execute at a time per backend (it owns one thread pool and scratch).
+  Status execute(const BatchPlan& plan, StepOutput& out) override;
+  // Blocks whose tenant scope an audit-mode plan had checked (see BatchPlan::block_tenants),
+  // summed over every (sequence, block-table entry) attention read.
+  int64_t audited_block_reads() const { return audited_block_reads_; }
+  const char* name() const override { return "cpu"; }
+  const KvPoolShape& pool_shape() const override { return config_.pool; }
+
+  const ModelConfig& model_config() const { return model_.config; }
+  const CpuBackendConfig& config() const { return config_; }
+  int32_t num_device_blocks() const { return config_.pool.num_device_blocks; }
+  int32_t num_host_blocks() const { return config_.pool.num_host_blocks; }
+  int32_t block_size() const { return config_.pool.block_size; }
+  int64_t num_device_slots() const;
+  int64_t num_host_slots() const;
+
+  // K (V) of one slot of the device pool in one layer: [num_kv_heads * head_dim] floats,
+  // KV head major. For tests and audits. REQUIRES: 0 <= layer < num_layers,
+  // 0 <= slot < num_device_slots().
+  const float* key_at(int64_t layer, int64_t slot) const;
+  const float* value_at(int64_t layer, int64_t slot) const;
+  // The same for the host pool. REQUIRES: 0 <= slot < num_host_slots().
+  const float* host_key_at(int64_t layer, int64_t slot) const;
+  const float* host_value_at(int64_t layer, int64_t slot) const;
+
+ private:
+  class ThreadPool;
+  struct Scratch;
+
+  int64_t audited_block_reads_ = 0;
+  void run_ops(const KvPlanOps& ops);
+  void run_model(const BatchPlan& plan, StepOutput& out);
+  // Y[t, r] = dot(W[r, :], X[t, :]) for t < n, r < out_dim, split over rows r.
+  void project(const float* w, int64_t out_dim, int64_t in_dim, const float* x, int64_t n, float* y);
+  void attention(const BatchPlan& plan, int64_t layer, const float* q, float* out);
+
+  int64_t floats_per_block() const;
+
+  Model model_;
+  CpuBackendConfig config_;
+  std::vector<float> inv_freq_;  // [head_dim / 2]
+  // Per layer K and V pools.
+  std::vector<std::vector<float>> device_k_, device_v_, host_k_, host_v_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Scratch> scratch_;
+};
+
+}  // namespace kvp

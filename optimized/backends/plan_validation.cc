@@ -1,0 +1,163 @@
+#include "optimized/backends/plan_validation.h"
+
+#include <string>
+
+#include "kernels/kv_index.h"
+
+namespace kvp {
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+Status check_block(int64_t id, int64_t num_blocks, const char* pool, const std::string& where) {
+  if (id < 0 || id >= num_blocks)
+    return Status::error(where + ": block " + str(id) + " is outside the " + pool + " pool [0, " + str(num_blocks) +
+                         ")");
+  return Status::ok();
+}
+
+Status validate_ops(const KvPlanOps& ops, const KvPoolShape& pool) {
+  const int64_t dev = pool.num_device_blocks, host = pool.num_host_blocks;
+  for (const BlockCopy& s : ops.swap_out) {
+    KVP_RETURN_IF_ERROR(check_block(s.src, dev, "device", "plan: swap_out source"));
+    KVP_RETURN_IF_ERROR(check_block(s.dst, host, "host", "plan: swap_out destination"));
+  }
+  for (const BlockCopy& s : ops.block_copies) {
+    KVP_RETURN_IF_ERROR(check_block(s.src, dev, "device", "plan: block copy source"));
+    KVP_RETURN_IF_ERROR(check_block(s.dst, dev, "device", "plan: block copy destination"));
+  }
+  for (int32_t b : ops.poison) KVP_RETURN_IF_ERROR(check_block(b, dev, "device", "plan: poison"));
+  for (const BlockCopy& s : ops.swap_in) {
+    KVP_RETURN_IF_ERROR(check_block(s.src, host, "host", "plan: swap_in source"));
+    KVP_RETURN_IF_ERROR(check_block(s.dst, dev, "device", "plan: swap_in destination"));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+KvPoolShape pool_shape_for(const ModelConfig& model, int32_t block_size, int32_t num_device_blocks,
+                           int32_t num_host_blocks, DType kv_dtype) {
+  KvPoolShape p;
+  p.num_layers = static_cast<int32_t>(model.num_layers);
+  p.num_kv_heads = static_cast<int32_t>(model.num_kv_heads);
+  p.head_dim = static_cast<int32_t>(model.head_dim);
+  p.block_size = block_size;
+  p.num_device_blocks = num_device_blocks;
+  p.num_host_blocks = num_host_blocks;
+  p.kv_dtype = kv_dtype;
+  return p;
+}
+
+Status check_pool_matches_model(const KvPoolShape& pool, const ModelConfig& model) {
+  auto differs = [](const char* what, int64_t pool_v, int64_t model_v) {
+    return Status::error(std::string("pool ") + what + " " + str(pool_v) + " is not the model's " + str(model_v));
+  };
+  if (pool.num_layers != model.num_layers) return differs("num_layers", pool.num_layers, model.num_layers);
+  if (pool.num_kv_heads != model.num_kv_heads) return differs("num_kv_heads", pool.num_kv_heads, model.num_kv_heads);
+  if (pool.head_dim != model.head_dim) return differs("head_dim", pool.head_dim, model.head_dim);
+  return Status::ok();
+}
+
+Status validate_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanLimits& limits) {
+  const int64_t num_seqs = plan.num_seqs();
+  const int64_t num_tokens = plan.num_tokens();
+  const auto n_seqs = static_cast<std::size_t>(num_seqs);
+  const auto n_tokens = static_cast<std::size_t>(num_tokens);
+  const int64_t bs = pool.block_size;
+
+  const bool no_query_start = num_seqs == 0 && plan.query_start.empty();
+  if (!no_query_start && plan.query_start.size() != n_seqs + 1)
+    return Status::error("plan: query_start has " + str(static_cast<int64_t>(plan.query_start.size())) +
+                         " entries, expected num_seqs + 1 = " + str(num_seqs + 1));
+  if (plan.context_lens.size() != n_seqs || plan.needs_logits.size() != n_seqs || plan.logits_all.size() != n_seqs)
+    return Status::error("plan: context_lens, needs_logits and logits_all must each have num_seqs = " + str(num_seqs) +
+                         " entries");
+  if (plan.max_blocks_per_seq < 0) return Status::error("plan: max_blocks_per_seq must be >= 0");
+  if (plan.block_tables.size() != n_seqs * static_cast<std::size_t>(plan.max_blocks_per_seq))
+    return Status::error("plan: block_tables has " + str(static_cast<int64_t>(plan.block_tables.size())) +
+                         " entries, expected num_seqs * max_blocks_per_seq = " +
+                         str(num_seqs * plan.max_blocks_per_seq));
+  if (plan.positions.size() != n_tokens || plan.slot_mapping.size() != n_tokens)
+    return Status::error("plan: positions and slot_mapping must each have num_tokens = " + str(num_tokens) +
+                         " entries");
+  if (no_query_start && num_tokens != 0) return Status::error("plan: tokens without sequences");
+  const bool audit = !plan.seq_tenants.empty() || !plan.block_tenants.empty();
+  if (audit && (plan.seq_tenants.size() != n_seqs ||
+                plan.block_tenants.size() != static_cast<std::size_t>(pool.num_device_blocks)))
+    return Status::error("plan: audit arrays must have num_seqs = " + str(num_seqs) + " and num_device_blocks = " +
+                         str(pool.num_device_blocks) + " entries, have " + str(static_cast<int64_t>(plan.seq_tenants.size())) +
+                         " and " + str(static_cast<int64_t>(plan.block_tenants.size())));
+
+  const int64_t device_slots = pool.num_device_slots();
+  for (std::size_t t = 0; t < n_tokens; ++t) {
+    if (plan.token_ids[t] < 0 || plan.token_ids[t] >= limits.vocab_size)
+      return Status::error("plan: token_ids[" + str(static_cast<int64_t>(t)) + "] = " + str(plan.token_ids[t]) +
+                           " is outside the vocabulary [0, " + str(limits.vocab_size) + ")");
+    const int64_t slot = plan.slot_mapping[t];
+    if (slot != kernels::kSkipSlot && (slot < 0 || slot >= device_slots))
+      return Status::error("plan: slot_mapping[" + str(static_cast<int64_t>(t)) + "] = " + str(slot) +
+                           " is outside the device pool [0, " + str(device_slots) + ")");
+  }
+
+  if (!no_query_start) {
+    if (plan.query_start[0] != 0) return Status::error("plan: query_start[0] must be 0");
+    if (plan.query_start[n_seqs] != num_tokens)
+      return Status::error("plan: query_start[num_seqs] = " + str(plan.query_start[n_seqs]) + " but the plan has " +
+                           str(num_tokens) + " tokens");
+  }
+  for (std::size_t i = 0; i < n_seqs; ++i) {
+    const std::string where = "plan: sequence " + str(static_cast<int64_t>(i));
+    const int64_t start = plan.query_start[i];
+    const int64_t end = plan.query_start[i + 1];
+    const int64_t context_len = plan.context_lens[i];
+    if (end <= start) return Status::error(where + ": query_start must increase (every sequence has a new token)");
+    if (end > num_tokens) return Status::error(where + ": query_start runs past the tokens");
+    if (context_len < end - start)
+      return Status::error(where + ": context_len " + str(context_len) + " is shorter than its " + str(end - start) +
+                           " new tokens");
+    if (context_len > limits.max_position_embeddings)
+      return Status::error(where + ": context_len " + str(context_len) + " exceeds max_position_embeddings " +
+                           str(limits.max_position_embeddings));
+    const int64_t blocks = kernels::blocks_for_tokens(context_len, bs);
+    if (blocks > plan.max_blocks_per_seq)
+      return Status::error(where + ": context_len " + str(context_len) + " needs " + str(blocks) +
+                           " blocks, max_blocks_per_seq is " + str(plan.max_blocks_per_seq));
+    const int32_t* table = plan.block_tables.data() + i * static_cast<std::size_t>(plan.max_blocks_per_seq);
+    for (int64_t j = 0; j < blocks; ++j)
+      KVP_RETURN_IF_ERROR(
+          check_block(table[j], pool.num_device_blocks, "device", where + ": block table entry " + str(j)));
+    // The new tokens are the sequence's last ones, in order.
+    for (int64_t t = start; t < end; ++t) {
+      const int64_t expected = context_len - (end - t);
+      if (plan.positions[static_cast<std::size_t>(t)] != expected)
+        return Status::error(where + ": positions[" + str(t) + "] = " + str(plan.positions[static_cast<std::size_t>(t)]) +
+                             ", expected " + str(expected) + " (new tokens are the last of context_len " +
+                             str(context_len) + ")");
+    }
+  }
+  return validate_ops(plan.ops, pool);
+}
+
+Result<int64_t> check_plan_read_scope(const BatchPlan& plan, const KvPoolShape& pool) {
+  if (plan.block_tenants.empty() && plan.seq_tenants.empty()) return int64_t{0};
+  int64_t reads = 0;
+  for (int64_t i = 0; i < plan.num_seqs(); ++i) {
+    const auto ui = static_cast<std::size_t>(i);
+    const int64_t nblocks = kernels::blocks_for_tokens(plan.context_lens[ui], pool.block_size);
+    for (int64_t j = 0; j < nblocks; ++j) {
+      const int32_t b =
+          plan.block_tables[ui * static_cast<std::size_t>(plan.max_blocks_per_seq) + static_cast<std::size_t>(j)];
+      const int64_t holder = plan.block_tenants[static_cast<std::size_t>(b)];
+      if (holder != plan.seq_tenants[ui])
+        return Status::error("audit: sequence " + str(plan.seq_ids[ui]) + " of tenant " + str(plan.seq_tenants[ui]) +
+                             " would read block " + str(b) + " (block-table index " + str(j) + "), held by " +
+                             (holder < 0 ? std::string("no one") : "tenant " + str(holder)));
+      ++reads;
+    }
+  }
+  return reads;
+}
+
+}  // namespace kvp

@@ -1,0 +1,21 @@
+// Invariant checkers that need the engine (its requests and scheduler) besides the
+// KV-cache manager. Same contract as invariants.h: ok, or the first violation named.
+#pragma once
+
+#include "common/status.h"
+#include "optimized/checkers/invariants.h"
+#include "optimized/engine/engine.h"
+
+namespace kvp {
+
+// check_plan (invariants.h) with the engine's scheduler bounds and running count.
+Status check_plan(const Engine& e, const BatchPlan& plan, PlanReadStats* stats = nullptr);
+
+// I10 one token history: every request that holds a KV-cache sequence has exactly the
+// tokens the manager hashes its blocks from (Request::tokens == SequenceState::tokens).
+Status check_token_history(const Engine& e);
+
+// Everything that holds between steps: check_all on the manager, and check_token_history.
+Status check_engine_state(const Engine& e);
+
+}  // namespace kvp

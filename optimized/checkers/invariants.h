@@ -1,0 +1,91 @@
+// Invariant checkers for KvCacheManager: one function per invariant of shared DESIGN.md.
+// Each returns ok, or an error describing the first violation found (pool, block id,
+// sequence id, expected vs actual). Unit tests, property tests, fuzzers and `kvproof
+// verify/audit` all call these same functions. They only read the manager, in O(state).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "common/status.h"
+#include "optimized/backends/batch_plan.h"
+#include "optimized/kv/kv_cache_manager.h"
+
+namespace kvp {
+
+// I1 conservation, per pool: every block is exactly one of free (in the fresh list),
+// in use (refcount > 0, in no list) or cached-evictable (in the evictable list);
+// free + in use + evictable = pool size; the list counters match the lists.
+Status check_conservation(const KvCacheManager& m);
+
+// I2 refcount exactness, per pool: a block's refcount equals the number of block-table
+// entries naming it (the prefix cache holds no reference); none is negative; a free
+// block has refcount 0 and no owner.
+Status check_refcounts(const KvCacheManager& m);
+
+// I3 exclusive write: every slot in `slot_mapping` (just returned by allocate_slots for
+// `seq`) lies in a device block of seq's table with refcount 1 that is not cached.
+Status check_exclusive_write(const KvCacheManager& m, SeqId seq,
+                             std::span<const int64_t> slot_mapping);
+
+// I4 isolation: all holders of a device block hold it at the same table index, in the same
+// tenant scope, and agree on every token before the block's end (up to their slots); a
+// cached block's entry matches each holder's tokens, salt and parent block (by generation).
+Status check_isolation(const KvCacheManager& m);
+
+// I5 mapping: per sequence, num_final <= num_slots <= tokens; the table holds exactly
+// ceil(num_slots / block_size) distinct in-range blocks of its pool; positions map to
+// distinct slots.
+Status check_mapping(const KvCacheManager& m);
+
+// I5 for a plan: `slot_mapping` holds the slots of positions start, start+1, ... of `seq`
+// as the table formula (kernels/kv_index.h) gives them.
+Status check_slot_mapping(const KvCacheManager& m, SeqId seq, int64_t start,
+                          std::span<const int64_t> slot_mapping);
+
+// Prefix-cache consistency: a device block is marked cached iff the cache has an entry for
+// it; each entry is indexed once under its hash; the hash is the chain hash of its parent's
+// hash (while the parent is still current), salt and tokens.
+Status check_prefix_cache(const KvCacheManager& m);
+
+// I6 no leak: with no sequences, no block of either pool is in use and every refcount is 0.
+// (Holds trivially while sequences exist.)
+Status check_no_leak(const KvCacheManager& m);
+
+// I6 after a flush: no sequences, no cache entries, every block of both pools free.
+Status check_all_free(const KvCacheManager& m);
+
+// The scheduler's bounds a plan must respect (I8).
+struct PlanBounds {
+  int64_t max_num_batched_tokens = 0;
+  int64_t max_num_seqs = 0;
+  int64_t max_model_len = 0;
+  int64_t num_running = 0;  // running sequences when the plan was made
+};
+
+// What check_plan saw, for reports (audit's coverage figures).
+struct PlanReadStats {
+  int64_t block_reads = 0;        // (sequence, block-table entry) pairs attention reads
+  int64_t kv_position_reads = 0;  // per new token, the context positions it attends to
+  std::vector<int32_t> blocks;    // every block read (with repeats)
+};
+
+// The per-plan checker, called on every plan before it runs (verify, audit, the engine
+// properties, a backend's audit mode):
+//   I8  tokens <= max_num_batched_tokens, num_running <= max_num_seqs, every context
+//       length <= max_model_len;
+//   I5  each sequence is known and on the device, its context length is its slot count,
+//       its block-table row is exactly its table (then -1 padding), and its slot mapping
+//       is the table formula's (check_slot_mapping);
+//   I3  every slot written is exclusive (check_exclusive_write);
+//   I4  every block attention reads is held only by sequences in the reader's tenant scope
+//       (any tenant with global prefix sharing);
+//   I10 the plan's token ids are the sequence's tokens at those positions.
+// Fills `stats` when given. O(plan + device-resident table entries).
+Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBounds& bounds,
+                  PlanReadStats* stats = nullptr);
+
+// All of the above that hold at any time (I1, I2, I4, I5, prefix cache, I6).
+Status check_all(const KvCacheManager& m);
+
+}  // namespace kvp

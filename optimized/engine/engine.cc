@@ -1,0 +1,321 @@
+#include "optimized/engine/engine.h"
+
+#include <algorithm>
+
+#include "kernels/kv_index.h"
+
+namespace kvp {
+
+const char* to_string(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kRejected: return "rejected";
+  }
+  return "?";
+}
+
+Status validate(const EngineConfig& c) {
+  KVP_RETURN_IF_ERROR(validate(c.kv).with_context("kv cache"));
+  KVP_RETURN_IF_ERROR(validate(c.scheduler).with_context("scheduler"));
+  if (c.vocab_size <= 0) return Status::error("vocab_size must be > 0");
+  return Status::ok();
+}
+
+Status check_compatible(const EngineConfig& c, const Backend& backend) {
+  KVP_RETURN_IF_ERROR(validate(c));
+  if (!(backend.pool_shape() == c.kv.pool))
+    return Status::error(std::string("backend '") + backend.name() + "' has pool (" + backend.pool_shape().to_string() +
+                         ") but the KV-cache manager's is (" + c.kv.pool.to_string() + ")");
+  return Status::ok();
+}
+
+Engine::Engine(const EngineConfig& config, Backend& backend)
+    : config_(config), backend_(backend), kv_(config.kv), scheduler_(config.scheduler, kv_) {
+  KVP_CHECK(check_compatible(config, backend).is_ok());
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config, Backend& backend) {
+  KVP_RETURN_IF_ERROR(check_compatible(config, backend));
+  return std::make_unique<Engine>(config, backend);
+}
+
+double Engine::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+RequestId Engine::add_request(RequestSpec spec) {
+  const RequestId id = next_id_++;
+  auto owned = std::make_unique<Request>();
+  Request& r = *owned;
+  requests_.emplace(id, std::move(owned));
+  r.id = id;
+  r.spec = std::move(spec);
+  r.tokens = r.spec.prompt;
+  r.rng = Rng(r.spec.sampling.seed);
+  r.time.arrival_step = step_;
+  r.time.arrival_s = now();
+
+  const int64_t prompt = r.num_prompt();
+  if (prompt == 0) {
+    reject(r, "empty prompt");
+    return id;
+  }
+  for (std::size_t i = 0; i < r.spec.prompt.size(); ++i) {
+    if (r.spec.prompt[i] < 0 || r.spec.prompt[i] >= config_.vocab_size) {
+      reject(r, "prompt token " + std::to_string(r.spec.prompt[i]) + " at index " + std::to_string(i) +
+                    " is outside the vocabulary [0, " + std::to_string(config_.vocab_size) + ")");
+      return id;
+    }
+  }
+  if (r.spec.max_tokens < 1) {
+    reject(r, "max_tokens must be >= 1");
+    return id;
+  }
+  if (r.spec.n < 1 || r.spec.n > config_.scheduler.max_num_seqs) {
+    reject(r, "n (parallel samples) must be in [1, max_num_seqs = " + std::to_string(config_.scheduler.max_num_seqs) +
+                  "], got " + std::to_string(r.spec.n));
+    return id;
+  }
+  if (Status s = r.spec.sampling.validate(); !s) {
+    reject(r, s.message());
+    return id;
+  }
+  for (int32_t t : r.spec.forced_tokens) {
+    if (t < 0 || t >= config_.vocab_size) {
+      reject(r, "forced token " + std::to_string(t) + " is outside the vocabulary");
+      return id;
+    }
+  }
+  if (prompt + r.spec.max_tokens > config_.scheduler.max_model_len) {
+    reject(r, "prompt (" + std::to_string(prompt) + ") + max_tokens (" + std::to_string(r.spec.max_tokens) +
+                  ") exceeds max_model_len " + std::to_string(config_.scheduler.max_model_len));
+    return id;
+  }
+  const int64_t usable = config_.kv.pool.num_device_blocks - config_.kv.watermark_blocks;
+  if (scheduler_.worst_case_blocks(r) > usable) {
+    reject(r, "needs " + std::to_string(scheduler_.worst_case_blocks(r)) + " blocks at its longest, the pool has " +
+                  std::to_string(usable) + " usable (after the watermark)");
+    return id;
+  }
+  counters_.prompt_tokens += prompt;
+  scheduler_.add(&r);
+  return id;
+}
+
+void Engine::reject(Request& r, std::string reason) {
+  r.reject_reason = std::move(reason);
+  r.state = RequestState::kFinished;
+  r.finish = FinishReason::kRejected;
+  r.time.finish_step = step_;
+  r.time.finish_s = now();
+  ++counters_.rejections;
+}
+
+void Engine::cancel(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second->finished()) return;
+  it->second->cancel_requested = true;
+}
+
+void Engine::finish(Request& r, FinishReason reason) {
+  scheduler_.finish(&r, reason);
+  record_finish(r);
+}
+
+void Engine::record_finish(Request& r) {
+  r.time.finish_step = step_;
+  r.time.finish_s = now();
+  if (r.finish == FinishReason::kCancelled) ++counters_.cancellations;
+}
+
+bool Engine::has_unfinished() const { return !scheduler_.idle(); }
+
+Status Engine::step() {
+  for (auto& [id, r] : requests_) {
+    if (r->cancel_requested && !r->finished()) finish(*r, FinishReason::kCancelled);
+  }
+
+  ScheduledStep scheduled = scheduler_.schedule(step_);
+  BatchPlan& plan = scheduled.plan;
+  const ScheduleStats& stats = scheduled.stats;
+  const double scheduled_at = now();
+  for (int64_t id : plan.seq_ids) {
+    Request& r = *requests_.at(id);
+    if (r.time.first_scheduled_s < 0) r.time.first_scheduled_s = scheduled_at;
+  }
+  counters_.preemptions += stats.preemptions;
+  counters_.swaps_out += stats.swaps_out;
+  counters_.swaps_in += stats.swaps_in;
+  counters_.prefix_hit_tokens += stats.prefix_hit_tokens;
+  counters_.prefix_lookup_tokens += stats.prefix_lookup_tokens;
+  counters_.copy_on_writes += static_cast<int64_t>(plan.ops.block_copies.size());
+  counters_.poisoned_blocks += static_cast<int64_t>(plan.ops.poison.size());
+  counters_.scheduled_tokens += plan.num_tokens();
+
+  if (config_.audit_reads && !config_.kv.global_prefix_sharing) fill_audit_arrays(plan);
+  if (plan_observer_) KVP_RETURN_IF_ERROR(plan_observer_(*this, plan));
+  if (!plan.empty()) {
+    StepOutput out;
+    KVP_RETURN_IF_ERROR(backend_.execute(plan, out).with_context("step " + std::to_string(step_)));
+    process_outputs(plan, out);
+  }
+
+  int64_t used = 0, allocated = 0;
+  for (const auto& [id, s] : kv_.sequences()) {
+    if (s.swapped) continue;
+    used += s.num_slots;
+    allocated += s.table.size() * kv_.block_size();
+  }
+  counters_.kv_used_slots_sum += static_cast<double>(used);
+  counters_.kv_allocated_slots_sum += static_cast<double>(allocated);
+  const BlockAllocator& dev = kv_.device_allocator();
+  const double occupancy = static_cast<double>(dev.num_in_use()) / dev.num_blocks();
+  counters_.pool_occupancy_sum += occupancy;
+  counters_.peak_pool_occupancy = std::max(counters_.peak_pool_occupancy, occupancy);
+  ++counters_.steps;
+  counters_.elapsed_s = now();
+
+  Status observed = observer_ ? observer_(*this, plan) : Status::ok();
+  ++step_;
+  return observed;
+}
+
+void Engine::process_outputs(const BatchPlan& plan, const StepOutput& out) {
+  StepUpdate update;
+  for (int64_t i = 0; i < plan.num_seqs(); ++i) {
+    const auto ui = static_cast<std::size_t>(i);
+    Request& r = *requests_.at(plan.seq_ids[ui]);
+    const int64_t n = plan.query_start[ui + 1] - plan.query_start[ui];
+    const int64_t end = plan.context_lens[ui];
+    if (end - n < r.num_prompt()) counters_.prefill_tokens += std::min(end, r.num_prompt()) - (end - n);
+    counters_.decode_tokens += std::max<int64_t>(0, end - std::max(end - n, r.num_prompt()));
+
+    const int32_t rows = logit_rows_for(plan, i);
+    if (rows == 0) continue;
+    const int32_t row0 = out.logit_row_start[ui];
+    if (r.spec.capture_logits) {
+      for (int32_t k = 0; k < rows; ++k) {
+        const int64_t pos = end - rows + k;
+        std::vector<float> row(out.row(row0 + k), out.row(row0 + k) + out.vocab_size);
+        if (static_cast<int64_t>(r.logits.size()) <= pos) r.logits.resize(static_cast<std::size_t>(pos) + 1);
+        std::vector<float>& slot = r.logits[static_cast<std::size_t>(pos)];
+        if (!slot.empty() && slot != row) ++r.recomputed_logit_mismatches;
+        slot = std::move(row);
+      }
+    }
+    if (end != static_cast<int64_t>(r.tokens.size())) continue;  // a prefill chunk, not the last
+
+    const float* last = out.row(row0 + rows - 1);
+    const std::span<const float> logits(last, static_cast<std::size_t>(out.vocab_size));
+    std::vector<Request*> samplers = {&r};
+    if (r.spec.n > 1 && !r.forked && r.num_generated() == 0) {
+      StepUpdate::Fork fork{&r, make_samples(r)};
+      samplers.insert(samplers.end(), fork.children.begin(), fork.children.end());
+      update.forks.push_back(std::move(fork));
+    }
+    for (Request* s : samplers) update.tokens.push_back(next_token(*s, logits));
+  }
+  scheduler_.apply(plan, update);
+  for (const StepUpdate::Token& t : update.tokens)
+    if (t.finish != FinishReason::kNone) record_finish(*t.request);
+}
+
+std::vector<Request*> Engine::make_samples(Request& r) {
+  std::vector<Request*> samples;
+  for (int32_t k = 1; k < r.spec.n; ++k) {
+    auto owned = std::make_unique<Request>();
+    Request& c = *owned;
+    c.id = next_id_++;
+    c.spec = r.spec;
+    c.spec.n = 1;
+    c.spec.sampling.seed = r.spec.sampling.seed + static_cast<uint64_t>(k);
+    c.tokens = r.tokens;
+    c.rng = Rng(c.spec.sampling.seed);
+    c.logits = r.logits;
+    c.time = r.time;
+    c.parent = r.id;
+    r.children.push_back(c.id);
+    samples.push_back(owned.get());
+    requests_.emplace(c.id, std::move(owned));
+  }
+  r.forked = true;
+  return samples;
+}
+
+StepUpdate::Token Engine::next_token(Request& r, std::span<const float> logits) {
+  const int64_t k = r.num_generated();
+  int32_t token;
+  if (k < static_cast<int64_t>(r.spec.forced_tokens.size())) {
+    token = r.spec.forced_tokens[static_cast<std::size_t>(k)];
+  } else {
+    token = sample_token(logits, r.spec.sampling, r.rng);
+  }
+  ++counters_.generated_tokens;
+  if (r.time.first_token_step < 0) {
+    r.time.first_token_step = step_;
+    r.time.first_token_s = now();
+  }
+  FinishReason finish = FinishReason::kNone;
+  if (r.spec.stop_token && token == *r.spec.stop_token) {
+    finish = FinishReason::kStop;
+  } else if (k + 1 >= r.spec.max_tokens) {
+    finish = FinishReason::kLength;
+  }
+  return {&r, token, finish};
+}
+
+void Engine::fill_audit_arrays(BatchPlan& plan) const {
+  plan.block_tenants.assign(static_cast<std::size_t>(config_.kv.pool.num_device_blocks), -1);
+  for (const auto& [id, s] : kv_.sequences()) {
+    if (s.swapped) continue;
+    for (int32_t b : s.table.blocks()) {
+      int64_t& t = plan.block_tenants[static_cast<std::size_t>(b)];
+      // A block held across tenants (an I4 violation the checkers report) is marked -2,
+      // which no reader's tenant matches.
+      t = (t == -1 || t == s.tenant) ? s.tenant : -2;
+    }
+  }
+  plan.seq_tenants.clear();
+  for (int64_t id : plan.seq_ids) plan.seq_tenants.push_back(requests_.at(id)->spec.tenant);
+}
+
+EngineMetrics Engine::metrics() const {
+  EngineMetrics m;
+  m.counters = counters_;
+  std::vector<double> ttft, tpot, e2e, queue, ttft_s, tpot_s, e2e_s, queue_s;
+  for (const auto& [id, r] : requests_) {
+    const RequestTimeline& t = r->time;
+    if (r->finish != FinishReason::kStop && r->finish != FinishReason::kLength) continue;
+    ttft.push_back(static_cast<double>(t.first_token_step - t.arrival_step + 1));
+    e2e.push_back(static_cast<double>(t.finish_step - t.arrival_step + 1));
+    queue.push_back(static_cast<double>(t.first_scheduled_step - t.arrival_step));
+    ttft_s.push_back(t.first_token_s - t.arrival_s);
+    e2e_s.push_back(t.finish_s - t.arrival_s);
+    queue_s.push_back(t.first_scheduled_s - t.arrival_s);
+    if (r->num_generated() > 1) {
+      tpot.push_back(static_cast<double>(t.finish_step - t.first_token_step) / static_cast<double>(r->num_generated() - 1));
+      tpot_s.push_back((t.finish_s - t.first_token_s) / static_cast<double>(r->num_generated() - 1));
+    }
+  }
+  m.ttft_steps = percentiles(ttft);
+  m.tpot_steps = percentiles(tpot);
+  m.e2e_steps = percentiles(e2e);
+  m.queue_steps = percentiles(queue);
+  m.ttft_s = percentiles(ttft_s);
+  m.tpot_s = percentiles(tpot_s);
+  m.e2e_s = percentiles(e2e_s);
+  m.queue_s = percentiles(queue_s);
+  m.tokens_per_s = counters_.elapsed_s > 0 ? static_cast<double>(counters_.scheduled_tokens) / counters_.elapsed_s : 0;
+  m.kv_utilization = counters_.kv_allocated_slots_sum > 0 ? counters_.kv_used_slots_sum / counters_.kv_allocated_slots_sum : 0;
+  m.internal_fragmentation = counters_.kv_allocated_slots_sum > 0 ? 1.0 - m.kv_utilization : 0;
+  m.mean_pool_occupancy = counters_.steps > 0 ? counters_.pool_occupancy_sum / static_cast<double>(counters_.steps) : 0;
+  m.prefix_hit_rate = counters_.prefix_lookup_tokens > 0 ? static_cast<double>(counters_.prefix_hit_tokens) /
+                                                               static_cast<double>(counters_.prefix_lookup_tokens)
+                                                         : 0;
+  return m;
+}
+
+}  // namespace kvp

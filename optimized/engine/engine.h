@@ -1,0 +1,105 @@
+// Engine: the serving loop. add_request validates and queues; each step() schedules a
+// BatchPlan, runs it on the backend, samples (or takes forced tokens), appends tokens,
+// finishes requests at their stop token or length, and records metrics. Deterministic
+// given the requests, their seeds and the configuration.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "optimized/backends/backend.h"
+#include "optimized/kv/kv_cache_manager.h"
+#include "optimized/engine/metrics.h"
+#include "optimized/engine/request.h"
+#include "optimized/engine/scheduler.h"
+
+namespace kvp {
+
+struct EngineConfig {
+  KvCacheConfig kv;
+  SchedulerConfig scheduler;
+  int64_t vocab_size = 0;  // of the model the backend runs
+  // Fill BatchPlan's audit arrays (tenant scope of every block read) for the backend to
+  // check. Ignored with global prefix sharing, where blocks legitimately cross tenants.
+  bool audit_reads = false;
+};
+Status validate(const EngineConfig& c);
+// validate(c), and the backend's pool shape equals c.kv.pool.
+Status check_compatible(const EngineConfig& c, const Backend& backend);
+
+class Engine {
+ public:
+  // REQUIRES: check_compatible(config, backend).is_ok() (use create() to get that as a
+  // Status); backend outlives the engine.
+  Engine(const EngineConfig& config, Backend& backend);
+  // As the constructor; an invalid config, or a backend whose pool shape is not
+  // config.kv.pool, is an error naming the difference.
+  static Result<std::unique_ptr<Engine>> create(const EngineConfig& config, Backend& backend);
+
+  // Queues a request. A request with n > 1 parallel samples gets n - 1 more ids once its
+  // prompt is computed (Request::children). Requests that can never run are rejected now,
+  // with a reason (empty
+  // prompt, token outside the vocabulary, prompt + max_tokens > max_model_len, more blocks
+  // than the pool, bad sampling parameters); a rejected request is finished at once and
+  // nothing else changes. Either way the id names the request's result.
+  RequestId add_request(RequestSpec spec);
+  // Cancels a request; takes effect at the next step boundary. Unknown or finished: no-op.
+  void cancel(RequestId id);
+
+  // One step. Errors come from the backend (a plan it could not run) or a step observer.
+  Status step();
+  bool has_unfinished() const;
+  int64_t steps_done() const { return step_; }
+
+  // Called after every step with the plan that ran (invariant checks in verify and audit).
+  using StepObserver = std::function<Status(const Engine&, const BatchPlan&)>;
+  void set_step_observer(StepObserver observer) { observer_ = std::move(observer); }
+  // Called with each plan after scheduling and before the backend runs it (checks of the
+  // plan against the manager's state: slot mapping, exclusive writes, resource bounds).
+  // An error stops the step before anything runs.
+  void set_plan_observer(StepObserver observer) { plan_observer_ = std::move(observer); }
+
+  const Request& request(RequestId id) const { return *requests_.at(id); }
+  const std::map<RequestId, std::unique_ptr<Request>>& requests() const { return requests_; }
+  const KvCacheManager& kv() const { return kv_; }
+  KvCacheManager& kv_mutable() { return kv_; }
+  const Scheduler& scheduler() const { return scheduler_; }
+  const EngineConfig& config() const { return config_; }
+  EngineMetrics metrics() const;
+
+ private:
+  void reject(Request& r, std::string reason);
+  // Ends a request through the scheduler (which frees its blocks) and records when.
+  void finish(Request& r, FinishReason reason);
+  void record_finish(Request& r);
+  // Samples the plan's outputs and hands the outcome to Scheduler::apply, the one place
+  // KV-cache state changes after a step.
+  void process_outputs(const BatchPlan& plan, const StepOutput& out);
+  void fill_audit_arrays(BatchPlan& plan) const;
+  // The n - 1 parallel samples of a request whose prompt is computed, as new requests (the
+  // scheduler forks their KV-cache sequences in apply).
+  std::vector<Request*> make_samples(Request& r);
+  // Samples (or takes the forced) next token and decides whether it ends the request (stop
+  // token or length); changes no KV-cache or queue state.
+  StepUpdate::Token next_token(Request& r, std::span<const float> logits);
+  double now() const;
+
+  EngineConfig config_;
+  Backend& backend_;
+  KvCacheManager kv_;
+  Scheduler scheduler_;
+  std::map<RequestId, std::unique_ptr<Request>> requests_;
+  RequestId next_id_ = 0;
+  int64_t step_ = 0;
+  StepObserver observer_;
+  StepObserver plan_observer_;
+  EngineCounters counters_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace kvp

@@ -1,0 +1,217 @@
+#include "optimized/engine/scheduler.h"
+
+#include <algorithm>
+
+#include "kernels/kv_index.h"
+
+namespace kvp {
+
+Status validate(const SchedulerConfig& c) {
+  if (c.max_num_batched_tokens <= 0) return Status::error("max_num_batched_tokens must be > 0");
+  if (c.max_num_seqs <= 0) return Status::error("max_num_seqs must be > 0");
+  if (c.max_model_len <= 0) return Status::error("max_model_len must be > 0");
+  if (c.prefill_chunk_size <= 0) return Status::error("prefill_chunk_size must be > 0");
+  return Status::ok();
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager& kv) : config_(config), kv_(kv) {
+  KVP_CHECK(validate(config).is_ok());
+}
+
+void Scheduler::add(Request* r) {
+  r->state = RequestState::kWaiting;
+  waiting_.push_back(r);
+}
+
+void Scheduler::finish(Request* r, FinishReason reason) {
+  KVP_CHECK(!r->finished());
+  auto drop = [r](auto& queue) { queue.erase(std::remove(queue.begin(), queue.end(), r), queue.end()); };
+  drop(waiting_);
+  drop(running_);
+  drop(swapped_);
+  if (r->in_kv) {
+    KVP_CHECK(kv_.free(r->id).is_ok());
+    r->in_kv = false;
+  }
+  r->state = RequestState::kFinished;
+  r->finish = reason;
+}
+
+int64_t Scheduler::worst_case_blocks(const Request& r) const {
+  const int64_t bs = kv_.block_size();
+  const int64_t one = kernels::blocks_for_tokens(r.num_prompt() + r.spec.max_tokens, bs);
+  if (r.seats() == 1) return one;
+  const int64_t shared = r.num_prompt() / bs;  // full prompt blocks, shared by every sample
+  return shared + r.seats() * (one - shared);
+}
+
+int64_t Scheduler::seats_in_use() const {
+  int64_t seats = 0;
+  for (const Request* r : running_) seats += r->seats();
+  return seats;
+}
+
+int64_t Scheduler::tokens_to_compute(const Request& r) const {
+  // The manager's slots are the positions computed (or being computed in the plan that
+  // reserved them); a sequence with no blocks yet will first take its cached prefix.
+  const SequenceState* s = kv_.sequence(r.id);
+  int64_t done = 0;
+  if (s != nullptr) done = s->num_slots > 0 ? s->num_slots : kv_.cached_prefix_tokens(r.id);
+  return static_cast<int64_t>(r.tokens.size()) - done;
+}
+
+void Scheduler::insert_running(Request* r) {
+  r->state = RequestState::kRunning;
+  auto at = std::lower_bound(running_.begin(), running_.end(), r,
+                             [](const Request* a, const Request* b) { return a->id < b->id; });
+  running_.insert(at, r);
+}
+
+void Scheduler::preempt(Request* victim, ScheduleStats& stats) {
+  running_.erase(std::remove(running_.begin(), running_.end(), victim), running_.end());
+  ++victim->num_preemptions;
+  ++stats.preemptions;
+  if (config_.preemption == PreemptionMode::kSwap && kv_.swap_out(victim->id).is_ok()) {
+    ++victim->num_swaps;
+    ++stats.swaps_out;
+    victim->state = RequestState::kSwapped;
+    swapped_.push_back(victim);
+    std::sort(swapped_.begin(), swapped_.end(), [](const Request* a, const Request* b) { return a->id < b->id; });
+    return;
+  }
+  // Recompute (or swap fallback when the host pool is full): the cache is dropped and
+  // rebuilt; the prefix cache may serve part of it back.
+  KVP_CHECK(kv_.free(victim->id).is_ok());
+  victim->in_kv = false;
+  victim->state = RequestState::kWaiting;
+  waiting_.push_front(victim);
+}
+
+int64_t Scheduler::try_plan(Request* r, int64_t budget, BatchPlan& plan) {
+  const int64_t n = std::min({tokens_to_compute(*r), budget, static_cast<int64_t>(config_.prefill_chunk_size)});
+  if (n <= 0 || kv_.can_allocate(r->id, n) != AllocStatus::kOk) return 0;
+  const std::size_t first_slot = plan.slot_mapping.size();
+  KVP_CHECK(kv_.allocate_slots(r->id, n, plan.slot_mapping).is_ok());
+  KVP_CHECK(plan.slot_mapping.size() == first_slot + static_cast<std::size_t>(n));
+  const int64_t end = kv_.sequence(r->id)->num_slots;
+  plan.seq_ids.push_back(r->id);
+  for (int64_t p = end - n; p < end; ++p) {
+    plan.token_ids.push_back(r->tokens[static_cast<std::size_t>(p)]);
+    plan.positions.push_back(static_cast<int32_t>(p));
+  }
+  plan.query_start.push_back(static_cast<int32_t>(plan.token_ids.size()));
+  plan.context_lens.push_back(static_cast<int32_t>(end));
+  const bool at_end = end == static_cast<int64_t>(r->tokens.size());
+  plan.needs_logits.push_back(at_end || r->spec.capture_logits ? 1 : 0);
+  plan.logits_all.push_back(r->spec.capture_logits ? 1 : 0);
+  if (r->time.first_scheduled_step < 0) r->time.first_scheduled_step = plan.step;
+  return n;
+}
+
+int64_t Scheduler::schedule_running(Request* r, int64_t budget, BatchPlan& plan, ScheduleStats& stats) {
+  if (std::min(tokens_to_compute(*r), budget) <= 0) return 0;
+  while (true) {
+    if (const int64_t n = try_plan(r, budget, plan); n > 0) return n;
+    const int64_t want = std::min({tokens_to_compute(*r), budget, static_cast<int64_t>(config_.prefill_chunk_size)});
+    KVP_CHECK(kv_.can_allocate(r->id, want) != AllocStatus::kNever);  // admission rejected what could never fit
+    Request* victim = running_.back();
+    preempt(victim, stats);
+    if (victim == r) return 0;
+  }
+}
+
+ScheduledStep Scheduler::schedule(int64_t step) {
+  ScheduledStep out;
+  BatchPlan& plan = out.plan;
+  ScheduleStats& stats = out.stats;
+  plan.step = step;
+  plan.query_start.push_back(0);
+  int64_t budget = config_.max_num_batched_tokens;
+
+  // 1. Running requests, oldest first. A preemption removes requests from the back, so
+  //    iterating by index over a shrinking vector visits each survivor once.
+  for (std::size_t i = 0; i < running_.size() && budget > 0;) {
+    Request* r = running_[i];
+    budget -= schedule_running(r, budget, plan, stats);
+    if (i < running_.size() && running_[i] == r) ++i;
+  }
+
+  // 2. Swapped requests come back before anything new is admitted.
+  if (stats.preemptions == 0) {
+    while (!swapped_.empty() && budget > 0 && seats_in_use() + swapped_.front()->seats() <= config_.max_num_seqs) {
+      Request* r = swapped_.front();
+      if (!kv_.can_swap_in(r->id)) break;
+      KVP_CHECK(kv_.swap_in(r->id).is_ok());
+      ++stats.swaps_in;
+      swapped_.pop_front();
+      insert_running(r);
+      budget -= try_plan(r, budget, plan);
+    }
+  }
+
+  // 3. Waiting requests, FCFS.
+  if (stats.preemptions == 0 && swapped_.empty()) {
+    while (!waiting_.empty() && budget > 0 && seats_in_use() + waiting_.front()->seats() <= config_.max_num_seqs) {
+      Request* r = waiting_.front();
+      if (config_.admission == AdmissionRule::kConservative) {
+        int64_t worst = worst_case_blocks(*r);
+        for (const Request* o : running_) worst += worst_case_blocks(*o);
+        if (worst > kv_.config().pool.num_device_blocks) break;
+      }
+      if (!r->in_kv) {
+        KVP_CHECK(kv_.add_sequence(r->id, r->spec.tenant, r->tokens).is_ok());
+        r->in_kv = true;
+      }
+      const int64_t cached = kv_.cached_prefix_tokens(r->id);
+      const int64_t n = try_plan(r, budget, plan);
+      if (n == 0) break;  // FCFS: nobody overtakes
+      waiting_.pop_front();
+      insert_running(r);
+      ++stats.admitted;
+      stats.prefix_hit_tokens += cached;
+      if (kv_.config().enable_prefix_caching) stats.prefix_lookup_tokens += static_cast<int64_t>(r->tokens.size());
+      r->prefix_hit_tokens += cached;
+      budget -= n;
+    }
+  }
+  finish_plan(plan);
+  return out;
+}
+
+void Scheduler::finish_plan(BatchPlan& plan) {
+  // The plan's block tables, padded to the longest.
+  int32_t max_blocks = 0;
+  for (int64_t id : plan.seq_ids)
+    max_blocks = std::max(max_blocks, static_cast<int32_t>(kv_.sequence(id)->table.size()));
+  plan.max_blocks_per_seq = max_blocks;
+  plan.block_tables.assign(plan.seq_ids.size() * static_cast<std::size_t>(max_blocks), -1);
+  for (std::size_t i = 0; i < plan.seq_ids.size(); ++i) {
+    const BlockTable& t = kv_.sequence(plan.seq_ids[i])->table;
+    std::copy(t.blocks().begin(), t.blocks().end(), plan.block_tables.begin() + static_cast<std::ptrdiff_t>(i * static_cast<std::size_t>(max_blocks)));
+  }
+  plan.ops = kv_.take_plan_ops();
+}
+
+void Scheduler::apply(const BatchPlan& plan, const StepUpdate& update) {
+  for (int64_t i = 0; i < plan.num_seqs(); ++i)
+    KVP_CHECK(kv_.mark_final(plan.seq_ids[static_cast<std::size_t>(i)], plan.context_lens[static_cast<std::size_t>(i)]).is_ok());
+  for (const StepUpdate::Fork& f : update.forks) {
+    KVP_CHECK(f.parent->state == RequestState::kRunning);
+    for (Request* c : f.children) {
+      KVP_CHECK(kv_.fork(f.parent->id, c->id).is_ok());
+      c->in_kv = true;
+      insert_running(c);
+    }
+  }
+  for (const StepUpdate::Token& t : update.tokens) {
+    Request* r = t.request;
+    r->tokens.push_back(t.token);
+    if (t.finish != FinishReason::kNone) {
+      finish(r, t.finish);
+    } else {
+      KVP_CHECK(kv_.append_tokens(r->id, std::span<const int32_t>(&t.token, 1)).is_ok());
+    }
+  }
+}
+
+}  // namespace kvp

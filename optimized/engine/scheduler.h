@@ -1,0 +1,140 @@
+// The continuous-batching scheduler: waiting, running and swapped queues; one schedule()
+// per step builds a BatchPlan whose every slot is already reserved in the KvCacheManager.
+//
+// Order of service in a step (S1 progress, S2 protection of admitted work):
+//   1. running requests, oldest first: a decode token, or the next prefill chunk. When the
+//      pool cannot hold a running request's tokens, the most recently arrived running
+//      request is preempted (recompute: free its blocks and requeue it at the front of the
+//      waiting queue; swap: move its blocks to the host pool, falling back to recompute when
+//      the host pool is full) until it fits, or until the request itself was the newest.
+//   2. swapped requests, oldest first, when nothing was preempted this step.
+//   3. waiting requests, FCFS (no overtaking), when nothing is swapped out or was preempted,
+//      under the admission rule:
+//        optimistic   the manager's watermark of free blocks;
+//        conservative the worst case (prompt + max_tokens) of every running request plus
+//                     the new one fits in the pool: no preemption can ever happen.
+// Limits: max_num_batched_tokens per step, max_num_seqs running, prefill_chunk_size tokens
+// per request per step. Admission never drops a running request.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <vector>
+
+#include "common/status.h"
+#include "optimized/backends/batch_plan.h"
+#include "optimized/kv/kv_cache_manager.h"
+#include "optimized/engine/request.h"
+
+namespace kvp {
+
+enum class AdmissionRule { kOptimistic, kConservative };
+enum class PreemptionMode { kRecompute, kSwap };
+
+struct SchedulerConfig {
+  int32_t max_num_batched_tokens = 256;
+  int32_t max_num_seqs = 32;
+  int64_t max_model_len = 2048;
+  int32_t prefill_chunk_size = 256;
+  AdmissionRule admission = AdmissionRule::kOptimistic;
+  PreemptionMode preemption = PreemptionMode::kRecompute;
+};
+Status validate(const SchedulerConfig& c);
+
+// What one schedule() decided, besides the plan.
+struct ScheduleStats {
+  int64_t preemptions = 0;
+  int64_t swaps_out = 0;
+  int64_t swaps_in = 0;
+  int64_t admitted = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t prefix_lookup_tokens = 0;  // tokens of admitted sequences looked up in the prefix cache
+};
+
+// One step's plan and what deciding it did.
+struct ScheduledStep {
+  BatchPlan plan;
+  ScheduleStats stats;
+};
+
+// What the engine made of one executed plan, for Scheduler::apply. The engine decides
+// (samples tokens, decides stops); the scheduler changes the state.
+struct StepUpdate {
+  struct Fork {
+    Request* parent = nullptr;
+    std::vector<Request*> children;  // new requests (state kWaiting, in_kv false)
+  };
+  struct Token {
+    Request* request = nullptr;
+    int32_t token = 0;
+    FinishReason finish = FinishReason::kNone;  // kStop or kLength ends the request with it
+  };
+  std::vector<Fork> forks;
+  std::vector<Token> tokens;
+};
+
+class Scheduler {
+ public:
+  // REQUIRES: validate(config).is_ok(); kv outlives the scheduler.
+  Scheduler(const SchedulerConfig& config, KvCacheManager& kv);
+
+  // Queues a validated request at the back of the waiting queue.
+  void add(Request* r);
+  // Ends a request that is waiting, running or swapped: frees its blocks, drops it from
+  // its queue. REQUIRES: !r->finished().
+  void finish(Request* r, FinishReason reason);
+
+  // Builds the plan of step `step`: every slot in it is reserved in the KvCacheManager, and
+  // the plan carries the manager's pending memory ops.
+  ScheduledStep schedule(int64_t step);
+
+  // Applies what the engine made of `plan` after the backend executed it, the only way the
+  // engine changes KV-cache state: in that order,
+  //   1. every scheduled sequence's positions up to its context length become final
+  //      (full blocks enter the prefix cache);
+  //   2. each fork's children become running sequences sharing the parent's blocks;
+  //   3. each token is appended to its request and its sequence, or ends the request
+  //      (its blocks are freed) when it carries a finish reason.
+  // REQUIRES: `plan` is the last plan schedule() returned, executed; the update's requests
+  // are running.
+  void apply(const BatchPlan& plan, const StepUpdate& update);
+
+  const SchedulerConfig& config() const { return config_; }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t num_swapped() const { return static_cast<int64_t>(swapped_.size()); }
+  bool idle() const { return waiting_.empty() && running_.empty() && swapped_.empty(); }
+  const std::vector<Request*>& running() const { return running_; }
+
+  // Worst-case blocks of a request: blocks_for_tokens(prompt + max_tokens), and for n
+  // parallel samples the prompt's full blocks once plus each sample's own blocks.
+  int64_t worst_case_blocks(const Request& r) const;
+  // Running sequences held or reserved (a request that will fork reserves n).
+  int64_t seats_in_use() const;
+
+ private:
+  // Adds r's next tokens (up to `budget`) to the plan if the pool allows, preempting the
+  // newest running requests as needed. Returns the tokens scheduled (0: r was preempted or
+  // has nothing to compute).
+  int64_t schedule_running(Request* r, int64_t budget, BatchPlan& plan, ScheduleStats& stats);
+  // The one path from "tokens to run" to a plan row: n = the tokens r may run within
+  // `budget` and the chunk size; if the pool holds them now, reserves their slots and adds
+  // r's row to the plan, returning n; otherwise changes nothing and returns 0 (also when r
+  // has nothing to compute). REQUIRES: r holds a KvCacheManager sequence on the device.
+  int64_t try_plan(Request* r, int64_t budget, BatchPlan& plan);
+  void preempt(Request* victim, ScheduleStats& stats);
+  void insert_running(Request* r);  // keeps running_ in arrival (id) order
+  // Positions r still has to compute: its tokens past the slots its sequence holds (past
+  // the cached prefix it will take, for a sequence with no blocks yet).
+  int64_t tokens_to_compute(const Request& r) const;
+  void finish_plan(BatchPlan& plan);
+
+  SchedulerConfig config_;
+  KvCacheManager& kv_;
+  std::deque<Request*> waiting_;
+  std::vector<Request*> running_;  // oldest first
+  std::deque<Request*> swapped_;   // oldest first
+};
+
+}  // namespace kvp

@@ -1,0 +1,58 @@
+// EventLog: the audit trail of KvCacheManager, one JSON object per line, one line per state
+// change. The format (below) is what event_log_replay.h checks, independently of the
+// allocator's code. Every line has "ev"; "seq" is a sequence id, "block" a block id; "pool" is
+// "device" or "host" where it matters.
+//
+//   {"ev":"init","device_blocks":N,"host_blocks":M,"block_size":B,"global_prefix":bool}
+//   {"ev":"add","seq":S,"tenant":T}                  a sequence appears, empty table
+//   {"ev":"fork","parent":P,"child":C}               C appears with P's tenant, empty table
+//   {"ev":"alloc","seq":S,"block":b}                 a free device block appended to S's table
+//   {"ev":"share","seq":S,"block":b,"reason":"prefix_hit"|"fork"}
+//                                                    an existing device block appended (refcount+1)
+//   {"ev":"cow","seq":S,"index":i,"src":a,"dst":b}   free block b replaces a at index i; a released
+//   {"ev":"release","seq":S,"block":b}               S's last table entry (b) dropped, refcount-1
+//   {"ev":"slots","seq":S,"len":L}                   S now has L positions with slots
+//   {"ev":"cache","block":b}                         b's content named in the prefix cache
+//   {"ev":"evict","block":b}                         b's cache entry dropped
+//   {"ev":"swap_out","seq":S,"pairs":[[d,h],...]}    table moves to host blocks, in order
+//   {"ev":"swap_in","seq":S,"pairs":[[h,d],...]}     table moves back to device blocks
+//   {"ev":"poison","block":b}                        a freed device block is poisoned
+//   {"ev":"free","seq":S}                            S (already with an empty table) ends
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "optimized/kv/kv_event.h"
+
+namespace kvp {
+
+// The JSON line of one event (the format above).
+std::string to_json_line(const KvEvent& event);
+
+class EventLog {
+ public:
+  // Keeps the lines in memory.
+  EventLog() = default;
+  // Also writes each line (with '\n') to `out`, which must outlive the log.
+  explicit EventLog(std::ostream* out) : out_(out) {}
+
+  void record(const KvEvent& event) { record_line(to_json_line(event)); }
+  const std::vector<std::string>& lines() const { return lines_; }
+  std::string text() const {
+    std::string s;
+    for (const auto& l : lines_) s += l + "\n";
+    return s;
+  }
+
+ private:
+  void record_line(std::string line) {
+    if (out_ != nullptr) *out_ << line << '\n';
+    lines_.push_back(std::move(line));
+  }
+  std::ostream* out_ = nullptr;
+  std::vector<std::string> lines_;
+};
+
+}  // namespace kvp

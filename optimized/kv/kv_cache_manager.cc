@@ -1,0 +1,441 @@
+#include "optimized/kv/kv_cache_manager.h"
+
+#include <algorithm>
+
+#include "kernels/kv_index.h"
+
+namespace kvp {
+
+using kernels::blocks_for_tokens;
+
+Status validate(const KvCacheConfig& c) {
+  KVP_RETURN_IF_ERROR(c.pool.validate());
+  if (c.watermark_blocks < 0 || c.watermark_blocks > c.pool.num_device_blocks) {
+    return Status::error("watermark_blocks must be in [0, num_device_blocks]");
+  }
+  if (c.hash_bits < 1 || c.hash_bits > 256) return Status::error("hash_bits must be in [1, 256]");
+  return Status::ok();
+}
+
+const char* to_string(AllocStatus s) {
+  switch (s) {
+    case AllocStatus::kOk: return "OK";
+    case AllocStatus::kLater: return "LATER";
+    case AllocStatus::kNever: return "NEVER";
+  }
+  return "?";
+}
+
+namespace {
+std::string seq_error(const char* op, SeqId seq, const std::string& why) {
+  return std::string(op) + "(seq " + std::to_string(seq) + "): " + why;
+}
+}  // namespace
+
+KvCacheManager::KvCacheManager(const KvCacheConfig& config)
+    : config_(config),
+      device_(config.pool.num_device_blocks),
+      host_(config.pool.num_host_blocks),
+      cache_(config.pool.num_device_blocks) {
+  KVP_CHECK(validate(config).is_ok());
+}
+
+void KvCacheManager::set_event_log(EventLog* event_log) {
+  log_ = event_log;
+  if (log_ == nullptr) return;
+  // The replayer starts from an empty state, so a log must start from one.
+  KVP_CHECK(seqs_.empty() && device_.num_free() == device_.num_blocks() &&
+            host_.num_free() == host_.num_blocks());
+  log(kv_event::Init{config_.pool.num_device_blocks, config_.pool.num_host_blocks, config_.pool.block_size,
+                     config_.global_prefix_sharing});
+}
+
+void KvCacheManager::log(const KvEvent& event) { log_->record(event); }
+
+SequenceState* KvCacheManager::find(SeqId seq) {
+  return const_cast<SequenceState*>(sequence(seq));
+}
+
+const SequenceState* KvCacheManager::sequence(SeqId seq) const {
+  // A decode step looks the same sequence up several times in a row (append_tokens,
+  // can_allocate, allocate_slots, mark_final): remember the last hit. Map nodes are stable,
+  // so the pointer stays valid until that sequence is erased (free), which clears it.
+  if (last_found_ != nullptr && last_found_->id == seq) return last_found_;
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return nullptr;
+  last_found_ = &it->second;
+  return last_found_;
+}
+
+const BlockHash& KvCacheManager::block_hash(const SequenceState& s, int64_t i) const {
+  const int64_t bs = config_.pool.block_size;
+  KVP_CHECK(i >= 0 && (i + 1) * bs <= static_cast<int64_t>(s.tokens.size()));
+  while (static_cast<int64_t>(s.block_hashes.size()) <= i) {
+    const int64_t j = static_cast<int64_t>(s.block_hashes.size());
+    const BlockHash* parent = j == 0 ? nullptr : &s.block_hashes.back();
+    s.block_hashes.push_back(chain_hash(
+        parent, salt_of(s), std::span<const int32_t>(s.tokens).subspan(j * bs, bs),
+        config_.hash_bits));
+  }
+  return s.block_hashes[static_cast<size_t>(i)];
+}
+
+// ---------------------------------------------------------------- sequences and tokens
+
+Status KvCacheManager::add_sequence(SeqId seq, int64_t tenant, std::span<const int32_t> tokens) {
+  if (seqs_.count(seq) != 0) return Status::error(seq_error("add_sequence", seq, "id in use"));
+  SequenceState s;
+  s.id = seq;
+  s.tenant = tenant;
+  s.tokens.assign(tokens.begin(), tokens.end());
+  seqs_.emplace(seq, std::move(s));
+  if (logging()) log(kv_event::Add{seq, tenant});
+  return Status::ok();
+}
+
+Status KvCacheManager::append_tokens(SeqId seq, std::span<const int32_t> tokens) {
+  SequenceState* s = find(seq);
+  if (s == nullptr) return Status::error(seq_error("append_tokens", seq, "unknown sequence"));
+  s->tokens.insert(s->tokens.end(), tokens.begin(), tokens.end());
+  return Status::ok();
+}
+
+Status KvCacheManager::mark_final(SeqId seq, int64_t num_final) {
+  SequenceState* s = find(seq);
+  if (s == nullptr) return Status::error(seq_error("mark_final", seq, "unknown sequence"));
+  if (s->swapped) return Status::error(seq_error("mark_final", seq, "sequence is swapped out"));
+  if (num_final < s->num_final || num_final > s->num_slots) {
+    return Status::error(seq_error("mark_final", seq,
+                                   "num_final " + std::to_string(num_final) + " outside [" +
+                                       std::to_string(s->num_final) + ", " +
+                                       std::to_string(s->num_slots) + "]"));
+  }
+  s->num_final = num_final;
+  register_final_blocks(*s);
+  return Status::ok();
+}
+
+void KvCacheManager::register_final_blocks(SequenceState& s) {
+  if (!config_.enable_prefix_caching || s.swapped) return;
+  const int64_t bs = config_.pool.block_size;
+  const int64_t full = s.num_final / bs;
+  for (int64_t i = s.num_registered_blocks; i < full; ++i) {
+    const int32_t b = s.table[i];
+    if (device_.is_cached(b)) continue;
+    BlockHandle parent;
+    if (i > 0) {
+      const int32_t p = s.table[i - 1];
+      // A chain is only as good as its parent: an uncached parent cannot be matched.
+      if (!device_.is_cached(p)) continue;
+      parent = device_.handle(p);
+    }
+    const BlockHash& h = block_hash(s, i);
+    auto block_tokens = std::span<const int32_t>(s.tokens).subspan(i * bs, bs);
+    if (cache_.find(h, salt_of(s), block_tokens, parent) >= 0) continue;  // a duplicate
+    device_.mark_cached(b);
+    cache_.insert(b, PrefixCacheEntry{h, salt_of(s),
+                                      std::vector<int32_t>(block_tokens.begin(),
+                                                           block_tokens.end()),
+                                      parent});
+    if (logging()) log(kv_event::Cache{b});
+  }
+  s.num_registered_blocks = std::max(s.num_registered_blocks, full);
+}
+
+// ---------------------------------------------------------------- slots
+
+KvCacheManager::PrefixHit KvCacheManager::find_prefix(const SequenceState& s) const {
+  PrefixHit hit;
+  if (!config_.enable_prefix_caching || s.swapped || !s.table.empty() || s.num_slots != 0 ||
+      s.tokens.empty()) {
+    return hit;
+  }
+  const int64_t bs = config_.pool.block_size;
+  // At least the last token is recomputed, so that its logits exist.
+  const int64_t max_blocks = (static_cast<int64_t>(s.tokens.size()) - 1) / bs;
+  BlockHandle parent;
+  for (int64_t i = 0; i < max_blocks; ++i) {
+    const int32_t b = cache_.find(block_hash(s, i), salt_of(s),
+                                  std::span<const int32_t>(s.tokens).subspan(i * bs, bs), parent);
+    if (b < 0) break;
+    hit.blocks.push_back(b);
+    if (device_.refcount(b) == 0) ++hit.num_evictable;
+    parent = device_.handle(b);
+  }
+  hit.max_blocks = max_blocks;
+  return hit;
+}
+
+int64_t KvCacheManager::cached_prefix_tokens(SeqId seq) const {
+  const SequenceState* s = sequence(seq);
+  if (s == nullptr) return 0;
+  return static_cast<int64_t>(find_prefix(*s).blocks.size()) * config_.pool.block_size;
+}
+
+bool KvCacheManager::needs_copy_on_write(const SequenceState& s, int64_t n_new_tokens) const {
+  if (n_new_tokens <= 0 || s.num_slots % config_.pool.block_size == 0) return false;
+  const int32_t last = s.table.back();
+  return device_.refcount(last) > 1 || device_.is_cached(last);
+}
+
+AllocStatus KvCacheManager::can_allocate(const SequenceState& s, int64_t n_new_tokens,
+                                         const PrefixHit& hit) const {
+  if (s.swapped || n_new_tokens < 0) return AllocStatus::kNever;
+  const int64_t bs = config_.pool.block_size;
+  const auto num_hit = static_cast<int64_t>(hit.blocks.size());
+  const int64_t start = s.num_slots + num_hit * bs;
+  const int64_t end = start + n_new_tokens;
+  if (end > static_cast<int64_t>(s.tokens.size())) return AllocStatus::kNever;
+  const bool admitting = s.table.empty();
+  const int64_t watermark = admitting ? config_.watermark_blocks : 0;
+  const int64_t total = blocks_for_tokens(end, bs);
+  if (total > config_.pool.num_device_blocks - watermark) return AllocStatus::kNever;
+  const int64_t need =
+      total - (s.table.size() + num_hit) + (needs_copy_on_write(s, n_new_tokens) ? 1 : 0);
+  if (need <= 0) return AllocStatus::kOk;
+  const int64_t available = device_.num_available() - hit.num_evictable;
+  return available - need >= watermark ? AllocStatus::kOk : AllocStatus::kLater;
+}
+
+AllocStatus KvCacheManager::can_allocate(SeqId seq, int64_t n_new_tokens) const {
+  const SequenceState* s = sequence(seq);
+  if (s == nullptr) return AllocStatus::kNever;
+  return can_allocate(*s, n_new_tokens, find_prefix(*s));
+}
+
+Status KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens,
+                                      std::vector<int64_t>& slot_mapping) {
+  SequenceState* s = find(seq);
+  if (s == nullptr) return Status::error(seq_error("allocate_slots", seq, "unknown sequence"));
+  const PrefixHit hit = find_prefix(*s);
+  const AllocStatus st = can_allocate(*s, n_new_tokens, hit);
+  if (st != AllocStatus::kOk) {
+    return Status::error(seq_error("allocate_slots", seq,
+                                   std::to_string(n_new_tokens) + " new tokens: " +
+                                       to_string(st)));
+  }
+  const int64_t bs = config_.pool.block_size;
+
+  if (config_.enable_prefix_caching && s->table.empty() && s->num_slots == 0) {
+    for (int32_t b : hit.blocks) {
+      device_.retain(b);
+      s->table.push_back(b);
+      if (logging()) {
+        log(kv_event::Share{seq, b, kv_event::ShareReason::kPrefixHit});
+      }
+    }
+    const auto num_hit = static_cast<int64_t>(hit.blocks.size());
+    s->num_slots = s->num_final = num_hit * bs;
+    s->num_registered_blocks = num_hit;
+    cache_.stats().hits += num_hit;
+    cache_.stats().misses += hit.max_blocks - num_hit;
+  }
+
+  if (needs_copy_on_write(*s, n_new_tokens)) {
+    const int64_t i = s->table.size() - 1;
+    const int32_t src = s->table[i];
+    const int32_t dst = take_device_block(/*is_copy_dst=*/true);
+    ops_.block_copies.push_back({src, dst});
+    s->table.set(i, dst);
+    if (logging()) {
+      log(kv_event::Cow{seq, i, src, dst});
+    }
+    release_device_block(src);
+  }
+
+  const int64_t start = s->num_slots;
+  const int64_t end = start + n_new_tokens;
+  const int64_t blocks_needed = blocks_for_tokens(end, bs);
+  while (s->table.size() < blocks_needed) {
+    const int32_t b = take_device_block(/*is_copy_dst=*/false);
+    s->table.push_back(b);
+    if (logging()) log(kv_event::Alloc{seq, b});
+  }
+  for (int64_t p = start; p < end; ++p) {
+    slot_mapping.push_back(kernels::slot_of(s->table.data(), p, bs));
+  }
+  s->num_slots = end;
+  if (logging()) log(kv_event::Slots{seq, end});
+  return Status::ok();
+}
+
+int32_t KvCacheManager::take_device_block(bool is_copy_dst) {
+  const BlockAllocator::Allocation a = device_.allocate();
+  if (a.evicted) {
+    cache_.erase(a.block);
+    if (logging()) log(kv_event::Evict{a.block});
+  }
+  if (config_.poison_on_free) {
+    if (is_copy_dst) {
+      // The copy writes the whole block before the poison step would run: drop the poison.
+      std::erase(ops_.poison, a.block);
+    } else if (a.evicted) {
+      ops_.poison.push_back(a.block);
+      if (logging()) log(kv_event::Poison{a.block});
+    }
+  }
+  return a.block;
+}
+
+void KvCacheManager::release_device_block(int32_t block) {
+  if (device_.release(block) && !device_.is_cached(block) && config_.poison_on_free) {
+    ops_.poison.push_back(block);
+    if (logging()) log(kv_event::Poison{block});
+  }
+}
+
+void KvCacheManager::release_tail_to(SequenceState& s, int64_t num_blocks) {
+  while (s.table.size() > num_blocks) {
+    const int32_t b = s.table.back();
+    s.table.pop_back();
+    if (logging()) log(kv_event::Release{s.id, b});
+    if (s.swapped) {
+      host_.release(b);
+    } else {
+      release_device_block(b);
+    }
+  }
+}
+
+Status KvCacheManager::free(SeqId seq) {
+  SequenceState* s = find(seq);
+  if (s == nullptr) return Status::error(seq_error("free", seq, "unknown sequence"));
+  release_tail_to(*s, 0);
+  if (logging()) log(kv_event::Free{seq});
+  if (last_found_ != nullptr && last_found_->id == seq) last_found_ = nullptr;
+  seqs_.erase(seq);
+  return Status::ok();
+}
+
+Status KvCacheManager::fork(SeqId parent, SeqId child) {
+  const SequenceState* p = find(parent);
+  if (p == nullptr) return Status::error(seq_error("fork", parent, "unknown sequence"));
+  if (p->swapped) return Status::error(seq_error("fork", parent, "sequence is swapped out"));
+  if (seqs_.count(child) != 0) {
+    return Status::error(seq_error("fork", parent, "child id " + std::to_string(child) +
+                                                       " in use"));
+  }
+  SequenceState c = *p;
+  c.id = child;
+  c.table.clear();
+  if (logging()) log(kv_event::Fork{parent, child});
+  for (int32_t b : p->table.blocks()) {
+    device_.retain(b);
+    c.table.push_back(b);
+    if (logging()) {
+      log(kv_event::Share{child, b, kv_event::ShareReason::kFork});
+    }
+  }
+  if (logging()) log(kv_event::Slots{child, c.num_slots});
+  seqs_.emplace(child, std::move(c));
+  return Status::ok();
+}
+
+Status KvCacheManager::truncate(SeqId seq, int64_t new_len) {
+  SequenceState* s = find(seq);
+  if (s == nullptr) return Status::error(seq_error("truncate", seq, "unknown sequence"));
+  if (new_len < 0 || new_len > static_cast<int64_t>(s->tokens.size())) {
+    return Status::error(seq_error("truncate", seq,
+                                   "new_len " + std::to_string(new_len) + " outside [0, " +
+                                       std::to_string(s->tokens.size()) + "]"));
+  }
+  const int64_t bs = config_.pool.block_size;
+  s->tokens.resize(static_cast<size_t>(new_len));
+  s->num_slots = std::min(s->num_slots, new_len);
+  s->num_final = std::min(s->num_final, new_len);
+  if (static_cast<int64_t>(s->block_hashes.size()) > new_len / bs) {
+    s->block_hashes.resize(static_cast<size_t>(new_len / bs));
+  }
+  s->num_registered_blocks = std::min(s->num_registered_blocks, s->num_final / bs);
+  release_tail_to(*s, blocks_for_tokens(s->num_slots, bs));
+  if (logging()) log(kv_event::Slots{seq, s->num_slots});
+  return Status::ok();
+}
+
+Status KvCacheManager::swap_out(SeqId seq) {
+  SequenceState* s = find(seq);
+  if (s == nullptr) return Status::error(seq_error("swap_out", seq, "unknown sequence"));
+  if (s->swapped) return Status::error(seq_error("swap_out", seq, "already swapped out"));
+  const int64_t k = s->table.size();
+  if (host_.num_available() < k) {
+    return Status::error(seq_error("swap_out", seq,
+                                   "needs " + std::to_string(k) + " host blocks, " +
+                                       std::to_string(host_.num_available()) + " free"));
+  }
+  std::vector<BlockCopy> pairs;
+  pairs.reserve(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) pairs.push_back({s->table[i], host_.allocate().block});
+  if (logging()) log(kv_event::SwapOut{seq, pairs});
+  for (int64_t i = k - 1; i >= 0; --i) {
+    release_device_block(pairs[static_cast<size_t>(i)].src);
+    s->table.set(i, pairs[static_cast<size_t>(i)].dst);
+  }
+  ops_.swap_out.insert(ops_.swap_out.end(), pairs.begin(), pairs.end());
+  s->swapped = true;
+  return Status::ok();
+}
+
+bool KvCacheManager::can_swap_in(SeqId seq) const {
+  const SequenceState* s = sequence(seq);
+  return s != nullptr && s->swapped && device_.num_available() >= s->table.size();
+}
+
+Status KvCacheManager::swap_in(SeqId seq) {
+  SequenceState* s = find(seq);
+  if (s == nullptr) return Status::error(seq_error("swap_in", seq, "unknown sequence"));
+  if (!s->swapped) return Status::error(seq_error("swap_in", seq, "not swapped out"));
+  const int64_t k = s->table.size();
+  if (device_.num_available() < k) {
+    return Status::error(seq_error("swap_in", seq,
+                                   "needs " + std::to_string(k) + " device blocks, " +
+                                       std::to_string(device_.num_available()) + " available"));
+  }
+  std::vector<BlockCopy> pairs;
+  pairs.reserve(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) {
+    pairs.push_back({s->table[i], take_device_block(/*is_copy_dst=*/false)});
+  }
+  if (logging()) log(kv_event::SwapIn{seq, pairs});
+  for (int64_t i = k - 1; i >= 0; --i) {
+    host_.release(pairs[static_cast<size_t>(i)].src);
+    s->table.set(i, pairs[static_cast<size_t>(i)].dst);
+  }
+  ops_.swap_in.insert(ops_.swap_in.end(), pairs.begin(), pairs.end());
+  s->swapped = false;
+  s->num_registered_blocks = 0;  // the new blocks may be offered to the cache again
+  register_final_blocks(*s);
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------- prefix cache
+
+void KvCacheManager::drop_cache_entry(int32_t block) {
+  cache_.erase(block);
+  device_.clear_cached(block);
+  if (logging()) log(kv_event::Evict{block});
+  if (device_.refcount(block) == 0 && config_.poison_on_free) {
+    ops_.poison.push_back(block);
+    if (logging()) log(kv_event::Poison{block});
+  }
+}
+
+int32_t KvCacheManager::evict_cached(int32_t n) {
+  int32_t evicted = 0;
+  while (evicted < n && device_.lru_evictable() >= 0) {
+    drop_cache_entry(device_.lru_evictable());
+    ++evicted;
+  }
+  return evicted;
+}
+
+void KvCacheManager::flush_prefix_cache() {
+  for (int32_t b : cache_.blocks()) drop_cache_entry(b);
+}
+
+KvPlanOps KvCacheManager::take_plan_ops() {
+  KvPlanOps out = std::move(ops_);
+  ops_.clear();
+  return out;
+}
+
+}  // namespace kvp

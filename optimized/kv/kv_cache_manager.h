@@ -1,0 +1,209 @@
+// KvCacheManager: the only API the scheduler uses to manage KV-cache memory.
+//
+// It owns the device pool (BlockAllocator), the host swap pool (a second BlockAllocator),
+// the prefix cache and one SequenceState per sequence. Every method is one state
+// transition; every fallible method either succeeds completely or returns an error and
+// changes nothing at all (no refcount, no list order, no table, no plan op, no log line).
+//
+// Token life cycle of a sequence:
+//   tokens      all known tokens (prompt, generated, speculative drafts): append_tokens
+//   num_slots   positions 0..num_slots-1 have reserved slots: allocate_slots
+//   num_final   positions 0..num_final-1 are final (their K/V is written and will never be
+//               rolled back): mark_final. Only final full blocks enter the prefix cache.
+//   num_final <= num_slots <= tokens.size()
+//
+// Typical use per new sequence: add_sequence; n0 = cached_prefix_tokens(s) (the tokens it
+// may skip); can_allocate(s, len - n0) == kOk; allocate_slots(s, len - n0, mapping) (which
+// first takes the cached prefix) ... after the step ran: mark_final(s, len). Per decode step:
+// append_tokens(s, {t}); allocate_slots(s, 1, mapping); after the step ran: mark_final.
+// take_plan_ops() once per step hands the block copies, swaps and poisons to the backend.
+//
+// Invariants I1, I2, I4, I5, I6 (see shared DESIGN.md) are checked by optimized/invariants.h.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "optimized/kv/block_allocator.h"
+#include "optimized/kv/block_hash.h"
+#include "optimized/kv/block_table.h"
+#include "optimized/kv/event_log.h"
+#include "optimized/kv/kv_pool_shape.h"
+#include "optimized/kv/plan_ops.h"
+#include "optimized/kv/prefix_cache.h"
+
+namespace kvp {
+
+using SeqId = int64_t;
+
+struct KvCacheConfig {
+  // The pools' shape (the manager uses the block counts and block size; the model
+  // dimensions are carried so the engine can check its backend against them).
+  KvPoolShape pool;
+  // Blocks kept free when admitting a sequence that holds no blocks yet, so running
+  // sequences can keep growing (applies to can_allocate/allocate_slots of empty tables).
+  int32_t watermark_blocks = 0;
+  bool enable_prefix_caching = true;
+  // Prefix sharing across tenants (otherwise scoped to a tenant: the tenant is the salt).
+  bool global_prefix_sharing = false;
+  // Freed device blocks are listed in KvPlanOps::poison (audit mode, I7).
+  bool poison_on_free = false;
+  // Bits of SHA-256 kept in the chain hash; tests use a few to force collisions.
+  int hash_bits = 256;
+};
+
+// Returns an error naming the first bad field.
+Status validate(const KvCacheConfig& config);
+
+enum class AllocStatus {
+  kOk,     // allocate_slots would succeed now
+  kLater,  // not enough free blocks now (or the watermark would be crossed)
+  kNever,  // the request can never succeed: the table would exceed the pool, or the
+           // arguments are invalid (unknown or swapped sequence, too few tokens)
+};
+const char* to_string(AllocStatus s);
+
+struct SequenceState {
+  SeqId id = 0;
+  int64_t tenant = 0;
+  std::vector<int32_t> tokens;
+  int64_t num_slots = 0;
+  int64_t num_final = 0;
+  BlockTable table;      // device blocks, or host blocks while swapped
+  bool swapped = false;  // the table names host-pool blocks
+  // Leading full final blocks already offered to the prefix cache.
+  int64_t num_registered_blocks = 0;
+  // Memo: chain hashes of the leading full blocks of `tokens` (pure function of tokens).
+  mutable std::vector<BlockHash> block_hashes;
+};
+
+class KvCacheManager {
+ public:
+  // REQUIRES: validate(config).is_ok().
+  explicit KvCacheManager(const KvCacheConfig& config);
+
+  KvCacheManager(const KvCacheManager&) = delete;
+  KvCacheManager& operator=(const KvCacheManager&) = delete;
+
+  // --- sequences and tokens ---
+
+  // A new sequence with an empty table. Error: id in use.
+  Status add_sequence(SeqId seq, int64_t tenant, std::span<const int32_t> tokens);
+  // Appends known tokens (no slots yet). Error: unknown sequence.
+  Status append_tokens(SeqId seq, std::span<const int32_t> tokens);
+  // Declares positions 0..num_final-1 final; newly full final blocks enter the prefix cache.
+  // Error: unknown or swapped sequence, num_final < current or > num_slots.
+  Status mark_final(SeqId seq, int64_t num_final);
+
+  // --- slots ---
+
+  // For a sequence with an empty table: the number of leading tokens the prefix cache holds
+  // (a multiple of block_size, at most tokens-1 so the last token is always recomputed).
+  // 0 for any other sequence, an unknown one, or with prefix caching off. Does not change
+  // state (it may memoize hashes).
+  int64_t cached_prefix_tokens(SeqId seq) const;
+
+  // Whether allocate_slots(seq, n) would succeed now, and if not, whether it ever could.
+  AllocStatus can_allocate(SeqId seq, int64_t n_new_tokens) const;
+
+  // Reserves slots for positions [s, s + n) where s = num_slots after taking the cached
+  // prefix (an empty table first takes cached_prefix_tokens(seq) blocks from the cache).
+  // Appends the n slots to `slot_mapping`. Writing into a shared or cached last block first
+  // copies it (copy-on-write: a block copy in the plan ops).
+  // REQUIRES of the caller: s + n <= tokens.size().
+  // Succeeds iff can_allocate(seq, n) == kOk; on error nothing changes (not even
+  // `slot_mapping`).
+  Status allocate_slots(SeqId seq, int64_t n_new_tokens, std::vector<int64_t>& slot_mapping);
+
+  // Ends a sequence: its blocks are released tail first (so the tails of cached chains are
+  // the first evicted). Error: unknown sequence.
+  Status free(SeqId seq);
+
+  // A new sequence `child` sharing every block of `parent` (and its tokens, slots, finality).
+  // The first write by either to a shared block copies it. Error: unknown parent, child id
+  // in use, parent swapped.
+  Status fork(SeqId parent, SeqId child);
+
+  // Drops the tail: tokens beyond new_len are forgotten, whole blocks past the end are
+  // released (tail first). Error: unknown sequence, new_len < 0 or > tokens.size().
+  Status truncate(SeqId seq, int64_t new_len);
+
+  // Moves the sequence's blocks to the host pool (plan op swap_out) and releases the device
+  // blocks. Error: unknown or already swapped sequence, too few free host blocks.
+  Status swap_out(SeqId seq);
+  // Whether swap_in(seq) would succeed now.
+  bool can_swap_in(SeqId seq) const;
+  // Moves a swapped sequence back to fresh device blocks (plan op swap_in). Error: unknown
+  // or not swapped sequence, too few available device blocks.
+  Status swap_in(SeqId seq);
+
+  // --- prefix cache ---
+
+  // Evicts up to n least recently released cached blocks; returns how many.
+  int32_t evict_cached(int32_t n);
+  // Forgets every prefix-cache entry; evictable blocks become free.
+  void flush_prefix_cache();
+
+  // --- plan ops and audit ---
+
+  // The ops accumulated since the last call (see plan_ops.h for execution order).
+  KvPlanOps take_plan_ops();
+  const KvPlanOps& pending_plan_ops() const { return ops_; }
+  // Records every later state change in `log` (nullptr: stop). The log must outlive its use.
+  void set_event_log(EventLog* log);
+
+  // --- observers ---
+
+  const KvCacheConfig& config() const { return config_; }
+  int32_t block_size() const { return config_.pool.block_size; }
+  const BlockAllocator& device_allocator() const { return device_; }
+  const BlockAllocator& host_allocator() const { return host_; }
+  const PrefixCache& prefix_cache() const { return cache_; }
+  // nullptr when unknown.
+  const SequenceState* sequence(SeqId seq) const;
+  const std::unordered_map<SeqId, SequenceState>& sequences() const { return seqs_; }
+  int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }
+  // The salt a sequence's blocks are hashed with (0 with global sharing).
+  int64_t salt_of(const SequenceState& s) const {
+    return config_.global_prefix_sharing ? 0 : s.tenant;
+  }
+  // Chain hash of full block i of the sequence's tokens. REQUIRES: (i+1)*block_size <= tokens.
+  const BlockHash& block_hash(const SequenceState& s, int64_t i) const;
+
+ private:
+  friend class KvCacheManagerTestPeer;  // tests corrupt state to prove the checkers see it
+
+  struct PrefixHit {
+    std::vector<int32_t> blocks;
+    int32_t num_evictable = 0;  // hit blocks with refcount 0 (they leave the available pool)
+    int64_t max_blocks = 0;     // blocks that were looked up
+  };
+  PrefixHit find_prefix(const SequenceState& s) const;
+  bool needs_copy_on_write(const SequenceState& s, int64_t n_new_tokens) const;
+  AllocStatus can_allocate(const SequenceState& s, int64_t n_new_tokens,
+                           const PrefixHit& hit) const;
+  int32_t take_device_block(bool is_copy_dst);
+  void release_device_block(int32_t block);
+  void release_tail_to(SequenceState& s, int64_t num_blocks);
+  void register_final_blocks(SequenceState& s);
+  void drop_cache_entry(int32_t block);
+  SequenceState* find(SeqId seq);
+
+  void log(const KvEvent& event);
+  bool logging() const { return log_ != nullptr; }
+
+  KvCacheConfig config_;
+  BlockAllocator device_;
+  BlockAllocator host_;
+  PrefixCache cache_;
+  std::unordered_map<SeqId, SequenceState> seqs_;
+  mutable const SequenceState* last_found_ = nullptr;  // lookup memo, see sequence()
+  KvPlanOps ops_;
+  EventLog* log_ = nullptr;
+};
+
+}  // namespace kvp

@@ -1,0 +1,55 @@
+// `kvproof audit`: evidence for an auditor that one request's cache state never reaches
+// another's. One run of the paged engine on a multi-tenant workload with:
+//   - poison-on-free: every freed block is filled with NaN, so a stale read (a block read
+//     after it was freed, before its new owner wrote it) turns that request's logits NaN;
+//     every logit of every request is scanned for NaN (I7);
+//   - an ownership check of every block every plan asks attention to read: the block is in
+//     use, it is the block the manager's table names at that index for the reading
+//     sequence, and every sequence holding it is in the reader's tenant scope (I4);
+//   - the same tenant-scope check made again by the backend itself, on the block-table rows
+//     its attention kernel is about to read (BatchPlan's audit arrays), before it runs;
+//   - every KV-cache invariant checker after every step;
+//   - the event log written and re-checked by the independent replayer (I1-I5, and I4
+//     across tenants from the log alone);
+//   - every request's logits at every position against the reference (a request that read
+//     another's state would not match).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "common/status.h"
+#include "optimized/engine/workload.h"
+#include "model/weights.h"
+#include "verify/verify.h"
+
+namespace kvp::verify {
+
+struct AuditOptions {
+  VerifyOptions engine;        // pool and schedule (one preemption mode: engine.modes[0])
+  std::string event_log_path;  // where the log is written ("" = kept in memory only)
+};
+
+struct AuditReport {
+  std::vector<CheckResult> checks;
+  int64_t plans = 0;
+  int64_t block_reads = 0;      // (sequence, block) pairs attention read, summed over plans
+  int64_t kv_reads = 0;         // K/V slot reads: per token, context positions x layers x KV heads
+  int64_t blocks_checked = 0;   // distinct blocks read
+  int64_t block_reuses = 0;     // allocations of a block that had held other state before
+  int64_t prefix_hit_tokens = 0;
+  int64_t poisoned_blocks = 0;
+  int64_t tenants = 0;
+  int64_t logits_scanned = 0;
+  int64_t event_log_lines = 0;
+
+  bool passed() const;
+  std::string summary() const;
+  nlohmann::json to_json() const;
+};
+
+Result<AuditReport> run_audit(const Model& model, const Workload& workload, const AuditOptions& options);
+
+}  // namespace kvp::verify

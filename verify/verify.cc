@@ -1,0 +1,335 @@
+#include "verify/verify.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "optimized/backends/cpu_backend.h"
+#include "optimized/backends/plan_validation.h"
+#include "optimized/engine/engine.h"
+#include "optimized/checkers/engine_invariants.h"
+#include "optimized/checkers/invariants.h"
+#include "reference/reference_model.h"
+
+namespace kvp::verify {
+
+namespace {
+const char* mode_name(PreemptionMode m) { return m == PreemptionMode::kSwap ? "swap" : "recompute"; }
+}  // namespace
+
+Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const EngineSetup& s) {
+  EngineConfig ec;
+  ec.kv.pool = pool_shape_for(model.config, s.block_size, s.num_blocks, s.num_host_blocks);
+  ec.kv.watermark_blocks = o.watermark_blocks;
+  ec.kv.enable_prefix_caching = o.prefix_caching;
+  ec.kv.global_prefix_sharing = o.global_prefix_sharing;
+  ec.kv.poison_on_free = o.poison_on_free;
+  ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
+  ec.scheduler.max_num_seqs = o.max_num_seqs;
+  ec.scheduler.max_model_len = o.max_model_len;
+  ec.scheduler.prefill_chunk_size = s.prefill_chunk_size;
+  ec.scheduler.admission = o.admission;
+  ec.scheduler.preemption = s.mode;
+  ec.vocab_size = model.config.vocab_size;
+  ec.audit_reads = o.audit_reads;
+  KVP_RETURN_IF_ERROR(validate(ec));
+  CpuBackendConfig bc;
+  bc.pool = ec.kv.pool;
+  bc.num_threads = o.num_threads;
+  auto backend = CpuBackend::create(model, bc);
+  if (!backend) return backend.status();
+  LiveEngine live;
+  live.backend = std::move(*backend);
+  auto engine = Engine::create(ec, *live.backend);
+  if (!engine) return engine.status();
+  live.engine = std::move(*engine);
+  return live;
+}
+
+Status check_plan(const Engine& e, const BatchPlan& plan, CheckResult& inv) {
+  if (Status s = kvp::check_plan(e, plan); !s) {
+    inv.passed = false;
+    if (inv.detail.empty()) inv.detail = s.message();
+    return Status::error(inv.detail);
+  }
+  return Status::ok();
+}
+
+Status check_state(const Engine& e, const BatchPlan& plan, CheckResult& inv) {
+  ++inv.count;
+  if (Status s = check_engine_state(e); !s) {
+    inv.passed = false;
+    if (inv.detail.empty()) inv.detail = "after step " + std::to_string(plan.step) + ": " + s.message();
+    return Status::error(inv.detail);
+  }
+  return Status::ok();
+}
+
+void install_step_checks(Engine& engine, CheckResult& inv) {
+  engine.set_plan_observer([&inv](const Engine& e, const BatchPlan& plan) { return check_plan(e, plan, inv); });
+  engine.set_step_observer([&inv](const Engine& e, const BatchPlan& plan) { return check_state(e, plan, inv); });
+}
+
+namespace {
+double row_max_abs(const ref::Matrix<double>& m, Eigen::Index r) { return m.row(r).cwiseAbs().maxCoeff(); }
+}  // namespace
+
+void check_against_reference(const ReferenceModel<double>& oracle, const Request& r, double tol, CheckResult& logits,
+                             CheckResult& greedy, const std::string& label) {
+  int64_t last = -1;
+  for (std::size_t p = 0; p < r.logits.size(); ++p)
+    if (!r.logits[p].empty()) last = static_cast<int64_t>(p);
+  if (last < 0) return;
+  auto cache = oracle.make_cache(last + 1);
+  auto ref = oracle.forward(std::span<const int32_t>(r.tokens.data(), static_cast<std::size_t>(last + 1)), cache);
+  if (!ref) {
+    logits.passed = false;
+    logits.detail = label + ": reference failed: " + ref.status().message();
+    return;
+  }
+  const int64_t vocab = ref->cols();
+  for (int64_t p = 0; p <= last; ++p) {
+    const std::vector<float>& got = r.logits[static_cast<std::size_t>(p)];
+    if (got.empty()) continue;
+    ++logits.count;
+    const double scale = row_max_abs(*ref, p);
+    double err = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double d = std::abs(static_cast<double>(got[static_cast<std::size_t>(v)]) - (*ref)(p, v));
+      err = std::max(err, std::isnan(d) ? INFINITY : d);
+    }
+    const double rel = err / scale;
+    logits.worst_error = std::max(logits.worst_error, rel);
+    if (!(rel <= tol) && logits.passed) {
+      logits.passed = false;
+      logits.detail = label + " position " + std::to_string(p) + ": max |engine - reference| = " + std::to_string(err) +
+                      " (" + std::to_string(rel) + " of the row's max logit, tolerance " + std::to_string(tol) + ")";
+    }
+    // Greedy tokens: the token generated from position p's logits.
+    const int64_t k = p + 1 - r.num_prompt();
+    const bool sampled_here = k >= 0 && k < r.num_generated() &&
+                              k >= static_cast<int64_t>(r.spec.forced_tokens.size());
+    if (!sampled_here || !r.spec.sampling.greedy()) continue;
+    Eigen::Index best = 0;
+    ref->row(p).maxCoeff(&best);
+    double second = -INFINITY;
+    for (int64_t v = 0; v < vocab; ++v)
+      if (v != best) second = std::max(second, (*ref)(p, v));
+    if ((*ref)(p, best) - second <= tol * scale) continue;  // too close to call
+    ++greedy.count;
+    const int32_t engine_token = r.tokens[static_cast<std::size_t>(p + 1)];
+    if (engine_token != best && greedy.passed) {
+      greedy.passed = false;
+      greedy.detail = label + " position " + std::to_string(p) + ": engine chose " + std::to_string(engine_token) +
+                      ", reference arg-max " + std::to_string(best);
+    }
+  }
+}
+
+namespace {
+std::string fmt(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
+}  // namespace
+
+bool VerifyReport::passed() const {
+  return std::all_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.passed; });
+}
+
+Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in, const VerifyOptions& o) {
+  VerifyReport report;
+  Workload workload = workload_in;
+  for (WorkloadRequest& r : workload.requests) r.spec.capture_logits = true;
+  const ReferenceModel<double> oracle(model);
+  for (PreemptionMode mode : o.modes) {
+    const std::string m = mode_name(mode);
+    CheckResult inv("invariants[" + m + "]"), terminal("terminal-states[" + m + "]"), leak("no-leak[" + m + "]"),
+        logits("logits-vs-reference[" + m + "]"), greedy("greedy-tokens[" + m + "]"),
+        recompute("recompute-bitwise[" + m + "]"), isolation("non-interference[" + m + "]");
+
+    auto live = make_engine(model, o, {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
+    if (!live) return live.status();
+    Engine& engine = *live->engine;
+    install_step_checks(engine, inv);
+    auto run = run_workload(engine, workload, o.max_steps);
+    if (!run && inv.passed) {
+      inv.passed = false;
+      inv.detail = "engine run failed: " + run.status().message();
+    }
+    // Every request the engine knows: the workload's and the parallel samples forked from them.
+    std::vector<RequestId> ids;
+    for (const auto& [id, r] : engine.requests())
+      if (run) ids.push_back(id);
+
+    // Terminal states: every request ended exactly once, in a reported state.
+    for (std::size_t i = 0; run && i < ids.size(); ++i) {
+      ++terminal.count;
+      const Request& r = engine.request(ids[i]);
+      if ((!r.finished() || r.finish == FinishReason::kNone) && terminal.passed) {
+        terminal.passed = false;
+        terminal.detail = "request " + std::to_string(ids[i]) + " did not reach a terminal state";
+      }
+    }
+    // No leak, then all free after a flush.
+    if (run) {
+      Status s = check_no_leak(engine.kv());
+      if (s) {
+        engine.kv_mutable().flush_prefix_cache();
+        s = check_all_free(engine.kv());
+      }
+      leak.count = engine.kv().device_allocator().num_blocks() + engine.kv().host_allocator().num_blocks();
+      if (!s) {
+        leak.passed = false;
+        leak.detail = s.message();
+      }
+    }
+    // Logits and greedy tokens against the reference; bitwise recompute.
+    for (std::size_t i = 0; run && i < ids.size(); ++i) {
+      const Request& r = engine.request(ids[i]);
+      if (r.finish == FinishReason::kRejected) continue;
+      check_against_reference(oracle, r, o.tolerance, logits, greedy, "request " + std::to_string(ids[i]));
+      recompute.count += r.num_preemptions;
+      if (r.recomputed_logit_mismatches > 0 && recompute.passed) {
+        recompute.passed = false;
+        recompute.detail = "request " + std::to_string(ids[i]) + ": " + std::to_string(r.recomputed_logit_mismatches) +
+                           " recomputed positions differ bitwise";
+      }
+    }
+    // Non-interference: sample requests re-run alone under another schedule.
+    std::vector<std::size_t> sample;
+    for (std::size_t i = 0; run && i < ids.size(); ++i) {
+      const Request& r = engine.request(ids[i]);
+      if (r.finish == FinishReason::kLength || r.finish == FinishReason::kStop) sample.push_back(i);
+    }
+    // The most preempted requests, plus one parallel sample (it shared blocks and copied on write).
+    std::stable_sort(sample.begin(), sample.end(), [&](std::size_t a, std::size_t b) {
+      return engine.request(ids[a]).num_preemptions > engine.request(ids[b]).num_preemptions;
+    });
+    auto first_fork = std::find_if(sample.begin(), sample.end(), [&](std::size_t i) { return engine.request(ids[i]).parent >= 0; });
+    const auto keep = static_cast<std::size_t>(std::max(0, o.isolation_samples - 1));
+    if (first_fork != sample.end() && static_cast<std::size_t>(first_fork - sample.begin()) >= keep) {
+      std::rotate(sample.begin() + static_cast<std::ptrdiff_t>(std::min(keep, sample.size())), first_fork, first_fork + 1);
+    }
+    sample.resize(std::min<std::size_t>(sample.size(), static_cast<std::size_t>(o.isolation_samples)));
+    for (std::size_t i : sample) {
+      const Request& original = engine.request(ids[i]);
+      const int32_t alt_block = o.block_size == 16 ? 8 : 16;
+      const int32_t blocks = static_cast<int32_t>((o.max_model_len + alt_block - 1) / alt_block) + 2;
+      const PreemptionMode alt_mode = mode == PreemptionMode::kSwap ? PreemptionMode::kRecompute : PreemptionMode::kSwap;
+      auto alone = make_engine(model, o, {alt_block, blocks, blocks, std::max(1, o.prefill_chunk_size / 2 - 1), alt_mode});
+      if (!alone) return alone.status();
+      // The request as the engine ran it (a parallel sample is a plain request with its seed).
+      WorkloadRequest wr;
+      wr.spec = original.spec;
+      wr.spec.max_tokens = std::max<int64_t>(1, original.num_generated());
+      auto solo = run_workload(*alone->engine, Workload{"solo", {wr}}, o.max_steps);
+      ++isolation.count;
+      if (!solo) {
+        isolation.passed = false;
+        isolation.detail = "request " + std::to_string(ids[i]) + " alone: " + solo.status().message();
+        continue;
+      }
+      const Request& again = alone->engine->request(solo->ids[0]);
+      std::string diff;
+      if (again.tokens != original.tokens) diff = "tokens differ";
+      else if (again.logits.size() != original.logits.size())
+        diff = "logits for " + std::to_string(again.logits.size()) + " vs " + std::to_string(original.logits.size()) + " positions";
+      // Positions served from the prefix cache in one run have no logits there: compare the rest.
+      for (std::size_t p = 0; diff.empty() && p < again.logits.size(); ++p)
+        if (!again.logits[p].empty() && !original.logits[p].empty() && again.logits[p] != original.logits[p])
+          diff = "logits at position " + std::to_string(p) + " differ bitwise";
+      if (!diff.empty() && isolation.passed) {
+        isolation.passed = false;
+        isolation.detail = "request " + std::to_string(ids[i]) + ": " + diff + " when run alone (block size " +
+                           std::to_string(alt_block) + ", chunk " + std::to_string(std::max(1, o.prefill_chunk_size / 2 - 1)) +
+                           ", " + mode_name(alt_mode) + ")";
+      }
+    }
+    if (isolation.count == 0 && isolation.passed) isolation.detail = "no finished request to sample";
+    if (isolation.passed && isolation.count > 0) {
+      int64_t forked = 0;
+      for (std::size_t i : sample) forked += engine.request(ids[i]).parent >= 0 ? 1 : 0;
+      isolation.detail = std::to_string(forked) + " of them parallel samples (forked, copy-on-write)";
+    }
+
+    for (CheckResult* c : {&inv, &terminal, &leak, &logits, &greedy, &recompute, &isolation}) report.checks.push_back(*c);
+    report.runs.emplace_back(m, engine.metrics());
+  }
+  return report;
+}
+
+std::string VerifyReport::table() const {
+  std::ostringstream out;
+  char line[512];
+  std::snprintf(line, sizeof line, "%-34s %-6s %10s %10s  %s\n", "check", "result", "count", "worst", "detail");
+  out << line;
+  for (const CheckResult& c : checks) {
+    std::snprintf(line, sizeof line, "%-34s %-6s %10lld %10s  %s\n", c.name.c_str(), c.passed ? "PASS" : "FAIL",
+                  static_cast<long long>(c.count), c.worst_error > 0 ? fmt(c.worst_error).c_str() : "-",
+                  c.detail.c_str());
+    out << line;
+  }
+  for (const auto& [mode, m] : runs) {
+    const EngineCounters& k = m.counters;
+    std::snprintf(line, sizeof line,
+                  "run[%s]: %lld steps, %lld tokens; preemptions %lld, swaps out/in %lld/%lld, copy-on-writes %lld, "
+                  "prefix-hit tokens %lld (%.0f%%), cancellations %lld, rejections %lld, poisoned blocks %lld, "
+                  "KV utilization %.2f, peak pool %.0f%%\n",
+                  mode.c_str(), static_cast<long long>(k.steps), static_cast<long long>(k.scheduled_tokens),
+                  static_cast<long long>(k.preemptions), static_cast<long long>(k.swaps_out),
+                  static_cast<long long>(k.swaps_in), static_cast<long long>(k.copy_on_writes),
+                  static_cast<long long>(k.prefix_hit_tokens), 100 * m.prefix_hit_rate,
+                  static_cast<long long>(k.cancellations), static_cast<long long>(k.rejections),
+                  static_cast<long long>(k.poisoned_blocks), m.kv_utilization, 100 * k.peak_pool_occupancy);
+    out << line;
+  }
+  out << "verdict: " << (passed() ? "PASS" : "FAIL") << "\n";
+  return out.str();
+}
+
+nlohmann::json VerifyReport::to_json() const {
+  nlohmann::json j;
+  j["passed"] = passed();
+  for (const CheckResult& c : checks)
+    j["checks"].push_back({{"name", c.name}, {"passed", c.passed}, {"count", c.count}, {"worst_error", c.worst_error}, {"detail", c.detail}});
+  for (const auto& [mode, m] : runs) j["runs"][mode] = m.to_json();
+  return j;
+}
+
+std::string VerifyReport::to_junit() const {
+  auto escape = [](const std::string& s) {
+    std::string o;
+    for (char ch : s) {
+      switch (ch) {
+        case '&': o += "&amp;"; break;
+        case '<': o += "&lt;"; break;
+        case '>': o += "&gt;"; break;
+        case '"': o += "&quot;"; break;
+        default: o += ch;
+      }
+    }
+    return o;
+  };
+  int64_t failures = 0;
+  for (const CheckResult& c : checks) failures += c.passed ? 0 : 1;
+  std::ostringstream out;
+  out << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  out << "<testsuite name=\"kvproof.verify\" tests=\"" << checks.size() << "\" failures=\"" << failures << "\">\n";
+  for (const CheckResult& c : checks) {
+    out << "  <testcase classname=\"kvproof.verify\" name=\"" << escape(c.name) << "\">";
+    if (!c.passed) out << "<failure message=\"" << escape(c.detail) << "\"/>";
+    out << "<system-out>" << escape("count " + std::to_string(c.count) + ", worst " + fmt(c.worst_error) + "; " + c.detail)
+        << "</system-out></testcase>\n";
+  }
+  out << "</testsuite>\n";
+  return out.str();
+}
+
+}  // namespace kvp::verify

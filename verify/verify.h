@@ -1,0 +1,104 @@
+// `kvproof verify`: the CI verdict. Runs a workload through the paged engine (with a pool
+// small enough that preemption, swapping, prefix hits, chunked prefill and cancellation
+// happen) and checks, with the reference transformer as the oracle:
+//   invariants   every KV-cache invariant checker and the scheduler's bounds after every step
+//   terminal     every request ends exactly once, in a reported state (S3)
+//   no-leak      nothing held once all requests ended; all free after a prefix-cache flush (I6)
+//   logits       the engine's logits at every position against ReferenceModel<double>,
+//                |a - r| <= tol * max|r_row|, tol = 2e-5: the fp32-vs-fp64 bound asserted
+//                in tests/reference_model_test.cc (measured 6.7e-7), with a safety factor
+//   greedy       greedy tokens equal the reference's arg-max wherever its top-2 margin
+//                exceeds the tolerance
+//   recompute    positions computed twice (preemption by recompute) give bitwise equal logits
+//   isolation    chosen requests re-run alone under another schedule (block size, chunk
+//                size, preemption mode): bitwise equal tokens and logits (N1)
+// One run per preemption mode.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "common/status.h"
+#include "optimized/backends/cpu_backend.h"
+#include "optimized/engine/engine.h"
+#include "optimized/engine/metrics.h"
+#include "optimized/engine/scheduler.h"
+#include "optimized/engine/workload.h"
+#include "reference/reference_model.h"
+#include "model/weights.h"
+
+namespace kvp::verify {
+
+struct VerifyOptions {
+  int32_t block_size = 4;
+  int32_t num_blocks = 48;
+  int32_t num_host_blocks = 24;
+  int32_t watermark_blocks = 1;
+  int32_t max_num_batched_tokens = 64;
+  int32_t max_num_seqs = 8;
+  int32_t prefill_chunk_size = 24;
+  int64_t max_model_len = 512;
+  AdmissionRule admission = AdmissionRule::kOptimistic;
+  std::vector<PreemptionMode> modes = {PreemptionMode::kRecompute, PreemptionMode::kSwap};
+  bool prefix_caching = true;
+  bool global_prefix_sharing = false;
+  bool poison_on_free = true;
+  bool audit_reads = false;  // the backend checks the tenant scope of every block read
+  int num_threads = 2;
+  double tolerance = 2e-5;
+  int isolation_samples = 4;  // the most preempted requests and one parallel sample
+  int64_t max_steps = 100000;
+};
+
+struct CheckResult {
+  explicit CheckResult(std::string n) : name(std::move(n)) {}
+  std::string name;
+  bool passed = true;
+  int64_t count = 0;         // things checked (steps, positions, requests)
+  double worst_error = 0;    // where it applies
+  std::string detail;        // first failure, or a summary
+};
+
+struct VerifyReport {
+  std::vector<CheckResult> checks;
+  std::vector<std::pair<std::string, EngineMetrics>> runs;  // per preemption mode
+  bool passed() const;
+  std::string table() const;
+  nlohmann::json to_json() const;
+  std::string to_junit() const;
+};
+
+// Shared by verify and audit.
+struct EngineSetup {
+  int32_t block_size;
+  int32_t num_blocks;
+  int32_t num_host_blocks;
+  int32_t prefill_chunk_size;
+  PreemptionMode mode;
+};
+struct LiveEngine {
+  std::unique_ptr<CpuBackend> backend;
+  std::unique_ptr<Engine> engine;
+};
+// An engine on the CPU backend: the pool and schedule of `setup`, the rest from `options`.
+Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& options, const EngineSetup& setup);
+// The checks of a plan before it runs (I3 exclusive write, I5 slot mapping, I8 bounds) and
+// of the state after a step (every KvCacheManager invariant). A failure is recorded in
+// `result` (first one kept) and returned, which stops the engine.
+Status check_plan(const Engine& e, const BatchPlan& plan, CheckResult& result);
+Status check_state(const Engine& e, const BatchPlan& plan, CheckResult& result);
+// Installs both as the engine's observers.
+void install_step_checks(Engine& engine, CheckResult& result);
+// The request's captured logits at every position against the fp64 reference (into
+// `logits`), and its greedy tokens against the reference's arg-max (into `greedy`).
+void check_against_reference(const ReferenceModel<double>& oracle, const Request& r, double tolerance, CheckResult& logits,
+                             CheckResult& greedy, const std::string& label);
+
+// Errors are for bad options or a backend/engine that could not run at all; a failing check
+// is a VerifyReport with passed() == false.
+Result<VerifyReport> run_verify(const Model& model, const Workload& workload, const VerifyOptions& options);
+
+}  // namespace kvp::verify
