@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "optimized/checkers/invariants.h"
 #include "optimized/kv/kv_cache_manager.h"
 
 namespace kvp::testing {
@@ -81,6 +82,7 @@ class KvHarness {
   std::vector<Cell> device_pool_, host_pool_;
   std::map<SeqId, ModelSeq> model_;
   SeqId next_id_ = 0;
+  ChainHashMemo hash_memo_;
   int64_t commands_ = 0;
 };
 

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang, ASan + UBSan) and runs each for SECONDS seconds
-# on a scratch copy of its checked-in corpus. Fails on any crash, leak or sanitizer report.
+# on a scratch copy of its checked-in corpus. Fails on any crash, leak or sanitizer report,
+# and when a target runs fewer executions per second than its floor (a fuzzer that barely
+# runs is a fuzzer that does not test: the floors are set well under what this 2-core
+# machine measures idle, so a loaded CI machine still passes).
 #   scripts/fuzz.sh [SECONDS] [fuzzer-name ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,16 +14,27 @@ names=("$@")
 if [ ${#names[@]} -eq 0 ]; then
   for f in build-fuzz/bin/fuzz_*; do names+=("$(basename "$f" | sed 's/^fuzz_//')"); done
 fi
+# Per target: executions per second at least (under ASan + UBSan), and libFuzzer options.
+declare -A floor=([kv_ops]=150 [event_log]=200 [checkpoint]=200 [trace]=200)
+declare -A extra=([kv_ops]="-max_len=456")  # fuzz_kv_ops reads at most 64 commands (8 + 64 x 7 bytes)
 status=0
 for n in "${names[@]}"; do
   bin="build-fuzz/bin/fuzz_$n"
   scratch="$(mktemp -d)"
   dict=()
   [ -f "fuzz/$n.dict" ] && dict=(-dict="fuzz/$n.dict")
-  if "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+  # shellcheck disable=SC2086
+  if "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 ${extra[$n]:-} \
        -artifact_prefix="$scratch/" "${dict[@]}" "$scratch" "fuzz/corpus/$n" >"$scratch/log" 2>&1; then
-    execs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$scratch/log" | grep -oE '[0-9]+$' || echo "?")
-    echo "fuzz $n: ${seconds}s, $execs executions, no crash"
+    execs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$scratch/log" | grep -oE '[0-9]+$' || echo 0)
+    rate=$(grep -oE 'stat::average_exec_per_sec: *[0-9]+' "$scratch/log" | grep -oE '[0-9]+$' || echo 0)
+    min=${floor[$n]:-100}
+    if [ "$rate" -lt "$min" ]; then
+      echo "fuzz $n: ${seconds}s, $execs executions, $rate exec/s: FAILED, under the floor of $min exec/s"
+      status=1
+    else
+      echo "fuzz $n: ${seconds}s, $execs executions, $rate exec/s (floor $min), no crash"
+    fi
   else
     echo "fuzz $n: FAILED (crash inputs and log kept in $scratch)"; tail -40 "$scratch/log"; status=1
     continue

@@ -319,7 +319,7 @@ Status check_slot_mapping(const KvCacheManager& m, SeqId seq, int64_t start,
   return Status::ok();
 }
 
-Status check_prefix_cache(const KvCacheManager& m) {
+Status check_prefix_cache(const KvCacheManager& m, ChainHashMemo* memo) {
   const BlockAllocator& a = m.device_allocator();
   const PrefixCache& cache = m.prefix_cache();
   const int64_t bs = m.block_size();
@@ -356,10 +356,19 @@ Status check_prefix_cache(const KvCacheManager& m) {
       if (!a.is_current(e.parent) || !cache.contains(e.parent.block)) continue;  // stale chain
       parent = &cache.entry(e.parent.block).hash;
     }
+    ChainHashMemo::Verified* seen = nullptr;
+    if (memo != nullptr) {
+      if (memo->by_block.size() < static_cast<size_t>(a.num_blocks())) memo->by_block.resize(static_cast<size_t>(a.num_blocks()));
+      seen = &memo->by_block[static_cast<size_t>(b)];
+      if (seen->valid && seen->has_parent == (parent != nullptr) && (parent == nullptr || seen->parent == *parent) &&
+          seen->salt == e.salt && seen->tokens == e.tokens && seen->hash == e.hash)
+        continue;
+    }
     if (chain_hash(parent, e.salt, e.tokens, m.config().hash_bits) != e.hash) {
       return Status::error("prefix cache: block " + str(b) +
                            " entry hash is not the chain hash of its parent, salt and tokens");
     }
+    if (seen != nullptr) *seen = {true, parent != nullptr, parent != nullptr ? *parent : BlockHash{}, e.salt, e.tokens, e.hash};
   }
   return Status::ok();
 }
@@ -401,12 +410,12 @@ Status check_all_free(const KvCacheManager& m) {
   return Status::ok();
 }
 
-Status check_all(const KvCacheManager& m) {
+Status check_all(const KvCacheManager& m, ChainHashMemo* memo) {
   KVP_RETURN_IF_ERROR(check_conservation(m));
   KVP_RETURN_IF_ERROR(check_refcounts(m));
   KVP_RETURN_IF_ERROR(check_mapping(m));
   KVP_RETURN_IF_ERROR(check_isolation(m));
-  KVP_RETURN_IF_ERROR(check_prefix_cache(m));
+  KVP_RETURN_IF_ERROR(check_prefix_cache(m, memo));
   return check_no_leak(m);
 }
 

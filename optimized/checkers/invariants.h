@@ -46,7 +46,24 @@ Status check_slot_mapping(const KvCacheManager& m, SeqId seq, int64_t start,
 // Prefix-cache consistency: a device block is marked cached iff the cache has an entry for
 // it; each entry is indexed once under its hash; the hash is the chain hash of its parent's
 // hash (while the parent is still current), salt and tokens.
-Status check_prefix_cache(const KvCacheManager& m);
+Status check_prefix_cache(const KvCacheManager& m, struct ChainHashMemo* memo = nullptr);
+
+// Entries whose chain hash check_prefix_cache recomputed and found right, kept with the exact
+// inputs (parent hash, salt, tokens) and the hash: an entry seen again with the same inputs
+// and hash is not hashed again. That makes the check after every operation (the fuzzers,
+// the property tests) cost a comparison per unchanged entry instead of a SHA-256, and hides
+// nothing: any change of an input or of the stored hash is recomputed.
+struct ChainHashMemo {
+  struct Verified {
+    bool valid = false;
+    bool has_parent = false;
+    BlockHash parent{};
+    int64_t salt = 0;
+    std::vector<int32_t> tokens;
+    BlockHash hash{};
+  };
+  std::vector<Verified> by_block;
+};
 
 // I6 no leak: with no sequences, no block of either pool is in use and every refcount is 0.
 // (Holds trivially while sequences exist.)
@@ -86,6 +103,6 @@ Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBoun
                   PlanReadStats* stats = nullptr);
 
 // All of the above that hold at any time (I1, I2, I4, I5, prefix cache, I6).
-Status check_all(const KvCacheManager& m);
+Status check_all(const KvCacheManager& m, ChainHashMemo* memo = nullptr);
 
 }  // namespace kvp

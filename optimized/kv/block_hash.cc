@@ -1,12 +1,43 @@
 #include "optimized/kv/block_hash.h"
 
-#include <openssl/sha.h>
+#include <openssl/evp.h>
 
+#include <cstring>
 #include <vector>
 
 #include "common/status.h"
 
 namespace kvp {
+
+namespace {
+
+// OpenSSL's one-shot SHA256() fetches the algorithm and allocates a digest context on every
+// call; a sequence's prefix hashes are on the scheduler's hot path, so each thread fetches
+// once and reuses one context (the handle and context are never shared across threads).
+class Sha256 {
+ public:
+  Sha256() : md_(EVP_MD_fetch(nullptr, "SHA256", nullptr)), ctx_(EVP_MD_CTX_new()) {
+    KVP_CHECK(md_ != nullptr && ctx_ != nullptr);
+  }
+  ~Sha256() {
+    EVP_MD_CTX_free(ctx_);
+    EVP_MD_free(md_);
+  }
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+
+  void digest(const uint8_t* data, size_t n, uint8_t* out) {
+    unsigned int len = 0;
+    KVP_CHECK(EVP_DigestInit_ex2(ctx_, md_, nullptr) == 1 && EVP_DigestUpdate(ctx_, data, n) == 1 &&
+              EVP_DigestFinal_ex(ctx_, out, &len) == 1 && len == 32);
+  }
+
+ private:
+  EVP_MD* md_;
+  EVP_MD_CTX* ctx_;
+};
+
+}  // namespace
 
 BlockHash chain_hash(const BlockHash* parent, int64_t salt, std::span<const int32_t> tokens,
                      int hash_bits) {
@@ -36,7 +67,8 @@ BlockHash chain_hash(const BlockHash* parent, int64_t salt, std::span<const int3
     for (int i = 0; i < 4; ++i) *p++ = static_cast<uint8_t>(u >> (8 * i));
   }
   BlockHash h;
-  SHA256(buf, n, h.data());
+  thread_local Sha256 sha256;
+  sha256.digest(buf, n, h.data());
   if (hash_bits < 256) {
     const int full_bytes = hash_bits / 8;
     const int rem = hash_bits % 8;
