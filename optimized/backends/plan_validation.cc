@@ -10,27 +10,34 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-Status check_block(int64_t id, int64_t num_blocks, const char* pool, const std::string& where) {
+// `where` makes the message's prefix only when the check fails: validation runs on every
+// plan, and building strings on the success path would cost more than the checks.
+template <typename Where>
+Status check_block(int64_t id, int64_t num_blocks, const char* pool, const Where& where) {
   if (id < 0 || id >= num_blocks)
-    return Status::error(where + ": block " + str(id) + " is outside the " + pool + " pool [0, " + str(num_blocks) +
-                         ")");
+    return Status::error(std::string(where()) + ": block " + str(id) + " is outside the " + pool + " pool [0, " +
+                         str(num_blocks) + ")");
   return Status::ok();
+}
+
+auto fixed(const char* text) {
+  return [text] { return text; };
 }
 
 Status validate_ops(const KvPlanOps& ops, const KvPoolShape& pool) {
   const int64_t dev = pool.num_device_blocks, host = pool.num_host_blocks;
   for (const BlockCopy& s : ops.swap_out) {
-    KVP_RETURN_IF_ERROR(check_block(s.src, dev, "device", "plan: swap_out source"));
-    KVP_RETURN_IF_ERROR(check_block(s.dst, host, "host", "plan: swap_out destination"));
+    KVP_RETURN_IF_ERROR(check_block(s.src, dev, "device", fixed("plan: swap_out source")));
+    KVP_RETURN_IF_ERROR(check_block(s.dst, host, "host", fixed("plan: swap_out destination")));
   }
   for (const BlockCopy& s : ops.block_copies) {
-    KVP_RETURN_IF_ERROR(check_block(s.src, dev, "device", "plan: block copy source"));
-    KVP_RETURN_IF_ERROR(check_block(s.dst, dev, "device", "plan: block copy destination"));
+    KVP_RETURN_IF_ERROR(check_block(s.src, dev, "device", fixed("plan: block copy source")));
+    KVP_RETURN_IF_ERROR(check_block(s.dst, dev, "device", fixed("plan: block copy destination")));
   }
-  for (int32_t b : ops.poison) KVP_RETURN_IF_ERROR(check_block(b, dev, "device", "plan: poison"));
+  for (int32_t b : ops.poison) KVP_RETURN_IF_ERROR(check_block(b, dev, "device", fixed("plan: poison")));
   for (const BlockCopy& s : ops.swap_in) {
-    KVP_RETURN_IF_ERROR(check_block(s.src, host, "host", "plan: swap_in source"));
-    KVP_RETURN_IF_ERROR(check_block(s.dst, dev, "device", "plan: swap_in destination"));
+    KVP_RETURN_IF_ERROR(check_block(s.src, host, "host", fixed("plan: swap_in source")));
+    KVP_RETURN_IF_ERROR(check_block(s.dst, dev, "device", fixed("plan: swap_in destination")));
   }
   return Status::ok();
 }
@@ -108,31 +115,31 @@ Status validate_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanL
                            str(num_tokens) + " tokens");
   }
   for (std::size_t i = 0; i < n_seqs; ++i) {
-    const std::string where = "plan: sequence " + str(static_cast<int64_t>(i));
+    const auto where = [i] { return "plan: sequence " + str(static_cast<int64_t>(i)); };
     const int64_t start = plan.query_start[i];
     const int64_t end = plan.query_start[i + 1];
     const int64_t context_len = plan.context_lens[i];
-    if (end <= start) return Status::error(where + ": query_start must increase (every sequence has a new token)");
-    if (end > num_tokens) return Status::error(where + ": query_start runs past the tokens");
+    if (end <= start) return Status::error(where() + ": query_start must increase (every sequence has a new token)");
+    if (end > num_tokens) return Status::error(where() + ": query_start runs past the tokens");
     if (context_len < end - start)
-      return Status::error(where + ": context_len " + str(context_len) + " is shorter than its " + str(end - start) +
+      return Status::error(where() + ": context_len " + str(context_len) + " is shorter than its " + str(end - start) +
                            " new tokens");
     if (context_len > limits.max_position_embeddings)
-      return Status::error(where + ": context_len " + str(context_len) + " exceeds max_position_embeddings " +
+      return Status::error(where() + ": context_len " + str(context_len) + " exceeds max_position_embeddings " +
                            str(limits.max_position_embeddings));
     const int64_t blocks = kernels::blocks_for_tokens(context_len, bs);
     if (blocks > plan.max_blocks_per_seq)
-      return Status::error(where + ": context_len " + str(context_len) + " needs " + str(blocks) +
+      return Status::error(where() + ": context_len " + str(context_len) + " needs " + str(blocks) +
                            " blocks, max_blocks_per_seq is " + str(plan.max_blocks_per_seq));
     const int32_t* table = plan.block_tables.data() + i * static_cast<std::size_t>(plan.max_blocks_per_seq);
     for (int64_t j = 0; j < blocks; ++j)
-      KVP_RETURN_IF_ERROR(
-          check_block(table[j], pool.num_device_blocks, "device", where + ": block table entry " + str(j)));
+      KVP_RETURN_IF_ERROR(check_block(table[j], pool.num_device_blocks, "device",
+                                      [&] { return where() + ": block table entry " + str(j); }));
     // The new tokens are the sequence's last ones, in order.
     for (int64_t t = start; t < end; ++t) {
       const int64_t expected = context_len - (end - t);
       if (plan.positions[static_cast<std::size_t>(t)] != expected)
-        return Status::error(where + ": positions[" + str(t) + "] = " + str(plan.positions[static_cast<std::size_t>(t)]) +
+        return Status::error(where() + ": positions[" + str(t) + "] = " + str(plan.positions[static_cast<std::size_t>(t)]) +
                              ", expected " + str(expected) + " (new tokens are the last of context_len " +
                              str(context_len) + ")");
     }
