@@ -108,31 +108,33 @@ Status validate_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanL
                            str(num_tokens) + " tokens");
   }
   for (std::size_t i = 0; i < n_seqs; ++i) {
-    const std::string where = "plan: sequence " + str(static_cast<int64_t>(i));
+    // Messages are built only on an error: this loop runs for every sequence of every step.
+    auto where = [i] { return "plan: sequence " + str(static_cast<int64_t>(i)); };
     const int64_t start = plan.query_start[i];
     const int64_t end = plan.query_start[i + 1];
     const int64_t context_len = plan.context_lens[i];
-    if (end <= start) return Status::error(where + ": query_start must increase (every sequence has a new token)");
-    if (end > num_tokens) return Status::error(where + ": query_start runs past the tokens");
+    if (end <= start) return Status::error(where() + ": query_start must increase (every sequence has a new token)");
+    if (end > num_tokens) return Status::error(where() + ": query_start runs past the tokens");
     if (context_len < end - start)
-      return Status::error(where + ": context_len " + str(context_len) + " is shorter than its " + str(end - start) +
+      return Status::error(where() + ": context_len " + str(context_len) + " is shorter than its " + str(end - start) +
                            " new tokens");
     if (context_len > limits.max_position_embeddings)
-      return Status::error(where + ": context_len " + str(context_len) + " exceeds max_position_embeddings " +
+      return Status::error(where() + ": context_len " + str(context_len) + " exceeds max_position_embeddings " +
                            str(limits.max_position_embeddings));
     const int64_t blocks = kernels::blocks_for_tokens(context_len, bs);
     if (blocks > plan.max_blocks_per_seq)
-      return Status::error(where + ": context_len " + str(context_len) + " needs " + str(blocks) +
+      return Status::error(where() + ": context_len " + str(context_len) + " needs " + str(blocks) +
                            " blocks, max_blocks_per_seq is " + str(plan.max_blocks_per_seq));
     const int32_t* table = plan.block_tables.data() + i * static_cast<std::size_t>(plan.max_blocks_per_seq);
-    for (int64_t j = 0; j < blocks; ++j)
-      KVP_RETURN_IF_ERROR(
-          check_block(table[j], pool.num_device_blocks, "device", where + ": block table entry " + str(j)));
+    for (int64_t j = 0; j < blocks; ++j) {
+      if (table[j] < 0 || table[j] >= pool.num_device_blocks)
+        return check_block(table[j], pool.num_device_blocks, "device", where() + ": block table entry " + str(j));
+    }
     // The new tokens are the sequence's last ones, in order.
     for (int64_t t = start; t < end; ++t) {
       const int64_t expected = context_len - (end - t);
       if (plan.positions[static_cast<std::size_t>(t)] != expected)
-        return Status::error(where + ": positions[" + str(t) + "] = " + str(plan.positions[static_cast<std::size_t>(t)]) +
+        return Status::error(where() + ": positions[" + str(t) + "] = " + str(plan.positions[static_cast<std::size_t>(t)]) +
                              ", expected " + str(expected) + " (new tokens are the last of context_len " +
                              str(context_len) + ")");
     }
