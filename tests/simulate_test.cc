@@ -166,6 +166,7 @@ TEST(Traffic, AzureCsvErrorsNameLineAndField) {
   EXPECT_EQ(csv_error(head + "2023-13-16 18:15:46.5,374,4\n").rfind("trace.csv:2: field TIMESTAMP: not a time", 0), 0u);
   EXPECT_EQ(csv_error(head + "1.0,0,4\n"), "trace.csv:2: field ContextTokens: must be >= 1, got 0");
   EXPECT_EQ(csv_error(head + "1.0,3\n"), "trace.csv:2: expected 3 fields, got 2");
+  EXPECT_EQ(csv_error(head + "1.0,3,4\n\n1.0,3,x\n"), "trace.csv:4: field GeneratedTokens: not an integer: 'x'");
   EXPECT_EQ(csv_error("TIMESTAMP,Context,GeneratedTokens\n"), "trace.csv:1: field ContextTokens: missing from the header");
   EXPECT_NE(csv_error(""), "");
 }
@@ -271,6 +272,21 @@ sim::SimOptions small_gpu_options() {
   o.gpu = "a100-40gb";
   o.sample_interval_s = 0;
   return o;
+}
+
+TEST(Simulate, PagedSharesCountSlotsOfEveryHeldBlock) {
+  // One request, prompt 20, output 3, block size 16, a sample before every step:
+  //   before step 1: nothing held
+  //   before step 2: 2 blocks = 32 slots; 20 tokens, 3 reserved (final length 23), 9 internal
+  //   before step 3: 21 tokens, 2 reserved, 9 internal (step 3 emits the last token)
+  sim::SimOptions o = small_gpu_options();
+  auto r = sim::simulate(o, fixed_traffic(1, 1, 20, 3));
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_DOUBLE_EQ(r->memory.token_states, 41.0 / 64);
+  EXPECT_DOUBLE_EQ(r->memory.reserved, 5.0 / 64);
+  EXPECT_DOUBLE_EQ(r->memory.internal, 18.0 / 64);
+  EXPECT_EQ(r->memory.external, 0);
+  EXPECT_EQ(r->steps, 3);
 }
 
 TEST(Simulate, BlockSizeOneHasNoInternalFragmentation) {
