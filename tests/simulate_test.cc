@@ -12,6 +12,7 @@
 
 #include "optimized/backends/cost_model.h"
 #include "optimized/backends/cost_model_backend.h"
+#include "optimized/engine/engine.h"
 #include "optimized/engine/traffic.h"
 #include "simulate/contiguous_allocator.h"
 #include "simulate/report.h"
@@ -131,6 +132,31 @@ TEST(CostModelBackend, ValidatesThenAdvancesClockAndReturnsOneWideRows) {
   const double before = backend.clock_s();
   EXPECT_FALSE(backend.execute(bad, out).is_ok());
   EXPECT_EQ(backend.clock_s(), before);  // nothing changed
+}
+
+TEST(CostModelBackend, EngineRunsOnItAndForgetsOnlyFinishedRequests) {
+  const CostModelConfig c = llama2_7b_on_a100_80gb();
+  EngineConfig ec;
+  ec.vocab_size = 32000;
+  ec.kv.pool.num_layers = 32;
+  ec.kv.pool.num_kv_heads = 32;
+  ec.kv.pool.head_dim = 128;
+  ec.kv.pool.num_device_blocks = 64;
+  CostModelBackend backend(c, ec.kv.pool, {32000, 4096});
+  auto engine = Engine::create(ec, backend);
+  ASSERT_TRUE(engine.is_ok()) << engine.status().message();
+  RequestSpec spec;
+  spec.prompt = {5, 6, 7};
+  spec.max_tokens = 4;
+  const RequestId id = (*engine)->add_request(spec);
+  EXPECT_FALSE((*engine)->forget(id));  // still waiting
+  while ((*engine)->has_unfinished()) ASSERT_TRUE((*engine)->step().is_ok());
+  EXPECT_EQ((*engine)->request(id).output(), (std::vector<int32_t>{0, 0, 0, 0}));  // one-wide rows: token 0
+  EXPECT_EQ(backend.steps(), 4);
+  EXPECT_GT(backend.clock_s(), 4 * c.step_overhead_s);
+  EXPECT_TRUE((*engine)->forget(id));
+  EXPECT_TRUE((*engine)->requests().empty());
+  EXPECT_FALSE((*engine)->forget(id));  // unknown now
 }
 
 // ---- traffic ----
