@@ -1,4 +1,4 @@
-// Engine benchmarks (issue: paged engine). Build in Release (cmake --preset release) and run
+// Engine benchmarks. Build in Release (cmake --preset release) and run
 //   build-release/bin/engine_bench
 // Numbers are meant as ratios within one run (these machines are noisy):
 //   - decode tokens/s of the paged engine at batch 1, 8, 32 (small preset, context ~128)

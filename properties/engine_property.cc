@@ -15,7 +15,7 @@
 #include "optimized/backends/cpu_backend.h"
 #include "optimized/backends/plan_validation.h"
 #include "optimized/engine/engine.h"
-#include "optimized/checkers/invariants.h"
+#include "optimized/checkers/engine_invariants.h"
 #include "optimized/engine/workload.h"
 #include "model/presets.h"
 #include "tests/fake_backend.h"
@@ -176,19 +176,10 @@ RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmal
   Engine engine(config, backend);
   std::string violation;
   engine.set_plan_observer([&](const Engine& e, const BatchPlan& plan) -> Status {
-    if (plan.num_tokens() > config.scheduler.max_num_batched_tokens) violation = "token budget exceeded";
-    if (e.scheduler().num_running() > config.scheduler.max_num_seqs) violation = "max_num_seqs exceeded";
-    for (int32_t len : plan.context_lens)
-      if (len > config.scheduler.max_model_len) violation = "context beyond max_model_len";
-    for (std::size_t i = 0; i < plan.seq_ids.size(); ++i) {
-      const int64_t n = plan.query_start[i + 1] - plan.query_start[i];
-      std::span<const int64_t> slots(plan.slot_mapping.data() + plan.query_start[i], static_cast<std::size_t>(n));
-      if (Status st = check_slot_mapping(e.kv(), plan.seq_ids[i], plan.context_lens[i] - n, slots); !st) violation = st.message();
-      if (Status st = check_exclusive_write(e.kv(), plan.seq_ids[i], slots); !st) violation = st.message();
-    }
+    if (Status st = check_plan(e, plan); !st && violation.empty()) violation = st.message();
     return violation.empty() ? Status::ok() : Status::error(violation);
   });
-  engine.set_step_observer([](const Engine& e, const BatchPlan&) { return check_all(e.kv()); });
+  engine.set_step_observer([](const Engine& e, const BatchPlan&) { return check_engine_state(e); });
 
   // Progress: a generous bound on steps; a deadlock or livelock runs past it.
   int64_t work = 0;

@@ -4,6 +4,8 @@
 // non-interference) must pass for each configuration.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "model/presets.h"
 #include "verify/audit.h"
 #include "verify/verify.h"
@@ -97,6 +99,45 @@ TEST(Differential, DefaultsCoverPreemptionSwapPrefixHitsChunkingAndCancellation)
   EXPECT_GT(swap.copy_on_writes, 0);
   EXPECT_GT(recompute.prefill_tokens, VerifyOptions{}.prefill_chunk_size);  // prompts longer than a chunk
   for (const CheckResult& c : r.checks) EXPECT_GT(c.count, 0) << c.name;
+}
+
+// A workload whose only request is rejected verifies nothing: the verdict must say so and
+// fail, unless empty runs are explicitly allowed.
+TEST(Verify, NothingVerifiedFailsUnlessAllowed) {
+  WorkloadRequest too_long;
+  too_long.spec.prompt.assign(600, 1);  // beyond max_model_len 512
+  too_long.spec.max_tokens = 4;
+  const Workload w{"rejected", {too_long}};
+  VerifyOptions o;
+  auto report = run_verify(tiny(), w, o);
+  ASSERT_TRUE(report.is_ok()) << report.status().message();
+  EXPECT_FALSE(report->passed()) << report->table();
+  ASSERT_FALSE(report->nothing_verified.empty());
+  EXPECT_NE(report->table().find("nothing verified for: "), std::string::npos) << report->table();
+  EXPECT_NE(report->to_junit().find("nothing verified for"), std::string::npos);
+  EXPECT_FALSE(report->to_json()["nothing_verified"].empty());
+  o.allow_empty = true;
+  auto allowed = run_verify(tiny(), w, o);
+  ASSERT_TRUE(allowed.is_ok());
+  EXPECT_TRUE(allowed->passed()) << allowed->table();
+}
+
+// Only sampled requests, no cancellation: the greedy and cancellation checks do not apply,
+// so their zero counts are not "nothing verified".
+TEST(Verify, ChecksThatDoNotApplyAreNotVacuous) {
+  Workload w = mixed();
+  for (WorkloadRequest& r : w.requests) {
+    r.spec.sampling.temperature = 0.9f;
+    r.cancel_step.reset();
+  }
+  VerifyReport r;
+  expect_passes(tiny(), w, VerifyOptions{}, &r);
+  EXPECT_TRUE(r.nothing_verified.empty());
+  for (const CheckResult& c : r.checks) {
+    if (c.name.rfind("greedy-tokens", 0) == 0 || c.name.rfind("cancellation", 0) == 0) {
+      EXPECT_FALSE(c.applies) << c.name;
+    }
+  }
 }
 
 // The isolation audit on its default multi-tenant workload: every check passes and covers

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "optimized/checkers/engine_invariants.h"
 #include "optimized/checkers/invariants.h"
 #include "optimized/engine/workload.h"
 #include "tests/fake_backend.h"
@@ -248,6 +249,142 @@ TEST(Workload, SharedPrefixGroupsShareTheirLeadingTokens) {
   auto again = builtin_workload("shared-prefix", kVocab, 7);
   EXPECT_EQ(again->requests[3].spec.prompt, w->requests[3].spec.prompt);
   EXPECT_FALSE(builtin_workload("nope", kVocab, 0).is_ok());
+}
+
+// Cancels `id` now and runs one step: the request must end at that boundary, cancelled in
+// `state`, holding no blocks.
+void expect_cancelled_at_next_boundary(Engine& e, RequestId id, const std::string& state) {
+  const int64_t boundary = e.steps_done();
+  e.cancel(id);
+  ASSERT_TRUE(e.step().is_ok());
+  const Request& r = e.request(id);
+  EXPECT_EQ(r.finish, FinishReason::kCancelled);
+  EXPECT_EQ(r.cancelled_in, state);
+  EXPECT_EQ(r.time.finish_step, boundary);
+  EXPECT_EQ(e.kv().sequence(id), nullptr);
+  EXPECT_TRUE(check_cancellations(e).is_ok()) << check_cancellations(e).message();
+  EXPECT_TRUE(check_all(e.kv()).is_ok());  // its blocks' refcounts dropped with its table (I2)
+}
+
+TEST(Engine, CancellationEndsARequestAtTheNextBoundaryInEveryState) {
+  {  // waiting: one seat, taken by another request
+    EngineConfig c = small_config(32);
+    c.scheduler.max_num_seqs = 1;
+    testing::FakeBackend backend(c.kv.pool, kVocab);
+    Engine e(c, backend);
+    e.add_request(spec(8, 20));
+    const RequestId waiting = e.add_request(spec(8, 4, 5));
+    ASSERT_TRUE(e.step().is_ok());
+    ASSERT_EQ(e.request(waiting).state, RequestState::kWaiting);
+    expect_cancelled_at_next_boundary(e, waiting, "waiting");
+  }
+  {  // mid-prefill, then running
+    const EngineConfig c = small_config(32);
+    testing::FakeBackend backend(c.kv.pool, kVocab);
+    Engine e(c, backend);
+    const RequestId prefilling = e.add_request(spec(40, 4));  // chunk 16: three steps of prefill
+    const RequestId decoding = e.add_request(spec(4, 30, 9));
+    ASSERT_TRUE(e.step().is_ok());
+    ASSERT_TRUE(e.step().is_ok());
+    ASSERT_LT(e.kv().sequence(prefilling)->num_slots, 40);
+    expect_cancelled_at_next_boundary(e, prefilling, "prefill");
+    ASSERT_GT(e.request(decoding).num_generated(), 0);
+    expect_cancelled_at_next_boundary(e, decoding, "running");
+  }
+  {  // swapped out
+    const EngineConfig c = small_config(24, AdmissionRule::kOptimistic, PreemptionMode::kSwap);
+    testing::FakeBackend backend(c.kv.pool, kVocab);
+    Engine e(c, backend);
+    std::vector<RequestId> ids;
+    for (int i = 0; i < 12; ++i) ids.push_back(e.add_request(spec(10 + i % 7, 12, i)));
+    RequestId swapped = -1;
+    for (int step = 0; step < 200 && swapped < 0 && e.has_unfinished(); ++step) {
+      ASSERT_TRUE(e.step().is_ok());
+      for (RequestId id : ids)
+        if (e.request(id).state == RequestState::kSwapped) swapped = id;
+    }
+    ASSERT_GE(swapped, 0) << "no request was swapped out";
+    expect_cancelled_at_next_boundary(e, swapped, "swapped");
+    ASSERT_TRUE(run_to_end(e).is_ok());
+  }
+  {  // with forked parallel samples: the samples end with it
+    const EngineConfig c = small_config(32);
+    testing::FakeBackend backend(c.kv.pool, kVocab);
+    Engine e(c, backend);
+    RequestSpec s = spec(6, 20);
+    s.n = 3;
+    s.sampling.temperature = 1.0;
+    const RequestId parent = e.add_request(s);
+    ASSERT_TRUE(e.step().is_ok());
+    ASSERT_TRUE(e.step().is_ok());
+    ASSERT_EQ(e.request(parent).children.size(), 2u);
+    expect_cancelled_at_next_boundary(e, parent, "running");
+    for (RequestId child : e.request(parent).children) {
+      EXPECT_EQ(e.request(child).finish, FinishReason::kCancelled);
+      EXPECT_EQ(e.kv().sequence(child), nullptr);
+    }
+    EXPECT_FALSE(e.has_unfinished());
+    EXPECT_TRUE(check_no_leak(e.kv()).is_ok());
+  }
+}
+
+TEST(Engine, CreateRefusesABackendWhosePoolIsNotTheManagers) {
+  const EngineConfig c = small_config(16);
+  KvPoolShape other = c.kv.pool;
+  other.num_device_blocks += 1;
+  testing::FakeBackend backend(other, kVocab);
+  auto e = Engine::create(c, backend);
+  ASSERT_FALSE(e.is_ok());
+  EXPECT_NE(e.status().message().find("device blocks 17"), std::string::npos) << e.status().message();
+  testing::FakeBackend same(c.kv.pool, kVocab);
+  EXPECT_TRUE(Engine::create(c, same).is_ok());
+}
+
+TEST(Engine, RecordsWhenEachRequestWasFirstScheduled) {
+  const EngineConfig c = small_config(32);
+  testing::FakeBackend backend(c.kv.pool, kVocab);
+  Engine e(c, backend);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(e.add_request(spec(20, 4, i)));
+  ASSERT_TRUE(run_to_end(e).is_ok());
+  for (RequestId id : ids) {
+    const RequestTimeline& t = e.request(id).time;
+    EXPECT_GE(t.first_scheduled_s, t.arrival_s) << "request " << id;
+    EXPECT_LE(t.first_scheduled_s, t.first_token_s) << "request " << id;
+    EXPECT_GE(t.first_scheduled_step, 0);
+  }
+  EXPECT_EQ(e.metrics().queue_s.count, 6);
+  EXPECT_GE(e.metrics().queue_s.p50, 0.0);
+}
+
+TEST(Engine, EveryPlanAndStatePassesTheCheckersAndTheTokenHistoryIsOne) {
+  const EngineConfig c = small_config(20, AdmissionRule::kOptimistic, PreemptionMode::kSwap);
+  testing::FakeBackend backend(c.kv.pool, kVocab);
+  Engine e(c, backend);
+  int64_t plans = 0;
+  e.set_plan_observer([&](const Engine& eng, const BatchPlan& plan) {
+    ++plans;
+    return check_plan(eng, plan);
+  });
+  e.set_step_observer([](const Engine& eng, const BatchPlan&) { return check_engine_state(eng); });
+  for (int i = 0; i < 12; ++i) e.add_request(spec(10 + i, 12, i));
+  ASSERT_TRUE(run_to_end(e).is_ok());
+  EXPECT_GT(plans, 0);
+  EXPECT_GT(e.metrics().counters.preemptions, 0);
+}
+
+TEST(Engine, TokenHistoryCheckerSeesARequestAndItsSequenceDisagree) {
+  const EngineConfig c = small_config(32);
+  testing::FakeBackend backend(c.kv.pool, kVocab);
+  Engine e(c, backend);
+  const RequestId id = e.add_request(spec(6, 8));
+  ASSERT_TRUE(e.step().is_ok());
+  ASSERT_TRUE(check_token_history(e).is_ok());
+  // Nothing in the engine hands out a mutable request; a test does it the hard way.
+  const_cast<Request&>(e.request(id)).tokens[2] += 1;
+  const Status st = check_token_history(e);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("first difference at position 2"), std::string::npos) << st.message();
 }
 
 }  // namespace

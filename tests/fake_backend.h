@@ -21,6 +21,7 @@ class FakeBackend final : public Backend {
     KVP_RETURN_IF_ERROR(validate_plan(plan, pool_, {vocab_, std::numeric_limits<int32_t>::max()}));
     auto reads = check_plan_read_scope(plan, pool_);
     if (!reads) return reads.status();
+    audited_ += *reads;
     const auto n = static_cast<std::size_t>(plan.num_seqs());
     out.vocab_size = vocab_;
     out.logit_row_start.assign(1, 0);
@@ -40,12 +41,17 @@ class FakeBackend final : public Backend {
   }
   const char* name() const override { return "fake"; }
   const KvPoolShape& pool_shape() const override { return pool_; }
+  Status read_block(PoolKind, int64_t, int32_t, std::vector<float>&, std::vector<float>&) const override {
+    return Status::error("the fake backend keeps no K/V");
+  }
+  int64_t audited_block_reads() const override { return audited_; }
   int64_t steps() const { return steps_; }
 
  private:
   KvPoolShape pool_;
   int64_t vocab_;
   int64_t steps_ = 0;
+  int64_t audited_ = 0;
 };
 
 }  // namespace kvp::testing

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/kv_index.h"
+
 #include <numeric>
 #include <vector>
 
@@ -154,6 +156,81 @@ TEST(Invariants, AllFreeCheckerSeesCachedBlocksBeforeTheFlush) {
   expect_error(check_all_free(m), "prefix-cache entries remain");
   m.flush_prefix_cache();
   EXPECT_TRUE(check_all_free(m).is_ok());
+}
+
+// A plan of the last `n` positions of `seq`, made from the manager's own state (what the
+// scheduler would emit).
+BatchPlan plan_for(const KvCacheManager& m, SeqId seq, int64_t n) {
+  const SequenceState& s = *m.sequence(seq);
+  BatchPlan plan;
+  plan.seq_ids = {seq};
+  plan.query_start = {0, static_cast<int32_t>(n)};
+  plan.context_lens = {static_cast<int32_t>(s.num_slots)};
+  plan.max_blocks_per_seq = static_cast<int32_t>(s.table.size()) + 1;  // one entry of padding
+  plan.block_tables = s.table.blocks();
+  plan.block_tables.push_back(-1);
+  plan.needs_logits = {1};
+  plan.logits_all = {0};
+  for (int64_t p = s.num_slots - n; p < s.num_slots; ++p) {
+    plan.token_ids.push_back(s.tokens[static_cast<size_t>(p)]);
+    plan.positions.push_back(static_cast<int32_t>(p));
+    plan.slot_mapping.push_back(kernels::slot_of(s.table.data(), p, m.block_size()));
+  }
+  return plan;
+}
+
+// Two tenants, one sequence each, nothing shared: seq 1 (tenant 7) and seq 3 (tenant 8).
+KvCacheManager& two_tenants(KvCacheManager& m) {
+  std::vector<int64_t> slots;
+  EXPECT_TRUE(m.add_sequence(1, 7, iota(6)).is_ok());
+  EXPECT_TRUE(m.allocate_slots(1, 6, slots).is_ok());
+  EXPECT_TRUE(m.add_sequence(3, 8, V{1, 2, 3, 4, 5, 6}).is_ok());
+  EXPECT_TRUE(m.allocate_slots(3, 6, slots).is_ok());
+  EXPECT_TRUE(check_all(m).is_ok());
+  return m;
+}
+
+constexpr PlanBounds kLoose{64, 8, 64, 2};
+
+TEST(PlanChecker, AcceptsThePlanTheManagerDescribes) {
+  KvCacheManager m(config());
+  two_tenants(m);
+  PlanReadStats stats;
+  ASSERT_TRUE(check_plan(m, plan_for(m, 1, 2), kLoose, &stats).is_ok());
+  EXPECT_EQ(stats.block_reads, 2);
+  EXPECT_EQ(stats.kv_position_reads, 5 + 6);
+}
+
+TEST(PlanChecker, SeesATokenBudgetOverrun) {
+  KvCacheManager m(config());
+  two_tenants(m);
+  PlanBounds tight = kLoose;
+  tight.max_num_batched_tokens = 1;
+  expect_error(check_plan(m, plan_for(m, 1, 2), tight), "I8: 2 tokens scheduled, budget 1");
+}
+
+TEST(PlanChecker, SeesATableRowThatIsNotTheSequencesTable) {
+  KvCacheManager m(config());
+  two_tenants(m);
+  BatchPlan plan = plan_for(m, 1, 1);
+  plan.block_tables[1] = m.sequence(3)->table[1];
+  expect_error(check_plan(m, plan, kLoose), "I5: block-table entry 1");
+}
+
+TEST(PlanChecker, SeesATokenThatIsNotTheSequencesHistory) {
+  KvCacheManager m(config());
+  two_tenants(m);
+  BatchPlan plan = plan_for(m, 1, 2);
+  plan.token_ids[0] += 1;
+  expect_error(check_plan(m, plan, kLoose), "I10: the plan carries token 105 at position 4");
+}
+
+TEST(PlanChecker, SeesAReadOfABlockAnotherTenantHolds) {
+  KvCacheManager m(config());
+  two_tenants(m);
+  // Tenant 8's sequence comes to hold tenant 7's first block (a mapping bug).
+  Peer::seq(m, 3).table.set(0, m.sequence(1)->table[0]);
+  expect_error(check_plan(m, plan_for(m, 1, 1), kLoose), "I4: reads block");
 }
 
 }  // namespace

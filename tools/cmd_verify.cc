@@ -34,6 +34,8 @@ void add_verify_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--tolerance", opt->v.tolerance, "logit tolerance relative to the row's largest reference logit")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_flag("!--no-prefix-caching", opt->v.prefix_caching, "turn the prefix cache off");
+  cmd->add_flag("--allow-empty", opt->v.allow_empty,
+                "pass even if nothing was verified (no request finished normally, or a check saw nothing)");
   cmd->add_option("--json", opt->json_out, "write the report as JSON to this file");
   cmd->add_option("--junit", opt->junit_out, "write the report as JUnit XML to this file");
   cmd->callback([opt, &exit_code] {

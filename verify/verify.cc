@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -11,6 +12,7 @@
 #include "optimized/backends/cpu_backend.h"
 #include "optimized/backends/plan_validation.h"
 #include "optimized/engine/engine.h"
+#include "optimized/checkers/engine_invariants.h"
 #include "optimized/checkers/invariants.h"
 #include "reference/reference_model.h"
 
@@ -50,30 +52,17 @@ Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const
 }
 
 Status check_plan(const Engine& e, const BatchPlan& plan, CheckResult& inv) {
-  const SchedulerConfig& sc = e.config().scheduler;
-  auto fail = [&](const std::string& what) {
+  if (Status s = kvp::check_plan(e, plan); !s) {
     inv.passed = false;
-    if (inv.detail.empty()) inv.detail = "step " + std::to_string(plan.step) + ": " + what;
+    if (inv.detail.empty()) inv.detail = s.message();
     return Status::error(inv.detail);
-  };
-  if (plan.num_tokens() > sc.max_num_batched_tokens)
-    return fail("I8: " + std::to_string(plan.num_tokens()) + " tokens scheduled, budget " + std::to_string(sc.max_num_batched_tokens));
-  if (e.scheduler().num_running() > sc.max_num_seqs)
-    return fail("I8: " + std::to_string(e.scheduler().num_running()) + " running, max_num_seqs " + std::to_string(sc.max_num_seqs));
-  for (int64_t i = 0; i < plan.num_seqs(); ++i) {
-    const auto ui = static_cast<std::size_t>(i);
-    const int64_t n = plan.query_start[ui + 1] - plan.query_start[ui];
-    if (plan.context_lens[ui] > sc.max_model_len) return fail("I8: context longer than max_model_len");
-    const std::span<const int64_t> slots(plan.slot_mapping.data() + plan.query_start[ui], static_cast<std::size_t>(n));
-    if (Status s = check_slot_mapping(e.kv(), plan.seq_ids[ui], plan.context_lens[ui] - n, slots); !s) return fail(s.message());
-    if (Status s = check_exclusive_write(e.kv(), plan.seq_ids[ui], slots); !s) return fail(s.message());
   }
   return Status::ok();
 }
 
 Status check_state(const Engine& e, const BatchPlan& plan, CheckResult& inv) {
   ++inv.count;
-  if (Status s = check_all(e.kv()); !s) {
+  if (Status s = check_engine_state(e); !s) {
     inv.passed = false;
     if (inv.detail.empty()) inv.detail = "after step " + std::to_string(plan.step) + ": " + s.message();
     return Status::error(inv.detail);
@@ -152,11 +141,13 @@ std::string fmt(double v) {
 }  // namespace
 
 bool VerifyReport::passed() const {
-  return std::all_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.passed; });
+  return std::all_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.passed; }) &&
+         (allow_empty || nothing_verified.empty());
 }
 
 Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in, const VerifyOptions& o) {
   VerifyReport report;
+  report.allow_empty = o.allow_empty;
   Workload workload = workload_in;
   for (WorkloadRequest& r : workload.requests) r.spec.capture_logits = true;
   const ReferenceModel<double> oracle(model);
@@ -164,7 +155,8 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
     const std::string m = mode_name(mode);
     CheckResult inv("invariants[" + m + "]"), terminal("terminal-states[" + m + "]"), leak("no-leak[" + m + "]"),
         logits("logits-vs-reference[" + m + "]"), greedy("greedy-tokens[" + m + "]"),
-        recompute("recompute-bitwise[" + m + "]"), isolation("non-interference[" + m + "]");
+        recompute("recompute-bitwise[" + m + "]"), isolation("non-interference[" + m + "]"),
+        cancellation("cancellation[" + m + "]");
 
     auto live = make_engine(model, o, {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
     if (!live) return live.status();
@@ -271,7 +263,45 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       isolation.detail = std::to_string(forked) + " of them parallel samples (forked, copy-on-write)";
     }
 
-    for (CheckResult* c : {&inv, &terminal, &leak, &logits, &greedy, &recompute, &isolation}) report.checks.push_back(*c);
+    // Cancellation: each cancelled request ended at its cancellation's step boundary with its
+    // blocks released (checked after every step too, as part of the invariants).
+    std::map<std::string, int64_t> cancelled_in;
+    for (std::size_t i = 0; run && i < ids.size(); ++i) {
+      const Request& r = engine.request(ids[i]);
+      if (!r.cancel_requested) continue;
+      ++cancellation.count;
+      ++cancelled_in[r.cancelled_in.empty() ? "finished first" : r.cancelled_in];
+    }
+    if (Status s = check_cancellations(engine); run && !s) {
+      cancellation.passed = false;
+      cancellation.detail = s.message();
+    } else {
+      for (const auto& [state, n] : cancelled_in)
+        cancellation.detail += (cancellation.detail.empty() ? "cancelled while " : ", ") + state + " " + std::to_string(n);
+    }
+    cancellation.applies = std::any_of(workload.requests.begin(), workload.requests.end(),
+                                       [](const WorkloadRequest& w) { return w.cancel_step.has_value(); });
+
+    // What applies: greedy tokens only with a greedy sampled token; recompute only after a
+    // preemption; non-interference only with a request that finished normally.
+    int64_t finished_normally = 0;
+    bool any_greedy = false;
+    for (std::size_t i = 0; run && i < ids.size(); ++i) {
+      const Request& r = engine.request(ids[i]);
+      if (r.finish == FinishReason::kStop || r.finish == FinishReason::kLength) ++finished_normally;
+      if (r.finish != FinishReason::kRejected && r.spec.sampling.greedy() &&
+          r.num_generated() > static_cast<int64_t>(r.spec.forced_tokens.size()))
+        any_greedy = true;
+    }
+    greedy.applies = any_greedy;
+    recompute.applies = recompute.count > 0;
+    if (!recompute.applies && recompute.detail.empty()) recompute.detail = "no preemption happened";
+    isolation.applies = finished_normally > 0;
+    if (run && finished_normally == 0) report.nothing_verified.push_back("finished requests[" + m + "] (none finished normally)");
+    for (CheckResult* c : {&inv, &terminal, &leak, &logits, &greedy, &recompute, &isolation, &cancellation}) {
+      if (run && c->applies && c->count == 0) report.nothing_verified.push_back(c->name);
+      report.checks.push_back(*c);
+    }
     report.runs.emplace_back(m, engine.metrics());
   }
   return report;
@@ -302,6 +332,11 @@ std::string VerifyReport::table() const {
                   static_cast<long long>(k.poisoned_blocks), m.kv_utilization, 100 * k.peak_pool_occupancy);
     out << line;
   }
+  if (!nothing_verified.empty()) {
+    out << "nothing verified for:";
+    for (std::size_t i = 0; i < nothing_verified.size(); ++i) out << (i ? ", " : " ") << nothing_verified[i];
+    out << (allow_empty ? " (allowed by --allow-empty)\n" : "\n");
+  }
   out << "verdict: " << (passed() ? "PASS" : "FAIL") << "\n";
   return out.str();
 }
@@ -312,6 +347,8 @@ nlohmann::json VerifyReport::to_json() const {
   for (const CheckResult& c : checks)
     j["checks"].push_back({{"name", c.name}, {"passed", c.passed}, {"count", c.count}, {"worst_error", c.worst_error}, {"detail", c.detail}});
   for (const auto& [mode, m] : runs) j["runs"][mode] = m.to_json();
+  j["nothing_verified"] = nothing_verified;
+  j["allow_empty"] = allow_empty;
   return j;
 }
 
@@ -331,9 +368,16 @@ std::string VerifyReport::to_junit() const {
   };
   int64_t failures = 0;
   for (const CheckResult& c : checks) failures += c.passed ? 0 : 1;
+  const bool vacuous = !nothing_verified.empty() && !allow_empty;
+  failures += vacuous ? 1 : 0;
+  std::string empty_list;
+  for (const std::string& n : nothing_verified) empty_list += (empty_list.empty() ? "" : ", ") + n;
   std::ostringstream out;
   out << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  out << "<testsuite name=\"kvproof.verify\" tests=\"" << checks.size() << "\" failures=\"" << failures << "\">\n";
+  out << "<testsuite name=\"kvproof.verify\" tests=\"" << checks.size() + 1 << "\" failures=\"" << failures << "\">\n";
+  out << "  <testcase classname=\"kvproof.verify\" name=\"something-verified\">";
+  if (vacuous) out << "<failure message=\"" << escape("nothing verified for: " + empty_list) << "\"/>";
+  out << "</testcase>\n";
   for (const CheckResult& c : checks) {
     out << "  <testcase classname=\"kvproof.verify\" name=\"" << escape(c.name) << "\">";
     if (!c.passed) out << "<failure message=\"" << escape(c.detail) << "\"/>";

@@ -12,7 +12,11 @@
 //   recompute    positions computed twice (preemption by recompute) give bitwise equal logits
 //   isolation    chosen requests re-run alone under another schedule (block size, chunk
 //                size, preemption mode): bitwise equal tokens and logits (N1)
-// One run per preemption mode.
+//   cancellation every cancelled request ended at the first step boundary after its
+//                cancellation, whatever it was doing, with its blocks released
+// One run per preemption mode. A run that verifies nothing (no request finished normally,
+// or a check that applies saw zero items) fails with "nothing verified for: ..." unless
+// allow_empty.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +55,7 @@ struct VerifyOptions {
   double tolerance = 2e-5;
   int isolation_samples = 4;  // the most preempted requests and one parallel sample
   int64_t max_steps = 100000;
+  bool allow_empty = false;  // pass even when nothing was verified (see VerifyReport)
 };
 
 struct CheckResult {
@@ -60,10 +65,18 @@ struct CheckResult {
   int64_t count = 0;         // things checked (steps, positions, requests)
   double worst_error = 0;    // where it applies
   std::string detail;        // first failure, or a summary
+  // Whether the run gave this check something to see (a greedy check on a workload with
+  // no greedy request does not apply). A check that applies and saw nothing is vacuous.
+  bool applies = true;
 };
 
 struct VerifyReport {
   std::vector<CheckResult> checks;
+  // What was not verified although it should have been: a check that applies with a count
+  // of 0, or a run in which no request finished normally. Non-empty fails the report
+  // unless allow_empty.
+  std::vector<std::string> nothing_verified;
+  bool allow_empty = false;
   std::vector<std::pair<std::string, EngineMetrics>> runs;  // per preemption mode
   bool passed() const;
   std::string table() const;

@@ -3,11 +3,16 @@
 // [num_blocks, block_size, num_kv_heads, head_dim].
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "common/status.h"
 #include "optimized/backends/batch_plan.h"
 #include "optimized/kv/kv_pool_shape.h"
 
 namespace kvp {
+
+enum class PoolKind { kDevice, kHost };
 
 class Backend {
  public:
@@ -21,6 +26,14 @@ class Backend {
   // The pool this backend was built with; the engine refuses a backend whose shape is not
   // its KV-cache manager's.
   virtual const KvPoolShape& pool_shape() const = 0;
+  // A copy of one block of one layer of a pool, converted to fp32: K and V, each
+  // [block_size, num_kv_heads, head_dim]. For the conformance tests and audits. Error: layer
+  // or block out of range.
+  virtual Status read_block(PoolKind pool, int64_t layer, int32_t block, std::vector<float>& k,
+                            std::vector<float>& v) const = 0;
+  // (sequence, block-table entry) reads whose tenant scope audit-mode plans carried and
+  // this backend checked (check_plan_read_scope), summed over every plan it ran.
+  virtual int64_t audited_block_reads() const = 0;
 };
 
 }  // namespace kvp

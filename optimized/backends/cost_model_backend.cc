@@ -12,6 +12,7 @@ Status CostModelBackend::execute(const BatchPlan& plan, StepOutput& out) {
   KVP_RETURN_IF_ERROR(validate_plan(plan, pool_, limits_));
   auto reads = check_plan_read_scope(plan, pool_);
   if (!reads) return reads.status();
+  audited_block_reads_ += *reads;
 
   last_ = step_cost(cost_, plan, pool_.block_size);
   clock_s_ += last_.total_s;
@@ -25,6 +26,10 @@ Status CostModelBackend::execute(const BatchPlan& plan, StepOutput& out) {
     out.logit_row_start.push_back(out.logit_row_start.back() + logit_rows_for(plan, i));
   out.logits.assign(static_cast<std::size_t>(out.logit_row_start.back()), 0.0f);
   return Status::ok();
+}
+
+Status CostModelBackend::read_block(PoolKind, int64_t, int32_t, std::vector<float>&, std::vector<float>&) const {
+  return Status::error("the cost-model backend keeps no K/V");
 }
 
 }  // namespace kvp

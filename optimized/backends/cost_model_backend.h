@@ -30,6 +30,10 @@ class CostModelBackend final : public Backend {
   Status execute(const BatchPlan& plan, StepOutput& out) override;
   const char* name() const override { return "cost-model"; }
   const KvPoolShape& pool_shape() const override { return pool_; }
+  // Always an error: the cost model keeps no K/V.
+  Status read_block(PoolKind pool, int64_t layer, int32_t block, std::vector<float>& k,
+                    std::vector<float>& v) const override;
+  int64_t audited_block_reads() const override { return audited_block_reads_; }
 
   // Simulated seconds: the sum of every executed plan's cost, plus advance_to jumps.
   double clock_s() const { return clock_s_; }
@@ -50,6 +54,7 @@ class CostModelBackend final : public Backend {
   int64_t steps_ = 0;
   int64_t token_steps_ = 0;
   int64_t compute_bound_steps_ = 0;
+  int64_t audited_block_reads_ = 0;
 };
 
 }  // namespace kvp

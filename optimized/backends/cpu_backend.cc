@@ -217,6 +217,21 @@ void CpuBackend::run_ops(const KvPlanOps& ops) {
   }
 }
 
+Status CpuBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std::vector<float>& k,
+                              std::vector<float>& v) const {
+  const bool host = pool == PoolKind::kHost;
+  const int32_t blocks = host ? config_.pool.num_host_blocks : config_.pool.num_device_blocks;
+  if (layer < 0 || layer >= model_.config.num_layers) return Status::error("read_block: layer " + str(layer) + " out of range");
+  if (block < 0 || block >= blocks) return Status::error("read_block: block " + str(block) + " out of range");
+  const auto& kp = host ? host_k_ : device_k_;
+  const auto& vp = host ? host_v_ : device_v_;
+  const auto begin = static_cast<std::ptrdiff_t>(block * floats_per_block());
+  const auto end = begin + static_cast<std::ptrdiff_t>(floats_per_block());
+  k.assign(kp[static_cast<std::size_t>(layer)].begin() + begin, kp[static_cast<std::size_t>(layer)].begin() + end);
+  v.assign(vp[static_cast<std::size_t>(layer)].begin() + begin, vp[static_cast<std::size_t>(layer)].begin() + end);
+  return Status::ok();
+}
+
 Status CpuBackend::execute(const BatchPlan& plan, StepOutput& out) {
   KVP_RETURN_IF_ERROR(validate_plan(plan, config_.pool, {model_.config.vocab_size, model_.config.max_position_embeddings}));
   auto reads = check_plan_read_scope(plan, config_.pool);

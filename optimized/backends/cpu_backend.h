@@ -67,7 +67,9 @@ class CpuBackend final : public Backend {
   Status execute(const BatchPlan& plan, StepOutput& out) override;
   // Blocks whose tenant scope an audit-mode plan had checked (see BatchPlan::block_tenants),
   // summed over every (sequence, block-table entry) attention read.
-  int64_t audited_block_reads() const { return audited_block_reads_; }
+  int64_t audited_block_reads() const override { return audited_block_reads_; }
+  Status read_block(PoolKind pool, int64_t layer, int32_t block, std::vector<float>& k,
+                    std::vector<float>& v) const override;
   const char* name() const override { return "cpu"; }
   const KvPoolShape& pool_shape() const override { return config_.pool; }
 

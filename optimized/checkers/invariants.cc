@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -14,31 +15,31 @@ namespace {
 std::string str(int64_t v) { return std::to_string(v); }
 
 Status check_pool_conservation(const BlockAllocator& a, const char* pool) {
-  const std::string where = std::string(pool) + " pool: ";
+  const auto where = [pool] { return std::string(pool) + " pool: "; };
   const int32_t n = a.num_blocks();
   std::vector<uint8_t> seen(static_cast<size_t>(n), 0);
   const std::vector<int32_t> fresh = a.free_list();
   const std::vector<int32_t> evictable = a.evictable_list();
   for (int32_t b : fresh) {
-    if (b < 0 || b >= n) return Status::error(where + "free list holds out-of-range block " + str(b));
+    if (b < 0 || b >= n) return Status::error(where() + "free list holds out-of-range block " + str(b));
     if (seen[static_cast<size_t>(b)]++) {
-      return Status::error(where + "block " + str(b) + " appears twice in the free lists");
+      return Status::error(where() + "block " + str(b) + " appears twice in the free lists");
     }
     if (a.refcount(b) != 0 || a.is_cached(b) || !a.in_fresh_list(b)) {
-      return Status::error(where + "block " + str(b) + " is in the free list but has refcount " +
+      return Status::error(where() + "block " + str(b) + " is in the free list but has refcount " +
                            str(a.refcount(b)) + (a.is_cached(b) ? ", cached" : ", not cached") +
                            " (expected refcount 0, not cached)");
     }
   }
   for (int32_t b : evictable) {
     if (b < 0 || b >= n) {
-      return Status::error(where + "evictable list holds out-of-range block " + str(b));
+      return Status::error(where() + "evictable list holds out-of-range block " + str(b));
     }
     if (seen[static_cast<size_t>(b)]++) {
-      return Status::error(where + "block " + str(b) + " appears twice in the free lists");
+      return Status::error(where() + "block " + str(b) + " appears twice in the free lists");
     }
     if (a.refcount(b) != 0 || !a.is_cached(b) || !a.in_evictable_list(b)) {
-      return Status::error(where + "block " + str(b) + " is in the evictable list but has refcount " +
+      return Status::error(where() + "block " + str(b) + " is in the evictable list but has refcount " +
                            str(a.refcount(b)) + (a.is_cached(b) ? ", cached" : ", not cached") +
                            " (expected refcount 0, cached)");
     }
@@ -46,30 +47,39 @@ Status check_pool_conservation(const BlockAllocator& a, const char* pool) {
   int32_t in_use = 0;
   for (int32_t b = 0; b < n; ++b) {
     if (a.refcount(b) < 0) {
-      return Status::error(where + "block " + str(b) + " has negative refcount " + str(a.refcount(b)));
+      return Status::error(where() + "block " + str(b) + " has negative refcount " + str(a.refcount(b)));
     }
     if (a.refcount(b) > 0) {
       ++in_use;
       if (seen[static_cast<size_t>(b)] || a.in_fresh_list(b) || a.in_evictable_list(b)) {
-        return Status::error(where + "block " + str(b) + " is in use (refcount " +
+        return Status::error(where() + "block " + str(b) + " is in use (refcount " +
                              str(a.refcount(b)) + ") but in a free list");
       }
     } else if (!seen[static_cast<size_t>(b)]) {
-      return Status::error(where + "block " + str(b) +
+      return Status::error(where() + "block " + str(b) +
                            " has refcount 0 but is in neither the free nor the evictable list");
     }
   }
   const auto nf = static_cast<int32_t>(fresh.size());
   const auto ne = static_cast<int32_t>(evictable.size());
   if (nf != a.num_free() || ne != a.num_evictable()) {
-    return Status::error(where + "list counters say free " + str(a.num_free()) + ", evictable " +
+    return Status::error(where() + "list counters say free " + str(a.num_free()) + ", evictable " +
                          str(a.num_evictable()) + "; the lists hold " + str(nf) + ", " + str(ne));
   }
   if (nf + ne + in_use != n) {
-    return Status::error(where + "free " + str(nf) + " + evictable " + str(ne) + " + in use " +
+    return Status::error(where() + "free " + str(nf) + " + evictable " + str(ne) + " + in use " +
                          str(in_use) + " != pool size " + str(n));
   }
   return Status::ok();
+}
+
+// The manager's sequences by id, so that the first violation reported is stable.
+std::vector<const SequenceState*> ordered_sequences(const KvCacheManager& m) {
+  std::vector<const SequenceState*> v;
+  v.reserve(m.sequences().size());
+  for (const auto& [id, s] : m.sequences()) v.push_back(&s);
+  std::sort(v.begin(), v.end(), [](const SequenceState* a, const SequenceState* b) { return a->id < b->id; });
+  return v;
 }
 
 // Table entries naming each block of one pool.
@@ -87,7 +97,7 @@ std::vector<int32_t> count_owners(const KvCacheManager& m, bool host) {
 
 Status check_pool_refcounts(const KvCacheManager& m, bool host) {
   const BlockAllocator& a = host ? m.host_allocator() : m.device_allocator();
-  const std::string where = host ? "host pool: " : "device pool: ";
+  const char* where = host ? "host pool: " : "device pool: ";
   const std::vector<int32_t> owners = count_owners(m, host);
   for (int32_t b = 0; b < a.num_blocks(); ++b) {
     if (a.refcount(b) != owners[static_cast<size_t>(b)]) {
@@ -99,7 +109,7 @@ Status check_pool_refcounts(const KvCacheManager& m, bool host) {
           who += (who.empty() ? "" : ", ") + str(id);
         }
       }
-      return Status::error(where + "block " + str(b) + " has refcount " + str(a.refcount(b)) +
+      return Status::error(std::string(where) + "block " + str(b) + " has refcount " + str(a.refcount(b)) +
                            " but " + str(owners[static_cast<size_t>(b)]) +
                            " table entries name it" + (who.empty() ? "" : " (sequences " + who + ")"));
     }
@@ -161,117 +171,128 @@ Status check_isolation(const KvCacheManager& m) {
   const BlockAllocator& a = m.device_allocator();
   const PrefixCache& cache = m.prefix_cache();
   struct Holder {
+    int32_t block;
     const SequenceState* s;
     int64_t index;
   };
-  // Deterministic order (by sequence id) so the first violation reported is stable.
-  std::map<SeqId, const SequenceState*> ordered;
-  for (const auto& [id, s] : m.sequences()) ordered.emplace(id, &s);
-  std::vector<std::vector<Holder>> holders(static_cast<size_t>(a.num_blocks()));
-  for (const auto& [id, s] : ordered) {
+  // By block, then by sequence id (deterministic: the first violation reported is stable).
+  std::vector<Holder> holders;
+  for (const SequenceState* s : ordered_sequences(m)) {
     if (s->swapped) continue;
     for (int64_t i = 0; i < s->table.size(); ++i) {
       const int32_t b = s->table[i];
       if (b < 0 || b >= a.num_blocks()) {
-        return Status::error("I4: sequence " + str(id) + " names out-of-range block " + str(b));
+        return Status::error("I4: sequence " + str(s->id) + " names out-of-range block " + str(b));
       }
-      holders[static_cast<size_t>(b)].push_back({s, i});
+      holders.push_back({b, s, i});
     }
   }
-  for (int32_t b = 0; b < a.num_blocks(); ++b) {
-    const auto& hs = holders[static_cast<size_t>(b)];
-    if (hs.empty()) continue;
-    const Holder& first = hs.front();
-    for (size_t k = 1; k < hs.size(); ++k) {
-      const Holder& h = hs[k];
-      const std::string pair = "block " + str(b) + " shared by sequences " + str(first.s->id) +
-                               " and " + str(h.s->id);
+  std::stable_sort(holders.begin(), holders.end(), [](const Holder& x, const Holder& y) { return x.block < y.block; });
+  for (std::size_t lo = 0; lo < holders.size();) {
+    std::size_t hi = lo;
+    const int32_t b = holders[lo].block;
+    while (hi < holders.size() && holders[hi].block == b) ++hi;
+    const Holder& first = holders[lo];
+    for (size_t k = lo + 1; k < hi; ++k) {
+      const Holder& h = holders[k];
+      const auto pair = [&] {
+        return "block " + str(b) + " shared by sequences " + str(first.s->id) + " and " + str(h.s->id);
+      };
       if (h.index != first.index) {
-        return Status::error("I4: " + pair + " at different table indices " + str(first.index) +
+        return Status::error("I4: " + pair() + " at different table indices " + str(first.index) +
                              " and " + str(h.index));
       }
       if (!m.config().global_prefix_sharing && h.s->tenant != first.s->tenant) {
-        return Status::error("I4: " + pair + " across tenants " + str(first.s->tenant) + " and " +
+        return Status::error("I4: " + pair() + " across tenants " + str(first.s->tenant) + " and " +
                              str(h.s->tenant));
       }
       const int64_t upto = std::min({(h.index + 1) * bs, h.s->num_slots, first.s->num_slots});
       for (int64_t p = 0; p < upto; ++p) {
         if (h.s->tokens[static_cast<size_t>(p)] != first.s->tokens[static_cast<size_t>(p)]) {
-          return Status::error("I4: " + pair + " whose tokens differ at position " + str(p) +
+          return Status::error("I4: " + pair() + " whose tokens differ at position " + str(p) +
                                " (" + str(first.s->tokens[static_cast<size_t>(p)]) + " vs " +
                                str(h.s->tokens[static_cast<size_t>(p)]) + ")");
         }
       }
     }
-    if (!cache.contains(b)) continue;
-    const PrefixCacheEntry& e = cache.entry(b);
-    for (const Holder& h : hs) {
-      const std::string who = "I4: cached block " + str(b) + " held by sequence " + str(h.s->id);
-      if (e.salt != (m.config().global_prefix_sharing ? 0 : h.s->tenant)) {
-        return Status::error(who + " has salt " + str(e.salt) + ", the sequence " +
-                             str(m.config().global_prefix_sharing ? 0 : h.s->tenant));
-      }
-      const int64_t base = h.index * bs;
-      const int64_t upto = std::min(bs, h.s->num_slots - base);
-      for (int64_t o = 0; o < upto; ++o) {
-        if (e.tokens[static_cast<size_t>(o)] != h.s->tokens[static_cast<size_t>(base + o)]) {
-          return Status::error(who + " differs at position " + str(base + o) + " (cached " +
-                               str(e.tokens[static_cast<size_t>(o)]) + ", sequence " +
-                               str(h.s->tokens[static_cast<size_t>(base + o)]) + ")");
+    if (cache.contains(b)) {
+      const PrefixCacheEntry& e = cache.entry(b);
+      for (size_t k = lo; k < hi; ++k) {
+        const Holder& h = holders[k];
+        const auto who = [&] { return "I4: cached block " + str(b) + " held by sequence " + str(h.s->id); };
+        if (e.salt != (m.config().global_prefix_sharing ? 0 : h.s->tenant)) {
+          return Status::error(who() + " has salt " + str(e.salt) + ", the sequence " +
+                               str(m.config().global_prefix_sharing ? 0 : h.s->tenant));
+        }
+        const int64_t base = h.index * bs;
+        const int64_t upto = std::min(bs, h.s->num_slots - base);
+        for (int64_t o = 0; o < upto; ++o) {
+          if (e.tokens[static_cast<size_t>(o)] != h.s->tokens[static_cast<size_t>(base + o)]) {
+            return Status::error(who() + " differs at position " + str(base + o) + " (cached " +
+                                 str(e.tokens[static_cast<size_t>(o)]) + ", sequence " +
+                                 str(h.s->tokens[static_cast<size_t>(base + o)]) + ")");
+          }
+        }
+        const BlockHandle want = h.index == 0 ? BlockHandle{} : a.handle(h.s->table[h.index - 1]);
+        if (!(e.parent == want)) {
+          return Status::error(who() + " at index " + str(h.index) + " names parent block " +
+                               str(e.parent.block) + " gen " + str(e.parent.generation) +
+                               ", the table has " + str(want.block) + " gen " +
+                               str(want.generation));
         }
       }
-      const BlockHandle want =
-          h.index == 0 ? BlockHandle{} : a.handle(h.s->table[h.index - 1]);
-      if (!(e.parent == want)) {
-        return Status::error(who + " at index " + str(h.index) + " names parent block " +
-                             str(e.parent.block) + " gen " + str(e.parent.generation) +
-                             ", the table has " + str(want.block) + " gen " +
-                             str(want.generation));
-      }
     }
+    lo = hi;
   }
   return Status::ok();
 }
 
 Status check_mapping(const KvCacheManager& m) {
   const int64_t bs = m.block_size();
-  std::map<SeqId, const SequenceState*> ordered;
-  for (const auto& [id, s] : m.sequences()) ordered.emplace(id, &s);
-  for (const auto& [id, s] : ordered) {
-    const std::string who = "I5: sequence " + str(id);
-    if (s->id != id) return Status::error(who + " is stored with id " + str(s->id));
+  // One scratch mark per block and per slot of the larger pool, cleared after each sequence
+  // (no allocation per sequence: the fuzzers call this after every operation).
+  const int32_t max_blocks = std::max(m.device_allocator().num_blocks(), m.host_allocator().num_blocks());
+  std::vector<uint8_t> block_seen(static_cast<size_t>(max_blocks), 0);
+  std::vector<uint8_t> slot_seen(static_cast<size_t>(max_blocks * bs), 0);
+  for (const SequenceState* s : ordered_sequences(m)) {
+    const SeqId id = s->id;
+    const auto who = [id] { return "I5: sequence " + str(id); };
     const auto ntok = static_cast<int64_t>(s->tokens.size());
     if (s->num_final < 0 || s->num_final > s->num_slots || s->num_slots > ntok) {
-      return Status::error(who + " has num_final " + str(s->num_final) + ", num_slots " +
+      return Status::error(who() + " has num_final " + str(s->num_final) + ", num_slots " +
                            str(s->num_slots) + ", tokens " + str(ntok) +
                            " (expected num_final <= num_slots <= tokens)");
     }
     const int64_t want = kernels::blocks_for_tokens(s->num_slots, bs);
     if (s->table.size() != want) {
-      return Status::error(who + " has " + str(s->table.size()) + " blocks for " +
+      return Status::error(who() + " has " + str(s->table.size()) + " blocks for " +
                            str(s->num_slots) + " slots (expected " + str(want) + ")");
     }
     const int32_t pool = s->swapped ? m.host_allocator().num_blocks()
                                     : m.device_allocator().num_blocks();
-    std::unordered_set<int32_t> distinct;
-    for (int64_t i = 0; i < s->table.size(); ++i) {
+    Status found = Status::ok();
+    for (int64_t i = 0; i < s->table.size() && found.is_ok(); ++i) {
       const int32_t b = s->table[i];
       if (b < 0 || b >= pool) {
-        return Status::error(who + " table[" + str(i) + "] = " + str(b) + " is outside the " +
-                             (s->swapped ? "host" : "device") + " pool");
-      }
-      if (!distinct.insert(b).second) {
-        return Status::error(who + " names block " + str(b) + " twice");
+        found = Status::error(who() + " table[" + str(i) + "] = " + str(b) + " is outside the " +
+                              (s->swapped ? "host" : "device") + " pool");
+      } else if (block_seen[static_cast<size_t>(b)]++) {
+        found = Status::error(who() + " names block " + str(b) + " twice");
       }
     }
-    std::unordered_set<int64_t> slots;
-    for (int64_t p = 0; p < s->num_slots; ++p) {
+    for (int64_t p = 0; p < s->num_slots && found.is_ok(); ++p) {
       const int64_t slot = kernels::slot_of(s->table.data(), p, bs);
-      if (!slots.insert(slot).second) {
-        return Status::error(who + " maps two positions to slot " + str(slot) +
-                             " (second at position " + str(p) + ")");
+      if (slot_seen[static_cast<size_t>(slot)]++) {
+        found = Status::error(who() + " maps two positions to slot " + str(slot) +
+                              " (second at position " + str(p) + ")");
       }
     }
+    for (int32_t b : s->table.blocks()) {
+      if (b < 0 || b >= max_blocks) continue;
+      block_seen[static_cast<size_t>(b)] = 0;
+      std::fill_n(slot_seen.begin() + static_cast<std::ptrdiff_t>(b * bs), bs, uint8_t{0});
+    }
+    KVP_RETURN_IF_ERROR(found);
   }
   return Status::ok();
 }
@@ -309,20 +330,20 @@ Status check_prefix_cache(const KvCacheManager& m) {
                            (cache.contains(b) ? "has" : "has no") + " cache entry");
     }
   }
-  std::map<int32_t, int> indexed;
+  std::vector<int> indexed(static_cast<size_t>(a.num_blocks()), 0);
   for (const auto& [h, b] : cache.index_pairs()) {
-    if (!cache.contains(b)) {
+    if (b < 0 || b >= a.num_blocks() || !cache.contains(b)) {
       return Status::error("prefix cache: index names block " + str(b) + " with no entry");
     }
     if (cache.entry(b).hash != h) {
       return Status::error("prefix cache: block " + str(b) + " is indexed under a hash "
                            "that is not its entry's");
     }
-    ++indexed[b];
+    ++indexed[static_cast<size_t>(b)];
   }
   for (int32_t b : cache.blocks()) {
-    if (indexed[b] != 1) {
-      return Status::error("prefix cache: block " + str(b) + " is indexed " + str(indexed[b]) +
+    if (indexed[static_cast<size_t>(b)] != 1) {
+      return Status::error("prefix cache: block " + str(b) + " is indexed " + str(indexed[static_cast<size_t>(b)]) +
                            " times (expected 1)");
     }
     const PrefixCacheEntry& e = cache.entry(b);
@@ -387,6 +408,81 @@ Status check_all(const KvCacheManager& m) {
   KVP_RETURN_IF_ERROR(check_isolation(m));
   KVP_RETURN_IF_ERROR(check_prefix_cache(m));
   return check_no_leak(m);
+}
+
+}  // namespace kvp
+
+namespace kvp {
+
+Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBounds& bounds, PlanReadStats* stats) {
+  const std::string at = "step " + str(plan.step) + ": ";
+  if (plan.num_tokens() > bounds.max_num_batched_tokens)
+    return Status::error(at + "I8: " + str(plan.num_tokens()) + " tokens scheduled, budget " +
+                         str(bounds.max_num_batched_tokens));
+  if (bounds.num_running > bounds.max_num_seqs)
+    return Status::error(at + "I8: " + str(bounds.num_running) + " running, max_num_seqs " +
+                         str(bounds.max_num_seqs));
+  const bool global = m.config().global_prefix_sharing;
+  std::unordered_map<int32_t, std::vector<const SequenceState*>> holders;
+  for (const auto& [id, s] : m.sequences())
+    if (!s.swapped)
+      for (int32_t b : s.table.blocks()) holders[b].push_back(&s);
+  const auto width = static_cast<std::size_t>(plan.max_blocks_per_seq);
+  for (int64_t i = 0; i < plan.num_seqs(); ++i) {
+    const auto ui = static_cast<std::size_t>(i);
+    const SeqId id = plan.seq_ids[ui];
+    const std::string where = at + "sequence " + str(id);
+    const SequenceState* s = m.sequence(id);
+    if (s == nullptr) return Status::error(where + ": I5: not known to the KV-cache manager");
+    if (s->swapped) return Status::error(where + ": I5: scheduled while swapped out");
+    const int64_t first = plan.query_start[ui];
+    const int64_t n = plan.query_start[ui + 1] - first;
+    const int64_t context = plan.context_lens[ui];
+    if (context > bounds.max_model_len)
+      return Status::error(where + ": I8: context " + str(context) + " beyond max_model_len " +
+                           str(bounds.max_model_len));
+    if (context != s->num_slots)
+      return Status::error(where + ": I5: context length " + str(context) + " but " + str(s->num_slots) +
+                           " slots reserved");
+    const int32_t* row = plan.block_tables.data() + ui * width;
+    for (std::size_t j = 0; j < width; ++j) {
+      const int32_t want = static_cast<int64_t>(j) < s->table.size() ? s->table[static_cast<int64_t>(j)] : -1;
+      if (row[j] != want)
+        return Status::error(where + ": I5: block-table entry " + str(static_cast<int64_t>(j)) + " is " + str(row[j]) +
+                             ", the manager's table has " + str(want));
+    }
+    const std::span<const int64_t> slots(plan.slot_mapping.data() + first, static_cast<std::size_t>(n));
+    if (Status st = check_slot_mapping(m, id, context - n, slots); !st) return Status::error(at + st.message());
+    if (Status st = check_exclusive_write(m, id, slots); !st) return Status::error(at + st.message());
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t pos = plan.positions[static_cast<std::size_t>(first + k)];
+      const int32_t tok = plan.token_ids[static_cast<std::size_t>(first + k)];
+      if (pos < 0 || pos >= static_cast<int64_t>(s->tokens.size()) || s->tokens[static_cast<std::size_t>(pos)] != tok)
+        return Status::error(where + ": I10: the plan carries token " + str(tok) + " at position " + str(pos) +
+                             ", the sequence's token history has " +
+                             (pos >= 0 && pos < static_cast<int64_t>(s->tokens.size())
+                                  ? str(s->tokens[static_cast<std::size_t>(pos)])
+                                  : std::string("none")));
+      if (stats != nullptr) stats->kv_position_reads += pos + 1;
+    }
+    const int64_t nblocks = kernels::blocks_for_tokens(context, m.block_size());
+    for (int64_t j = 0; j < nblocks; ++j) {
+      const int32_t b = row[static_cast<std::size_t>(j)];
+      if (!global) {
+        for (const SequenceState* h : holders[b]) {
+          if (h->tenant != s->tenant)
+            return Status::error(where + " (tenant " + str(s->tenant) + "): I4: reads block " + str(b) +
+                                 " (block-table index " + str(j) + "), also held by sequence " + str(h->id) +
+                                 " of tenant " + str(h->tenant));
+        }
+      }
+      if (stats != nullptr) {
+        ++stats->block_reads;
+        stats->blocks.push_back(b);
+      }
+    }
+  }
+  return Status::ok();
 }
 
 }  // namespace kvp

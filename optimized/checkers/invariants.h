@@ -8,6 +8,7 @@
 #include <span>
 
 #include "common/status.h"
+#include "optimized/backends/batch_plan.h"
 #include "optimized/kv/kv_cache_manager.h"
 
 namespace kvp {
@@ -53,6 +54,36 @@ Status check_no_leak(const KvCacheManager& m);
 
 // I6 after a flush: no sequences, no cache entries, every block of both pools free.
 Status check_all_free(const KvCacheManager& m);
+
+// The scheduler's bounds a plan must respect (I8).
+struct PlanBounds {
+  int64_t max_num_batched_tokens = 0;
+  int64_t max_num_seqs = 0;
+  int64_t max_model_len = 0;
+  int64_t num_running = 0;  // running sequences when the plan was made
+};
+
+// What check_plan saw, for reports (audit's coverage figures).
+struct PlanReadStats {
+  int64_t block_reads = 0;        // (sequence, block-table entry) pairs attention reads
+  int64_t kv_position_reads = 0;  // per new token, the context positions it attends to
+  std::vector<int32_t> blocks;    // every block read (with repeats)
+};
+
+// The per-plan checker, called on every plan before it runs (verify, audit, the engine
+// properties, a backend's audit mode):
+//   I8  tokens <= max_num_batched_tokens, num_running <= max_num_seqs, every context
+//       length <= max_model_len;
+//   I5  each sequence is known and on the device, its context length is its slot count,
+//       its block-table row is exactly its table (then -1 padding), and its slot mapping
+//       is the table formula's (check_slot_mapping);
+//   I3  every slot written is exclusive (check_exclusive_write);
+//   I4  every block attention reads is held only by sequences in the reader's tenant scope
+//       (any tenant with global prefix sharing);
+//   I10 the plan's token ids are the sequence's tokens at those positions.
+// Fills `stats` when given. O(plan + device-resident table entries).
+Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBounds& bounds,
+                  PlanReadStats* stats = nullptr);
 
 // All of the above that hold at any time (I1, I2, I4, I5, prefix cache, I6).
 Status check_all(const KvCacheManager& m);

@@ -116,15 +116,22 @@ void Engine::reject(Request& r, std::string reason) {
 
 void Engine::cancel(RequestId id) {
   auto it = requests_.find(id);
-  if (it == requests_.end() || it->second->finished()) return;
-  it->second->cancel_requested = true;
+  if (it == requests_.end() || it->second->finished() || it->second->cancel_requested) return;
+  Request& r = *it->second;
+  r.cancel_requested = true;
+  r.cancel_step = step_;
+  for (RequestId c : r.children) cancel(c);
 }
 
 void Engine::finish(Request& r, FinishReason reason) {
   scheduler_.finish(&r, reason);
+  record_finish(r);
+}
+
+void Engine::record_finish(Request& r) {
   r.time.finish_step = step_;
   r.time.finish_s = now();
-  if (reason == FinishReason::kCancelled) ++counters_.cancellations;
+  if (r.finish == FinishReason::kCancelled) ++counters_.cancellations;
 }
 
 bool Engine::forget(RequestId id) {
@@ -140,12 +147,24 @@ bool Engine::has_unfinished() const { return !scheduler_.idle(); }
 
 Status Engine::step() {
   for (auto& [id, r] : requests_) {
-    if (r->cancel_requested && !r->finished()) finish(*r, FinishReason::kCancelled);
+    if (!r->cancel_requested || r->finished()) continue;
+    const SequenceState* s = kv_.sequence(id);
+    switch (r->state) {
+      case RequestState::kWaiting: r->cancelled_in = "waiting"; break;
+      case RequestState::kSwapped: r->cancelled_in = "swapped"; break;
+      default: r->cancelled_in = s != nullptr && s->num_slots < r->num_prompt() ? "prefill" : "running";
+    }
+    finish(*r, FinishReason::kCancelled);
   }
 
-  BatchPlan plan;
-  plan.step = step_;
-  const ScheduleStats stats = scheduler_.schedule(plan);
+  ScheduledStep scheduled = scheduler_.schedule(step_);
+  BatchPlan& plan = scheduled.plan;
+  const ScheduleStats& stats = scheduled.stats;
+  const double scheduled_at = now();
+  for (int64_t id : plan.seq_ids) {
+    Request& r = *requests_.at(id);
+    if (r.time.first_scheduled_s < 0) r.time.first_scheduled_s = scheduled_at;
+  }
   counters_.preemptions += stats.preemptions;
   counters_.swaps_out += stats.swaps_out;
   counters_.swaps_in += stats.swaps_in;
@@ -184,12 +203,12 @@ Status Engine::step() {
 }
 
 void Engine::process_outputs(const BatchPlan& plan, const StepOutput& out) {
+  StepUpdate update;
   for (int64_t i = 0; i < plan.num_seqs(); ++i) {
     const auto ui = static_cast<std::size_t>(i);
     Request& r = *requests_.at(plan.seq_ids[ui]);
     const int64_t n = plan.query_start[ui + 1] - plan.query_start[ui];
     const int64_t end = plan.context_lens[ui];
-    KVP_CHECK(kv_.mark_final(r.id, end).is_ok());
     if (end - n < r.num_prompt()) counters_.prefill_tokens += std::min(end, r.num_prompt()) - (end - n);
     counters_.decode_tokens += std::max<int64_t>(0, end - std::max(end - n, r.num_prompt()));
 
@@ -212,14 +231,19 @@ void Engine::process_outputs(const BatchPlan& plan, const StepOutput& out) {
     const std::span<const float> logits(last, static_cast<std::size_t>(out.vocab_size));
     std::vector<Request*> samplers = {&r};
     if (r.spec.n > 1 && !r.forked && r.num_generated() == 0) {
-      for (RequestId c : fork_samples(r)) samplers.push_back(requests_.at(c).get());
+      StepUpdate::Fork fork{&r, make_samples(r)};
+      samplers.insert(samplers.end(), fork.children.begin(), fork.children.end());
+      update.forks.push_back(std::move(fork));
     }
-    for (Request* s : samplers) emit_token(*s, logits);
+    for (Request* s : samplers) update.tokens.push_back(next_token(*s, logits));
   }
+  scheduler_.apply(plan, update);
+  for (const StepUpdate::Token& t : update.tokens)
+    if (t.finish != FinishReason::kNone) record_finish(*t.request);
 }
 
-std::vector<RequestId> Engine::fork_samples(Request& r) {
-  std::vector<RequestId> ids;
+std::vector<Request*> Engine::make_samples(Request& r) {
+  std::vector<Request*> samples;
   for (int32_t k = 1; k < r.spec.n; ++k) {
     auto owned = std::make_unique<Request>();
     Request& c = *owned;
@@ -232,19 +256,15 @@ std::vector<RequestId> Engine::fork_samples(Request& r) {
     c.logits = r.logits;
     c.time = r.time;
     c.parent = r.id;
-    c.in_kv = true;
-    KVP_CHECK(kv_.fork(r.id, c.id).is_ok());
-    ids.push_back(c.id);
     r.children.push_back(c.id);
-    Request* child = owned.get();
+    samples.push_back(owned.get());
     requests_.emplace(c.id, std::move(owned));
-    scheduler_.adopt_running(child);
   }
   r.forked = true;
-  return ids;
+  return samples;
 }
 
-void Engine::emit_token(Request& r, std::span<const float> logits) {
+StepUpdate::Token Engine::next_token(Request& r, std::span<const float> logits) {
   const int64_t k = r.num_generated();
   int32_t token;
   if (k < static_cast<int64_t>(r.spec.forced_tokens.size())) {
@@ -252,19 +272,18 @@ void Engine::emit_token(Request& r, std::span<const float> logits) {
   } else {
     token = sample_token(logits, r.spec.sampling, r.rng);
   }
-  r.tokens.push_back(token);
   ++counters_.generated_tokens;
   if (r.time.first_token_step < 0) {
     r.time.first_token_step = step_;
     r.time.first_token_s = now();
   }
+  FinishReason finish = FinishReason::kNone;
   if (r.spec.stop_token && token == *r.spec.stop_token) {
-    finish(r, FinishReason::kStop);
-  } else if (r.num_generated() >= r.spec.max_tokens) {
-    finish(r, FinishReason::kLength);
-  } else {
-    KVP_CHECK(kv_.append_tokens(r.id, std::span<const int32_t>(&token, 1)).is_ok());
+    finish = FinishReason::kStop;
+  } else if (k + 1 >= r.spec.max_tokens) {
+    finish = FinishReason::kLength;
   }
+  return {&r, token, finish};
 }
 
 void Engine::fill_audit_arrays(BatchPlan& plan) const {
@@ -294,7 +313,7 @@ EngineMetrics Engine::metrics() const {
     queue.push_back(static_cast<double>(t.first_scheduled_step - t.arrival_step));
     ttft_s.push_back(t.first_token_s - t.arrival_s);
     e2e_s.push_back(t.finish_s - t.arrival_s);
-    queue_s.push_back(t.first_scheduled_s < 0 ? 0 : t.first_scheduled_s - t.arrival_s);
+    queue_s.push_back(t.first_scheduled_s - t.arrival_s);
     if (r->num_generated() > 1) {
       tpot.push_back(static_cast<double>(t.finish_step - t.first_token_step) / static_cast<double>(r->num_generated() - 1));
       tpot_s.push_back((t.finish_s - t.first_token_s) / static_cast<double>(r->num_generated() - 1));

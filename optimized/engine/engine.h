@@ -48,7 +48,9 @@ class Engine {
   // than the pool, bad sampling parameters); a rejected request is finished at once and
   // nothing else changes. Either way the id names the request's result.
   RequestId add_request(RequestSpec spec);
-  // Cancels a request; takes effect at the next step boundary. Unknown or finished: no-op.
+  // Cancels a request and its parallel samples; takes effect at the next step boundary
+  // (the start of the next step): the request ends there, cancelled, whatever it was doing,
+  // and its device and host blocks are released. Unknown or finished: no-op.
   void cancel(RequestId id);
 
   // Drops the record of a finished request (its id is never reused). A long-running driver
@@ -81,14 +83,19 @@ class Engine {
 
  private:
   void reject(Request& r, std::string reason);
+  // Ends a request through the scheduler (which frees its blocks) and records when.
   void finish(Request& r, FinishReason reason);
+  void record_finish(Request& r);
+  // Samples the plan's outputs and hands the outcome to Scheduler::apply, the one place
+  // KV-cache state changes after a step.
   void process_outputs(const BatchPlan& plan, const StepOutput& out);
   void fill_audit_arrays(BatchPlan& plan) const;
-  // Forks a request whose prompt is computed into its n parallel samples; returns their ids.
-  std::vector<RequestId> fork_samples(Request& r);
-  // Samples (or takes the forced) next token, appends it, finishes the request at its stop
-  // token or length.
-  void emit_token(Request& r, std::span<const float> logits);
+  // The n - 1 parallel samples of a request whose prompt is computed, as new requests (the
+  // scheduler forks their KV-cache sequences in apply).
+  std::vector<Request*> make_samples(Request& r);
+  // Samples (or takes the forced) next token and decides whether it ends the request (stop
+  // token or length); changes no KV-cache or queue state.
+  StepUpdate::Token next_token(Request& r, std::span<const float> logits);
   double now() const;
 
   EngineConfig config_;

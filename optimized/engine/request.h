@@ -55,6 +55,11 @@ struct Request {
   Rng rng{0};                   // the sampling stream: one draw per sampled token
   bool in_kv = false;           // holds a KvCacheManager sequence (running or swapped)
   bool cancel_requested = false;
+  // The step at whose start a requested cancellation takes effect (the next step after
+  // Engine::cancel), and what the request was doing then: "waiting", "prefill" (running,
+  // prompt not yet computed), "running" or "swapped".
+  int64_t cancel_step = -1;
+  std::string cancelled_in;
   bool forked = false;              // parallel samples created (spec.n > 1)
   RequestId parent = -1;            // for a parallel sample: the request it forked from
   std::vector<RequestId> children;  // for a forked request: its parallel samples

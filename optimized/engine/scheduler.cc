@@ -53,9 +53,11 @@ int64_t Scheduler::seats_in_use() const {
 
 int64_t Scheduler::tokens_to_compute(const Request& r) const {
   // The manager's slots are the positions computed (or being computed in the plan that
-  // reserved them): only a sequence in the manager has any.
+  // reserved them); a sequence with no blocks yet will first take its cached prefix.
   const SequenceState* s = kv_.sequence(r.id);
-  return static_cast<int64_t>(r.tokens.size()) - (s != nullptr ? s->num_slots : 0);
+  int64_t done = 0;
+  if (s != nullptr) done = s->num_slots > 0 ? s->num_slots : kv_.cached_prefix_tokens(r.id);
+  return static_cast<int64_t>(r.tokens.size()) - done;
 }
 
 void Scheduler::insert_running(Request* r) {
@@ -85,55 +87,52 @@ void Scheduler::preempt(Request* victim, ScheduleStats& stats) {
   waiting_.push_front(victim);
 }
 
-void Scheduler::add_to_plan(Request* r, int64_t n, const std::vector<int64_t>& slots, BatchPlan& plan) {
-  const SequenceState* s = kv_.sequence(r->id);
-  const int64_t end = s->num_slots;
-  const int64_t start = end - n;
+int64_t Scheduler::try_plan(Request* r, int64_t budget, BatchPlan& plan) {
+  const int64_t n = std::min({tokens_to_compute(*r), budget, static_cast<int64_t>(config_.prefill_chunk_size)});
+  if (n <= 0 || kv_.can_allocate(r->id, n) != AllocStatus::kOk) return 0;
+  const std::size_t first_slot = plan.slot_mapping.size();
+  KVP_CHECK(kv_.allocate_slots(r->id, n, plan.slot_mapping).is_ok());
+  KVP_CHECK(plan.slot_mapping.size() == first_slot + static_cast<std::size_t>(n));
+  const int64_t end = kv_.sequence(r->id)->num_slots;
   plan.seq_ids.push_back(r->id);
-  for (int64_t p = start; p < end; ++p) {
+  for (int64_t p = end - n; p < end; ++p) {
     plan.token_ids.push_back(r->tokens[static_cast<std::size_t>(p)]);
     plan.positions.push_back(static_cast<int32_t>(p));
   }
-  plan.slot_mapping.insert(plan.slot_mapping.end(), slots.begin(), slots.end());
   plan.query_start.push_back(static_cast<int32_t>(plan.token_ids.size()));
   plan.context_lens.push_back(static_cast<int32_t>(end));
   const bool at_end = end == static_cast<int64_t>(r->tokens.size());
   plan.needs_logits.push_back(at_end || r->spec.capture_logits ? 1 : 0);
   plan.logits_all.push_back(r->spec.capture_logits ? 1 : 0);
   if (r->time.first_scheduled_step < 0) r->time.first_scheduled_step = plan.step;
+  return n;
 }
 
 int64_t Scheduler::schedule_running(Request* r, int64_t budget, BatchPlan& plan, ScheduleStats& stats) {
-  const int64_t n = std::min({tokens_to_compute(*r), budget, static_cast<int64_t>(config_.prefill_chunk_size)});
-  if (n <= 0) return 0;
+  if (std::min(tokens_to_compute(*r), budget) <= 0) return 0;
   while (true) {
-    const AllocStatus st = kv_.can_allocate(r->id, n);
-    if (st == AllocStatus::kOk) break;
-    KVP_CHECK(st != AllocStatus::kNever);  // admission rejected what could never fit
+    if (const int64_t n = try_plan(r, budget, plan); n > 0) return n;
+    const int64_t want = std::min({tokens_to_compute(*r), budget, static_cast<int64_t>(config_.prefill_chunk_size)});
+    KVP_CHECK(kv_.can_allocate(r->id, want) != AllocStatus::kNever);  // admission rejected what could never fit
     Request* victim = running_.back();
     preempt(victim, stats);
     if (victim == r) return 0;
   }
-  std::vector<int64_t> slots;
-  KVP_CHECK(kv_.allocate_slots(r->id, n, slots).is_ok());
-  add_to_plan(r, n, slots, plan);
-  return n;
 }
 
-ScheduleStats Scheduler::schedule(BatchPlan& plan) {
-  const int64_t step = plan.step;
-  plan = BatchPlan{};
+ScheduledStep Scheduler::schedule(int64_t step) {
+  ScheduledStep out;
+  BatchPlan& plan = out.plan;
+  ScheduleStats& stats = out.stats;
   plan.step = step;
   plan.query_start.push_back(0);
-  ScheduleStats stats;
   int64_t budget = config_.max_num_batched_tokens;
 
   // 1. Running requests, oldest first. A preemption removes requests from the back, so
   //    iterating by index over a shrinking vector visits each survivor once.
   for (std::size_t i = 0; i < running_.size() && budget > 0;) {
     Request* r = running_[i];
-    const int64_t n = schedule_running(r, budget, plan, stats);
-    budget -= n;
+    budget -= schedule_running(r, budget, plan, stats);
     if (i < running_.size() && running_[i] == r) ++i;
   }
 
@@ -146,13 +145,7 @@ ScheduleStats Scheduler::schedule(BatchPlan& plan) {
       ++stats.swaps_in;
       swapped_.pop_front();
       insert_running(r);
-      const int64_t n = std::min({tokens_to_compute(*r), budget, static_cast<int64_t>(config_.prefill_chunk_size)});
-      if (n > 0 && kv_.can_allocate(r->id, n) == AllocStatus::kOk) {
-        std::vector<int64_t> slots;
-        KVP_CHECK(kv_.allocate_slots(r->id, n, slots).is_ok());
-        add_to_plan(r, n, slots, plan);
-        budget -= n;
-      }
+      budget -= try_plan(r, budget, plan);
     }
   }
 
@@ -170,22 +163,22 @@ ScheduleStats Scheduler::schedule(BatchPlan& plan) {
         r->in_kv = true;
       }
       const int64_t cached = kv_.cached_prefix_tokens(r->id);
-      const int64_t n = std::min({static_cast<int64_t>(r->tokens.size()) - cached, budget,
-                                  static_cast<int64_t>(config_.prefill_chunk_size)});
-      if (kv_.can_allocate(r->id, n) != AllocStatus::kOk) break;  // FCFS: nobody overtakes
-      std::vector<int64_t> slots;
-      KVP_CHECK(kv_.allocate_slots(r->id, n, slots).is_ok());
+      const int64_t n = try_plan(r, budget, plan);
+      if (n == 0) break;  // FCFS: nobody overtakes
       waiting_.pop_front();
       insert_running(r);
       ++stats.admitted;
       stats.prefix_hit_tokens += cached;
       if (kv_.config().enable_prefix_caching) stats.prefix_lookup_tokens += static_cast<int64_t>(r->tokens.size());
       r->prefix_hit_tokens += cached;
-      add_to_plan(r, n, slots, plan);
       budget -= n;
     }
   }
+  finish_plan(plan);
+  return out;
+}
 
+void Scheduler::finish_plan(BatchPlan& plan) {
   // The plan's block tables, padded to the longest.
   int32_t max_blocks = 0;
   for (int64_t id : plan.seq_ids)
@@ -194,11 +187,31 @@ ScheduleStats Scheduler::schedule(BatchPlan& plan) {
   plan.block_tables.assign(plan.seq_ids.size() * static_cast<std::size_t>(max_blocks), -1);
   for (std::size_t i = 0; i < plan.seq_ids.size(); ++i) {
     const BlockTable& t = kv_.sequence(plan.seq_ids[i])->table;
-    for (int64_t j = 0; j < t.size(); ++j)
-      plan.block_tables[i * static_cast<std::size_t>(max_blocks) + static_cast<std::size_t>(j)] = t[j];
+    std::copy(t.blocks().begin(), t.blocks().end(), plan.block_tables.begin() + static_cast<std::ptrdiff_t>(i * static_cast<std::size_t>(max_blocks)));
   }
   plan.ops = kv_.take_plan_ops();
-  return stats;
+}
+
+void Scheduler::apply(const BatchPlan& plan, const StepUpdate& update) {
+  for (int64_t i = 0; i < plan.num_seqs(); ++i)
+    KVP_CHECK(kv_.mark_final(plan.seq_ids[static_cast<std::size_t>(i)], plan.context_lens[static_cast<std::size_t>(i)]).is_ok());
+  for (const StepUpdate::Fork& f : update.forks) {
+    KVP_CHECK(f.parent->state == RequestState::kRunning);
+    for (Request* c : f.children) {
+      KVP_CHECK(kv_.fork(f.parent->id, c->id).is_ok());
+      c->in_kv = true;
+      insert_running(c);
+    }
+  }
+  for (const StepUpdate::Token& t : update.tokens) {
+    Request* r = t.request;
+    r->tokens.push_back(t.token);
+    if (t.finish != FinishReason::kNone) {
+      finish(r, t.finish);
+    } else {
+      KVP_CHECK(kv_.append_tokens(r->id, std::span<const int32_t>(&t.token, 1)).is_ok());
+    }
+  }
 }
 
 }  // namespace kvp

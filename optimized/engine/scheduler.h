@@ -52,6 +52,28 @@ struct ScheduleStats {
   int64_t prefix_lookup_tokens = 0;  // tokens of admitted sequences looked up in the prefix cache
 };
 
+// One step's plan and what deciding it did.
+struct ScheduledStep {
+  BatchPlan plan;
+  ScheduleStats stats;
+};
+
+// What the engine made of one executed plan, for Scheduler::apply. The engine decides
+// (samples tokens, decides stops); the scheduler changes the state.
+struct StepUpdate {
+  struct Fork {
+    Request* parent = nullptr;
+    std::vector<Request*> children;  // new requests (state kWaiting, in_kv false)
+  };
+  struct Token {
+    Request* request = nullptr;
+    int32_t token = 0;
+    FinishReason finish = FinishReason::kNone;  // kStop or kLength ends the request with it
+  };
+  std::vector<Fork> forks;
+  std::vector<Token> tokens;
+};
+
 class Scheduler {
  public:
   // REQUIRES: validate(config).is_ok(); kv outlives the scheduler.
@@ -63,12 +85,20 @@ class Scheduler {
   // its queue. REQUIRES: !r->finished().
   void finish(Request* r, FinishReason reason);
 
-  // Adds a request that already holds a running KvCacheManager sequence (a parallel sample
-  // forked from a running request) to the running queue.
-  void adopt_running(Request* r) { insert_running(r); }
+  // Builds the plan of step `step`: every slot in it is reserved in the KvCacheManager, and
+  // the plan carries the manager's pending memory ops.
+  ScheduledStep schedule(int64_t step);
 
-  // Builds the next plan. Fills `plan` (cleared first) and returns what happened.
-  ScheduleStats schedule(BatchPlan& plan);
+  // Applies what the engine made of `plan` after the backend executed it, the only way the
+  // engine changes KV-cache state: in that order,
+  //   1. every scheduled sequence's positions up to its context length become final
+  //      (full blocks enter the prefix cache);
+  //   2. each fork's children become running sequences sharing the parent's blocks;
+  //   3. each token is appended to its request and its sequence, or ends the request
+  //      (its blocks are freed) when it carries a finish reason.
+  // REQUIRES: `plan` is the last plan schedule() returned, executed; the update's requests
+  // are running.
+  void apply(const BatchPlan& plan, const StepUpdate& update);
 
   const SchedulerConfig& config() const { return config_; }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
@@ -88,10 +118,17 @@ class Scheduler {
   // newest running requests as needed. Returns the tokens scheduled (0: r was preempted or
   // has nothing to compute).
   int64_t schedule_running(Request* r, int64_t budget, BatchPlan& plan, ScheduleStats& stats);
+  // The one path from "tokens to run" to a plan row: n = the tokens r may run within
+  // `budget` and the chunk size; if the pool holds them now, reserves their slots and adds
+  // r's row to the plan, returning n; otherwise changes nothing and returns 0 (also when r
+  // has nothing to compute). REQUIRES: r holds a KvCacheManager sequence on the device.
+  int64_t try_plan(Request* r, int64_t budget, BatchPlan& plan);
   void preempt(Request* victim, ScheduleStats& stats);
-  void add_to_plan(Request* r, int64_t n, const std::vector<int64_t>& slots, BatchPlan& plan);
   void insert_running(Request* r);  // keeps running_ in arrival (id) order
+  // Positions r still has to compute: its tokens past the slots its sequence holds (past
+  // the cached prefix it will take, for a sequence with no blocks yet).
   int64_t tokens_to_compute(const Request& r) const;
+  void finish_plan(BatchPlan& plan);
 
   SchedulerConfig config_;
   KvCacheManager& kv_;

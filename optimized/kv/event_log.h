@@ -24,29 +24,41 @@
 #include <string>
 #include <vector>
 
+#include "optimized/kv/kv_event.h"
+
 namespace kvp {
+
+// The JSON line of one event (the format above).
+std::string to_json_line(const KvEvent& event);
 
 class EventLog {
  public:
-  // Keeps the lines in memory.
+  // Keeps the events in memory; their JSON lines are made when first asked for.
   EventLog() = default;
-  // Also writes each line (with '\n') to `out`, which must outlive the log.
+  // Also writes each event's line (with '\n') to `out` as it happens; `out` must outlive the
+  // log.
   explicit EventLog(std::ostream* out) : out_(out) {}
 
-  void record(std::string line) {
-    if (out_ != nullptr) *out_ << line << '\n';
-    lines_.push_back(std::move(line));
+  void record(const KvEvent& event) {
+    events_.push_back(event);
+    if (out_ != nullptr) *out_ << to_json_line(event) << '\n';
   }
-  const std::vector<std::string>& lines() const { return lines_; }
+  const std::vector<KvEvent>& events() const { return events_; }
+  // One JSON line per event, in order.
+  const std::vector<std::string>& lines() const {
+    while (lines_.size() < events_.size()) lines_.push_back(to_json_line(events_[lines_.size()]));
+    return lines_;
+  }
   std::string text() const {
     std::string s;
-    for (const auto& l : lines_) s += l + "\n";
+    for (const auto& l : lines()) s += l + "\n";
     return s;
   }
 
  private:
   std::ostream* out_ = nullptr;
-  std::vector<std::string> lines_;
+  std::vector<KvEvent> events_;
+  mutable std::vector<std::string> lines_;
 };
 
 }  // namespace kvp

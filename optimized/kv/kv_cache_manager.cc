@@ -1,14 +1,12 @@
 #include "optimized/kv/kv_cache_manager.h"
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 
 #include "kernels/kv_index.h"
 
 namespace kvp {
 
 using kernels::blocks_for_tokens;
-using Json = nlohmann::json;
 
 Status validate(const KvCacheConfig& c) {
   KVP_RETURN_IF_ERROR(c.pool.validate());
@@ -48,15 +46,11 @@ void KvCacheManager::set_event_log(EventLog* event_log) {
   // The replayer starts from an empty state, so a log must start from one.
   KVP_CHECK(seqs_.empty() && device_.num_free() == device_.num_blocks() &&
             host_.num_free() == host_.num_blocks());
-  log(Json{{"ev", "init"},
-           {"device_blocks", config_.pool.num_device_blocks},
-           {"host_blocks", config_.pool.num_host_blocks},
-           {"block_size", config_.pool.block_size},
-           {"global_prefix", config_.global_prefix_sharing}}
-          .dump());
+  log(kv_event::Init{config_.pool.num_device_blocks, config_.pool.num_host_blocks, config_.pool.block_size,
+                     config_.global_prefix_sharing});
 }
 
-void KvCacheManager::log(std::string line) { log_->record(std::move(line)); }
+void KvCacheManager::log(const KvEvent& event) { log_->record(event); }
 
 SequenceState* KvCacheManager::find(SeqId seq) {
   return const_cast<SequenceState*>(sequence(seq));
@@ -95,7 +89,7 @@ Status KvCacheManager::add_sequence(SeqId seq, int64_t tenant, std::span<const i
   s.tenant = tenant;
   s.tokens.assign(tokens.begin(), tokens.end());
   seqs_.emplace(seq, std::move(s));
-  if (logging()) log(Json{{"ev", "add"}, {"seq", seq}, {"tenant", tenant}}.dump());
+  if (logging()) log(kv_event::Add{seq, tenant});
   return Status::ok();
 }
 
@@ -143,7 +137,7 @@ void KvCacheManager::register_final_blocks(SequenceState& s) {
                                       std::vector<int32_t>(block_tokens.begin(),
                                                            block_tokens.end()),
                                       parent});
-    if (logging()) log(Json{{"ev", "cache"}, {"block", b}}.dump());
+    if (logging()) log(kv_event::Cache{b});
   }
   s.num_registered_blocks = std::max(s.num_registered_blocks, full);
 }
@@ -227,7 +221,7 @@ Status KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens,
       device_.retain(b);
       s->table.push_back(b);
       if (logging()) {
-        log(Json{{"ev", "share"}, {"seq", seq}, {"block", b}, {"reason", "prefix_hit"}}.dump());
+        log(kv_event::Share{seq, b, kv_event::ShareReason::kPrefixHit});
       }
     }
     const auto num_hit = static_cast<int64_t>(hit.blocks.size());
@@ -244,7 +238,7 @@ Status KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens,
     ops_.block_copies.push_back({src, dst});
     s->table.set(i, dst);
     if (logging()) {
-      log(Json{{"ev", "cow"}, {"seq", seq}, {"index", i}, {"src", src}, {"dst", dst}}.dump());
+      log(kv_event::Cow{seq, i, src, dst});
     }
     release_device_block(src);
   }
@@ -255,13 +249,13 @@ Status KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens,
   while (s->table.size() < blocks_needed) {
     const int32_t b = take_device_block(/*is_copy_dst=*/false);
     s->table.push_back(b);
-    if (logging()) log(Json{{"ev", "alloc"}, {"seq", seq}, {"block", b}}.dump());
+    if (logging()) log(kv_event::Alloc{seq, b});
   }
   for (int64_t p = start; p < end; ++p) {
     slot_mapping.push_back(kernels::slot_of(s->table.data(), p, bs));
   }
   s->num_slots = end;
-  if (logging()) log(Json{{"ev", "slots"}, {"seq", seq}, {"len", end}}.dump());
+  if (logging()) log(kv_event::Slots{seq, end});
   return Status::ok();
 }
 
@@ -269,7 +263,7 @@ int32_t KvCacheManager::take_device_block(bool is_copy_dst) {
   const BlockAllocator::Allocation a = device_.allocate();
   if (a.evicted) {
     cache_.erase(a.block);
-    if (logging()) log(Json{{"ev", "evict"}, {"block", a.block}}.dump());
+    if (logging()) log(kv_event::Evict{a.block});
   }
   if (config_.poison_on_free) {
     if (is_copy_dst) {
@@ -277,7 +271,7 @@ int32_t KvCacheManager::take_device_block(bool is_copy_dst) {
       std::erase(ops_.poison, a.block);
     } else if (a.evicted) {
       ops_.poison.push_back(a.block);
-      if (logging()) log(Json{{"ev", "poison"}, {"block", a.block}}.dump());
+      if (logging()) log(kv_event::Poison{a.block});
     }
   }
   return a.block;
@@ -286,7 +280,7 @@ int32_t KvCacheManager::take_device_block(bool is_copy_dst) {
 void KvCacheManager::release_device_block(int32_t block) {
   if (device_.release(block) && !device_.is_cached(block) && config_.poison_on_free) {
     ops_.poison.push_back(block);
-    if (logging()) log(Json{{"ev", "poison"}, {"block", block}}.dump());
+    if (logging()) log(kv_event::Poison{block});
   }
 }
 
@@ -294,7 +288,7 @@ void KvCacheManager::release_tail_to(SequenceState& s, int64_t num_blocks) {
   while (s.table.size() > num_blocks) {
     const int32_t b = s.table.back();
     s.table.pop_back();
-    if (logging()) log(Json{{"ev", "release"}, {"seq", s.id}, {"block", b}}.dump());
+    if (logging()) log(kv_event::Release{s.id, b});
     if (s.swapped) {
       host_.release(b);
     } else {
@@ -307,7 +301,7 @@ Status KvCacheManager::free(SeqId seq) {
   SequenceState* s = find(seq);
   if (s == nullptr) return Status::error(seq_error("free", seq, "unknown sequence"));
   release_tail_to(*s, 0);
-  if (logging()) log(Json{{"ev", "free"}, {"seq", seq}}.dump());
+  if (logging()) log(kv_event::Free{seq});
   if (last_found_ != nullptr && last_found_->id == seq) last_found_ = nullptr;
   seqs_.erase(seq);
   return Status::ok();
@@ -324,15 +318,15 @@ Status KvCacheManager::fork(SeqId parent, SeqId child) {
   SequenceState c = *p;
   c.id = child;
   c.table.clear();
-  if (logging()) log(Json{{"ev", "fork"}, {"parent", parent}, {"child", child}}.dump());
+  if (logging()) log(kv_event::Fork{parent, child});
   for (int32_t b : p->table.blocks()) {
     device_.retain(b);
     c.table.push_back(b);
     if (logging()) {
-      log(Json{{"ev", "share"}, {"seq", child}, {"block", b}, {"reason", "fork"}}.dump());
+      log(kv_event::Share{child, b, kv_event::ShareReason::kFork});
     }
   }
-  if (logging()) log(Json{{"ev", "slots"}, {"seq", child}, {"len", c.num_slots}}.dump());
+  if (logging()) log(kv_event::Slots{child, c.num_slots});
   seqs_.emplace(child, std::move(c));
   return Status::ok();
 }
@@ -354,7 +348,7 @@ Status KvCacheManager::truncate(SeqId seq, int64_t new_len) {
   }
   s->num_registered_blocks = std::min(s->num_registered_blocks, s->num_final / bs);
   release_tail_to(*s, blocks_for_tokens(s->num_slots, bs));
-  if (logging()) log(Json{{"ev", "slots"}, {"seq", seq}, {"len", s->num_slots}}.dump());
+  if (logging()) log(kv_event::Slots{seq, s->num_slots});
   return Status::ok();
 }
 
@@ -371,11 +365,7 @@ Status KvCacheManager::swap_out(SeqId seq) {
   std::vector<BlockCopy> pairs;
   pairs.reserve(static_cast<size_t>(k));
   for (int64_t i = 0; i < k; ++i) pairs.push_back({s->table[i], host_.allocate().block});
-  if (logging()) {
-    Json j = Json::array();
-    for (const auto& c : pairs) j.push_back({c.src, c.dst});
-    log(Json{{"ev", "swap_out"}, {"seq", seq}, {"pairs", j}}.dump());
-  }
+  if (logging()) log(kv_event::SwapOut{seq, pairs});
   for (int64_t i = k - 1; i >= 0; --i) {
     release_device_block(pairs[static_cast<size_t>(i)].src);
     s->table.set(i, pairs[static_cast<size_t>(i)].dst);
@@ -405,11 +395,7 @@ Status KvCacheManager::swap_in(SeqId seq) {
   for (int64_t i = 0; i < k; ++i) {
     pairs.push_back({s->table[i], take_device_block(/*is_copy_dst=*/false)});
   }
-  if (logging()) {
-    Json j = Json::array();
-    for (const auto& c : pairs) j.push_back({c.src, c.dst});
-    log(Json{{"ev", "swap_in"}, {"seq", seq}, {"pairs", j}}.dump());
-  }
+  if (logging()) log(kv_event::SwapIn{seq, pairs});
   for (int64_t i = k - 1; i >= 0; --i) {
     host_.release(pairs[static_cast<size_t>(i)].src);
     s->table.set(i, pairs[static_cast<size_t>(i)].dst);
@@ -426,10 +412,10 @@ Status KvCacheManager::swap_in(SeqId seq) {
 void KvCacheManager::drop_cache_entry(int32_t block) {
   cache_.erase(block);
   device_.clear_cached(block);
-  if (logging()) log(Json{{"ev", "evict"}, {"block", block}}.dump());
+  if (logging()) log(kv_event::Evict{block});
   if (device_.refcount(block) == 0 && config_.poison_on_free) {
     ops_.poison.push_back(block);
-    if (logging()) log(Json{{"ev", "poison"}, {"block", block}}.dump());
+    if (logging()) log(kv_event::Poison{block});
   }
 }
 

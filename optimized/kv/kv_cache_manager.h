@@ -193,7 +193,7 @@ class KvCacheManager {
   void drop_cache_entry(int32_t block);
   SequenceState* find(SeqId seq);
 
-  void log(std::string line);
+  void log(const KvEvent& event);
   bool logging() const { return log_ != nullptr; }
 
   KvCacheConfig config_;

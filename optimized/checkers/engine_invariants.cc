@@ -1,0 +1,54 @@
+#include "optimized/checkers/engine_invariants.h"
+
+#include <string>
+
+namespace kvp {
+
+Status check_plan(const Engine& e, const BatchPlan& plan, PlanReadStats* stats) {
+  const SchedulerConfig& sc = e.config().scheduler;
+  const PlanBounds bounds{sc.max_num_batched_tokens, sc.max_num_seqs, sc.max_model_len,
+                          e.scheduler().num_running()};
+  return check_plan(e.kv(), plan, bounds, stats);
+}
+
+Status check_token_history(const Engine& e) {
+  for (const auto& [id, r] : e.requests()) {
+    const SequenceState* s = e.kv().sequence(id);
+    if (r->in_kv != (s != nullptr))
+      return Status::error("I10: request " + std::to_string(id) + (r->in_kv ? " claims" : " does not claim") +
+                           " a KV-cache sequence, the manager " + (s != nullptr ? "has" : "has none"));
+    if (s == nullptr) continue;
+    if (s->tokens != r->tokens) {
+      std::size_t p = 0;
+      while (p < s->tokens.size() && p < r->tokens.size() && s->tokens[p] == r->tokens[p]) ++p;
+      return Status::error("I10: request " + std::to_string(id) + " has " + std::to_string(r->tokens.size()) +
+                           " tokens, its KV-cache sequence " + std::to_string(s->tokens.size()) +
+                           "; first difference at position " + std::to_string(p));
+    }
+  }
+  return Status::ok();
+}
+
+Status check_cancellations(const Engine& e) {
+  for (const auto& [id, r] : e.requests()) {
+    // Pending: cancelled since the last step ran.
+    if (!r->cancel_requested || (!r->finished() && r->cancel_step >= e.steps_done())) continue;
+    const std::string who = "request " + std::to_string(id) + " (cancelled before step " +
+                            std::to_string(r->cancel_step) + ")";
+    if (r->finish != FinishReason::kCancelled || r->time.finish_step != r->cancel_step)
+      return Status::error(who + ": ended " + to_string(r->finish) + " at step " +
+                           std::to_string(r->time.finish_step) + ", expected cancelled at step " +
+                           std::to_string(r->cancel_step));
+    if (r->in_kv || e.kv().sequence(id) != nullptr)
+      return Status::error(who + ": still holds a KV-cache sequence (blocks not released)");
+  }
+  return Status::ok();
+}
+
+Status check_engine_state(const Engine& e) {
+  KVP_RETURN_IF_ERROR(check_all(e.kv()));
+  KVP_RETURN_IF_ERROR(check_token_history(e));
+  return check_cancellations(e);
+}
+
+}  // namespace kvp

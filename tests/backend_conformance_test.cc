@@ -1,0 +1,666 @@
+// The backend conformance suite: what every Backend must do, written once and run for each
+// backend factory (instantiations at the end of this file; a new backend joins with one
+// line). Against the reference oracle (teacher-forced logits at every position) and against
+// itself across schedules (N1: bitwise equality whatever the block size, block ids,
+// chunking, batch composition and thread count), its memory ops in plan order (swap,
+// copy-on-write, poison), NaN for stale or unwritten reads, the audit-mode read scope, and
+// its refusal of malformed plans before anything runs. Only Backend's interface is used.
+#include "tests/backend_conformance.h"
+
+#include "optimized/backends/cpu_backend.h"
+#include "optimized/backends/plan_validation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/rng.h"
+#include "kernels/kv_index.h"
+#include "model/presets.h"
+#include "reference/reference_model.h"
+
+namespace kvp {
+namespace {
+
+using testing::BackendConformance;
+using testing::BackendFactory;
+using testing::BackendParams;
+
+using Logits = std::vector<float>;  // [positions, vocab] row-major
+
+const Model& tiny() {
+  static const Model m = *make_preset("tiny", 0);
+  return m;
+}
+
+std::vector<int32_t> tokens_for(int64_t n, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t;
+  for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab))));
+  return t;
+}
+
+// `count` distinct block ids of [0, num_blocks) in a seeded random order (non-contiguous,
+// non-monotonic), skipping `exclude`.
+std::vector<int32_t> scrambled_table(int64_t count, int32_t num_blocks, uint64_t seed,
+                                     const std::vector<int32_t>& exclude = {}) {
+  std::vector<int32_t> ids;
+  for (int32_t b = 0; b < num_blocks; ++b)
+    if (std::find(exclude.begin(), exclude.end(), b) == exclude.end()) ids.push_back(b);
+  Rng rng(seed);
+  for (std::size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[rng.below(i)]);
+  EXPECT_GE(static_cast<int64_t>(ids.size()), count);
+  ids.resize(static_cast<std::size_t>(count));
+  return ids;
+}
+
+
+// ---- plans built by hand, with kernels/kv_index.h's slot formula ----
+
+// One sequence's part of a plan: its new tokens, the position of the first, its block table.
+struct SeqChunk {
+  std::vector<int32_t> table;
+  std::vector<int32_t> tokens;
+  int32_t first_position = 0;
+  bool needs_logits = true;
+  bool logits_all = true;
+};
+
+BatchPlan make_plan(const std::vector<SeqChunk>& seqs, int32_t block_size, KvPlanOps ops = {}) {
+  BatchPlan p;
+  p.query_start.push_back(0);
+  for (const SeqChunk& s : seqs) p.max_blocks_per_seq = std::max(p.max_blocks_per_seq, static_cast<int32_t>(s.table.size()));
+  int64_t id = 0;
+  for (const SeqChunk& s : seqs) {
+    p.seq_ids.push_back(id++);
+    const auto n = static_cast<int32_t>(s.tokens.size());
+    p.query_start.push_back(p.query_start.back() + n);
+    p.context_lens.push_back(s.first_position + n);
+    std::vector<int32_t> row = s.table;
+    row.resize(static_cast<std::size_t>(p.max_blocks_per_seq), -1);
+    p.block_tables.insert(p.block_tables.end(), row.begin(), row.end());
+    p.needs_logits.push_back(s.needs_logits);
+    p.logits_all.push_back(s.logits_all);
+    for (int32_t k = 0; k < n; ++k) {
+      const int32_t pos = s.first_position + k;
+      p.token_ids.push_back(s.tokens[static_cast<std::size_t>(k)]);
+      p.positions.push_back(pos);
+      p.slot_mapping.push_back(kernels::slot_of(s.table.data(), pos, block_size));
+    }
+  }
+  p.ops = std::move(ops);
+  return p;
+}
+
+// Rows of sequence i in `out`, appended to `dst`.
+void append_rows(const StepOutput& out, int64_t i, Logits& dst) {
+  const auto begin = out.logit_row_start[static_cast<std::size_t>(i)];
+  const auto end = out.logit_row_start[static_cast<std::size_t>(i) + 1];
+  dst.insert(dst.end(), out.row(begin), out.row(begin) + (end - begin) * out.vocab_size);
+}
+
+// A sequence in a multi-step schedule: its tokens, fed in chunks of the given sizes (one
+// per step from start_step on), through its block table.
+struct SeqSchedule {
+  std::vector<int32_t> tokens;
+  std::vector<int> chunks;
+  std::vector<int32_t> table;
+  int start_step = 0;
+};
+
+// Runs every sequence's chunks, batching whatever is due at each step in the order given,
+// and returns each sequence's logits at every position.
+std::vector<Logits> run_schedule(Backend& backend, const std::vector<SeqSchedule>& seqs) {
+  std::vector<Logits> logits(seqs.size());
+  std::vector<std::size_t> next_chunk(seqs.size(), 0);
+  std::vector<int32_t> done(seqs.size(), 0);
+  for (int step = 0;; ++step) {
+    std::vector<SeqChunk> batch;
+    std::vector<std::size_t> who;
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      if (step < seqs[i].start_step || next_chunk[i] == seqs[i].chunks.size()) continue;
+      const int n = seqs[i].chunks[next_chunk[i]++];
+      SeqChunk c;
+      c.table = seqs[i].table;
+      c.table.resize(static_cast<std::size_t>(kernels::blocks_for_tokens(done[i] + n, backend.pool_shape().block_size)));
+      c.tokens.assign(seqs[i].tokens.begin() + done[i], seqs[i].tokens.begin() + done[i] + n);
+      c.first_position = done[i];
+      done[i] += n;
+      batch.push_back(c);
+      who.push_back(i);
+    }
+    if (batch.empty()) {
+      bool all_done = true;
+      for (std::size_t i = 0; i < seqs.size(); ++i) all_done = all_done && next_chunk[i] == seqs[i].chunks.size();
+      if (all_done) break;
+      continue;
+    }
+    StepOutput out;
+    const Status st = backend.execute(make_plan(batch, backend.pool_shape().block_size), out);
+    EXPECT_TRUE(st.is_ok()) << st.message();
+    if (!st.is_ok()) return logits;
+    for (std::size_t k = 0; k < who.size(); ++k) append_rows(out, static_cast<int64_t>(k), logits[who[k]]);
+  }
+  return logits;
+}
+
+std::vector<int> chunks_of(int total, std::vector<int> sizes) {
+  std::vector<int> out;
+  std::size_t k = 0;
+  while (total > 0) {
+    const int n = std::min(total, sizes[std::min(k++, sizes.size() - 1)]);
+    out.push_back(n);
+    total -= n;
+  }
+  return out;
+}
+
+Logits run_one(Backend& backend, const std::vector<int32_t>& tokens, const std::vector<int32_t>& table,
+               std::vector<int> chunk_sizes) {
+  return run_schedule(backend, {{tokens, chunks_of(static_cast<int>(tokens.size()), chunk_sizes), table, 0}})[0];
+}
+
+// The K (value = false) or V of one slot of one layer: [num_kv_heads * head_dim] floats.
+std::vector<float> kv_at(const Backend& b, PoolKind pool, bool value, int64_t layer, int64_t slot) {
+  const KvPoolShape& shape = b.pool_shape();
+  const int64_t width = static_cast<int64_t>(shape.num_kv_heads) * shape.head_dim;
+  std::vector<float> k, v;
+  const Status st = b.read_block(pool, layer, static_cast<int32_t>(slot / shape.block_size), k, v);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  if (!st.is_ok()) return std::vector<float>(static_cast<std::size_t>(width), 0.0f);
+  const std::vector<float>& src = value ? v : k;
+  const auto off = static_cast<std::ptrdiff_t>((slot % shape.block_size) * width);
+  return {src.begin() + off, src.begin() + off + width};
+}
+
+// The K (or V) of a whole block of one layer.
+std::vector<float> block_kv(const Backend& b, PoolKind pool, bool value, int64_t layer, int32_t block) {
+  std::vector<float> k, v;
+  const Status st = b.read_block(pool, layer, block, k, v);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  return value ? v : k;
+}
+
+bool bitwise_equal(const Logits& a, const Logits& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Worst |a - r| / max|r_row| over all rows; the reference's fp32-vs-fp64 bound is 2e-5.
+template <typename T>
+double worst_relative_error(const Logits& a, const ref::Matrix<T>& r) {
+  EXPECT_EQ(static_cast<int64_t>(a.size()), r.rows() * r.cols());
+  double worst = 0;
+  for (Eigen::Index row = 0; row < r.rows(); ++row) {
+    double scale = 0, err = 0;
+    for (Eigen::Index j = 0; j < r.cols(); ++j) {
+      const double ref = static_cast<double>(r(row, j));
+      scale = std::max(scale, std::abs(ref));
+      const double diff = std::abs(static_cast<double>(a[static_cast<std::size_t>(row * r.cols() + j)]) - ref);
+      err = std::isnan(diff) ? INFINITY : std::max(err, diff);
+    }
+    worst = std::max(worst, err / scale);
+  }
+  return worst;
+}
+
+template <typename T>
+ref::Matrix<T> reference_logits(const Model& m, const std::vector<int32_t>& tokens) {
+  const ReferenceModel<T> model(m);
+  auto cache = model.make_cache(static_cast<int64_t>(tokens.size()));
+  auto r = model.forward(tokens, cache);
+  EXPECT_TRUE(r.is_ok()) << r.status().message();
+  return *r;
+}
+
+constexpr double kFp32Bound = 2e-5;  // tests/reference_model_test.cc: measured fp32-vs-fp64 bound
+
+// ---- against the reference ----
+
+TEST_P(BackendConformance, MatchesReferenceThroughScrambledBlockTable) {
+  const auto tokens = tokens_for(40, tiny().config.vocab_size, 1);
+  const auto table = scrambled_table(10, 32, 7);  // 40 positions / block size 4
+  const auto r64 = reference_logits<double>(tiny(), tokens);
+  const auto r32 = reference_logits<float>(tiny(), tokens);
+  // The default partition (one partition here) and a small one (five partitions, merged).
+  for (int64_t partition : {kernels::kDefaultAttentionPartition, int64_t{8}}) {
+    const auto backend_owned = make_backend(tiny(), 32, 4, 1, partition);
+    Backend& backend = *backend_owned;
+    const Logits got = run_one(backend, tokens, table, {40});
+    const double e64 = worst_relative_error(got, r64);
+    const double e32 = worst_relative_error(got, r32);
+    std::printf("partition %lld: max rel error vs fp64 %.3g, vs fp32 %.3g\n", static_cast<long long>(partition), e64,
+                e32);
+    EXPECT_LE(e64, kFp32Bound) << "partition " << partition;
+    EXPECT_LE(e32, kFp32Bound) << "partition " << partition;
+  }
+}
+
+// 300 positions cross two boundaries of the default 128-position partition.
+TEST_P(BackendConformance, LongContextAcrossPartitionsMatchesReference) {
+  const auto tokens = tokens_for(300, tiny().config.vocab_size, 2);
+  const auto backend_owned = make_backend(tiny(), 40, 16);
+  Backend& backend = *backend_owned;
+  const Logits got = run_one(backend, tokens, scrambled_table(19, 40, 3), {100, 150, 50});
+  EXPECT_LE(worst_relative_error(got, reference_logits<double>(tiny(), tokens)), kFp32Bound);
+}
+
+// GQA is tiny's 8 heads over 2 KV heads; here the two ends: MQA (1 KV head) and MHA.
+TEST_P(BackendConformance, MultiQueryAndMultiHeadConfigsMatchReference) {
+  for (int64_t kv_heads : {int64_t{1}, int64_t{8}}) {
+    ModelConfig c = tiny().config;
+    c.num_layers = 2;
+    c.num_kv_heads = kv_heads;
+    const Model m = make_random_model(c, 11);
+    const auto tokens = tokens_for(30, c.vocab_size, 4);
+    const auto backend_owned = make_backend(m, 16, 3, 2, 8);
+    Backend& backend = *backend_owned;
+    const Logits got = run_one(backend, tokens, scrambled_table(10, 16, 5), {12, 1, 17});
+    EXPECT_LE(worst_relative_error(got, reference_logits<double>(m, tokens)), kFp32Bound) << "kv_heads " << kv_heads;
+  }
+}
+
+// The K/V of position p sit in slot_of(table, p): compared with the reference's dense cache.
+TEST_P(BackendConformance, WritesKeysAndValuesIntoTheSlotsOfTheBlockTable) {
+  const Model& m = tiny();
+  const auto tokens = tokens_for(13, m.config.vocab_size, 6);
+  const auto table = scrambled_table(5, 12, 8);
+  const auto backend_owned = make_backend(m, 12, 3);
+  Backend& backend = *backend_owned;
+  run_one(backend, tokens, table, {13});
+  const ReferenceModel<double> model(m);
+  auto cache = model.make_cache(13);
+  ASSERT_TRUE(model.forward(tokens, cache).is_ok());
+  const int64_t d = m.config.head_dim;
+  for (int64_t l = 0; l < m.config.num_layers; ++l) {
+    for (int64_t p = 0; p < 13; ++p) {
+      const int64_t slot = kernels::slot_of(table.data(), p, 3);
+      for (int64_t h = 0; h < m.config.num_kv_heads; ++h) {
+        for (int64_t i = 0; i < d; ++i) {
+          EXPECT_NEAR(kv_at(backend, PoolKind::kDevice, false, l, slot)[h * d + i], cache.keys(l, h)(p, i), 1e-4) << l << " " << p;
+          EXPECT_NEAR(kv_at(backend, PoolKind::kDevice, true, l, slot)[h * d + i], cache.values(l, h)(p, i), 1e-4) << l << " " << p;
+        }
+      }
+    }
+  }
+}
+
+// ---- N1: the engine against itself, bitwise ----
+
+TEST_P(BackendConformance, ChunkedPrefillAndDecodeAreBitwiseEqualToOneChunk) {
+  const auto tokens = tokens_for(70, tiny().config.vocab_size, 9);
+  const auto table = scrambled_table(18, 24, 10);
+  const auto a_owned = make_backend(tiny(), 24, 4, 1, 16);
+  Backend& a = *a_owned;
+  const auto b_owned = make_backend(tiny(), 24, 4, 1, 16);
+  Backend& b = *b_owned;
+  const auto c_owned = make_backend(tiny(), 24, 4, 1, 16);
+  Backend& c = *c_owned;
+  const Logits whole = run_one(a, tokens, table, {70});
+  const Logits chunked = run_one(b, tokens, table, {13, 29, 1, 27});
+  const Logits decode = run_one(c, tokens, table, {1});
+  EXPECT_TRUE(bitwise_equal(whole, chunked));
+  EXPECT_TRUE(bitwise_equal(whole, decode));
+}
+
+TEST_P(BackendConformance, BlockSizeDoesNotChangeLogitsBitwise) {
+  const auto tokens = tokens_for(200, tiny().config.vocab_size, 12);
+  Logits first;
+  for (int32_t bs : {1, 3, 16}) {
+    const auto blocks = kernels::blocks_for_tokens(200, bs);
+    const auto pool = static_cast<int32_t>(blocks + 5);
+    const auto backend_owned = make_backend(tiny(), pool, bs, 2);
+    Backend& backend = *backend_owned;
+    const Logits got = run_one(backend, tokens, scrambled_table(blocks, pool, 13 + static_cast<uint64_t>(bs)), {64});
+    if (first.empty()) {
+      first = got;
+    } else {
+      EXPECT_TRUE(bitwise_equal(first, got)) << "block size " << bs;
+    }
+  }
+}
+
+// A target sequence with three others: longer and shorter, prefilling in chunks while the
+// target decodes and the other way round, the target in the middle of the batch.
+std::vector<SeqSchedule> mixed_batch(const std::vector<int32_t>& target, const std::vector<int32_t>& target_table,
+                                     int32_t num_blocks, int32_t block_size) {
+  const int64_t vocab = tiny().config.vocab_size;
+  std::vector<SeqSchedule> seqs;
+  std::vector<int32_t> used = target_table;
+  const auto add = [&](int n, std::vector<int> chunk_sizes, int start_step, uint64_t seed) {
+    const auto table = scrambled_table(kernels::blocks_for_tokens(n, block_size), num_blocks, seed, used);
+    used.insert(used.end(), table.begin(), table.end());
+    seqs.push_back({tokens_for(n, vocab, seed), chunks_of(n, chunk_sizes), table, start_step});
+  };
+  add(90, {50, 40, 1}, 0, 21);  // long prompt in two chunks, then decodes
+  add(6, {5, 1}, 1, 22);        // short prompt, then decodes
+  seqs.push_back({target, chunks_of(static_cast<int>(target.size()), {30, 1}), target_table, 1});
+  add(150, {150, 1}, 3, 23);  // arrives while the target decodes
+  return seqs;
+}
+
+TEST_P(BackendConformance, BatchCompositionDoesNotChangeLogitsBitwise) {
+  const int32_t bs = 4, num_blocks = 120;
+  const auto target = tokens_for(40, tiny().config.vocab_size, 20);
+  const auto table = scrambled_table(10, num_blocks, 24);
+  const auto alone_owned = make_backend(tiny(), num_blocks, bs, 1, 16);
+  Backend& alone = *alone_owned;
+  const Logits solo = run_one(alone, target, table, {30, 1});
+  const auto batched_owned = make_backend(tiny(), num_blocks, bs, 1, 16);
+  Backend& batched = *batched_owned;
+  const auto logits = run_schedule(batched, mixed_batch(target, table, num_blocks, bs));
+  EXPECT_TRUE(bitwise_equal(solo, logits[2]));
+  // And under other block ids in another pool.
+  const auto elsewhere_owned = make_backend(tiny(), num_blocks, bs, 1, 16);
+  Backend& elsewhere = *elsewhere_owned;
+  EXPECT_TRUE(bitwise_equal(solo, run_one(elsewhere, target, scrambled_table(10, num_blocks, 25), {40})));
+}
+
+TEST_P(BackendConformance, ThreadCountDoesNotChangeLogitsBitwise) {
+  const int32_t bs = 4, num_blocks = 120;
+  const auto target = tokens_for(40, tiny().config.vocab_size, 30);
+  const auto table = scrambled_table(10, num_blocks, 31);
+  std::vector<std::vector<Logits>> runs;
+  for (int threads : {1, 4, 3}) {
+    const auto backend_owned = make_backend(tiny(), num_blocks, bs, threads, 16);
+    Backend& backend = *backend_owned;
+    runs.push_back(run_schedule(backend, mixed_batch(target, table, num_blocks, bs)));
+  }
+  for (std::size_t r = 1; r < runs.size(); ++r) {
+    ASSERT_EQ(runs[r].size(), runs[0].size());
+    for (std::size_t s = 0; s < runs[0].size(); ++s)
+      EXPECT_TRUE(bitwise_equal(runs[0][s], runs[r][s])) << "run " << r << " sequence " << s;
+  }
+}
+
+// ---- memory ops ----
+
+// Prefills `tokens` into `table` and returns the logits of one decode of `next` at the end.
+Logits decode_after_prefill(Backend& backend, const std::vector<int32_t>& tokens, const std::vector<int32_t>& table,
+                            int32_t next) {
+  StepOutput out;
+  EXPECT_TRUE(backend.execute(make_plan({{table, tokens, 0}}, backend.pool_shape().block_size), out).is_ok());
+  SeqChunk d{table, {next}, static_cast<int32_t>(tokens.size())};
+  EXPECT_TRUE(backend.execute(make_plan({d}, backend.pool_shape().block_size), out).is_ok());
+  return out.logits;
+}
+
+bool all_nan(const Logits& l) {
+  return !l.empty() && std::all_of(l.begin(), l.end(), [](float v) { return std::isnan(v); });
+}
+
+TEST_P(BackendConformance, SwapOutThenInToOtherBlocksKeepsNextDecodeBitwise) {
+  const int32_t bs = 4;
+  const auto tokens = tokens_for(37, tiny().config.vocab_size, 40);
+  const std::vector<int32_t> t1 = scrambled_table(10, 24, 41);
+  const std::vector<int32_t> t2 = scrambled_table(10, 24, 42, t1);  // disjoint from t1
+  const auto plain_owned = make_backend(tiny(), 24, bs, 1, 16);
+  Backend& plain = *plain_owned;
+  const Logits expected = decode_after_prefill(plain, tokens, t1, 5);
+
+  for (bool one_step : {true, false}) {
+    const auto backend_owned = make_backend(tiny(), 24, bs, 1, 16, /*host_blocks=*/12);
+    Backend& backend = *backend_owned;
+    StepOutput out;
+    ASSERT_TRUE(backend.execute(make_plan({{t1, tokens, 0}}, bs), out).is_ok());
+    KvPlanOps out_ops, in_ops;
+    for (std::size_t j = 0; j < t1.size(); ++j) {
+      out_ops.swap_out.push_back({t1[j], static_cast<int32_t>(11 - j)});
+      out_ops.poison.push_back(t1[j]);  // the device copy is gone: the data must come from the host
+      in_ops.swap_in.push_back({static_cast<int32_t>(11 - j), t2[j]});
+    }
+    const SeqChunk decode{t2, {5}, 37};
+    if (one_step) {
+      KvPlanOps all = out_ops;
+      all.swap_in = in_ops.swap_in;
+      ASSERT_TRUE(backend.execute(make_plan({decode}, bs, all), out).is_ok());
+    } else {
+      ASSERT_TRUE(backend.execute(make_plan({}, bs, out_ops), out).is_ok());  // a step of ops only
+      EXPECT_TRUE(out.logits.empty());
+      ASSERT_TRUE(backend.execute(make_plan({decode}, bs, in_ops), out).is_ok());
+    }
+    EXPECT_TRUE(bitwise_equal(expected, out.logits)) << "one step " << one_step;
+  }
+}
+
+// plan_ops.h's order: swap_out, block_copies, poison, swap_in. Block 2 is read by the
+// swap-out and the copy before it is poisoned, then refilled by the swap-in.
+TEST_P(BackendConformance, RunsOpsInPlanOrder) {
+  const int32_t bs = 4;
+  const auto backend_owned = make_backend(tiny(), 8, bs, 1, kernels::kDefaultAttentionPartition, 2);
+  Backend& backend = *backend_owned;
+  StepOutput out;
+  ASSERT_TRUE(backend.execute(make_plan({{{2}, tokens_for(4, tiny().config.vocab_size, 55), 0}}, bs), out).is_ok());
+  const int64_t layer = tiny().config.num_layers - 1;
+  const auto block_values = [&](PoolKind pool, bool value, int32_t block) {
+    return block_kv(backend, pool, value, layer, block);
+  };
+  const std::vector<float> keys = block_values(PoolKind::kDevice, false, 2);
+  const std::vector<float> values = block_values(PoolKind::kDevice, true, 2);
+  ASSERT_TRUE(std::none_of(keys.begin(), keys.end(), [](float v) { return std::isnan(v); }));
+  KvPlanOps ops;
+  ops.swap_out = {{2, 1}};
+  ops.block_copies = {{2, 6}};
+  ops.poison = {2};
+  ops.swap_in = {{1, 2}};
+  ASSERT_TRUE(backend.execute(make_plan({}, bs, ops), out).is_ok());
+  EXPECT_EQ(block_values(PoolKind::kHost, false, 1), keys);
+  EXPECT_EQ(block_values(PoolKind::kHost, true, 1), values);
+  EXPECT_EQ(block_values(PoolKind::kDevice, false, 6), keys);
+  EXPECT_EQ(block_values(PoolKind::kDevice, true, 6), values);
+  EXPECT_EQ(block_values(PoolKind::kDevice, false, 2), keys);
+  EXPECT_EQ(block_values(PoolKind::kDevice, true, 2), values);
+}
+
+TEST_P(BackendConformance, BlockCopyGivesAPrivateCopyWithTheSameLogits) {
+  const int32_t bs = 4;
+  const auto tokens = tokens_for(10, tiny().config.vocab_size, 50);
+  const std::vector<int32_t> table = {6, 1, 3};  // block 3 holds positions 8, 9
+  const auto plain_owned = make_backend(tiny(), 8, bs);
+  Backend& plain = *plain_owned;
+  const Logits expected = decode_after_prefill(plain, tokens, table, 7);
+
+  const auto backend_owned = make_backend(tiny(), 8, bs);
+  Backend& backend = *backend_owned;
+  StepOutput out;
+  ASSERT_TRUE(backend.execute(make_plan({{table, tokens, 0}}, bs), out).is_ok());
+  KvPlanOps ops;
+  ops.block_copies.push_back({3, 5});
+  ASSERT_TRUE(backend.execute(make_plan({{{6, 1, 5}, {7}, 10}}, bs, ops), out).is_ok());
+  EXPECT_TRUE(bitwise_equal(expected, out.logits));
+  // The decode wrote slot 2 of the copy only; the shared original is untouched there.
+  EXPECT_FALSE(std::isnan(kv_at(backend, PoolKind::kDevice, false, 0, kernels::slot_of_block(5, 2, bs))[0]));
+  EXPECT_TRUE(std::isnan(kv_at(backend, PoolKind::kDevice, false, 0, kernels::slot_of_block(3, 2, bs))[0]));
+}
+
+TEST_P(BackendConformance, PoisonedBlockYieldsNanLogitsWhenRead) {
+  const int32_t bs = 4;
+  const auto tokens = tokens_for(12, tiny().config.vocab_size, 60);
+  const std::vector<int32_t> table = {2, 0, 4, 7};
+  const auto backend_owned = make_backend(tiny(), 8, bs);
+  Backend& backend = *backend_owned;
+  StepOutput out;
+  ASSERT_TRUE(backend.execute(make_plan({{table, tokens, 0}}, bs), out).is_ok());
+  ASSERT_FALSE(all_nan(out.logits));
+
+  // Poisoning a block the sequence does not read changes nothing.
+  const auto twin_owned = make_backend(tiny(), 8, bs);
+  Backend& twin = *twin_owned;
+  const Logits expected = decode_after_prefill(twin, tokens, table, 3);
+  KvPlanOps unrelated;
+  unrelated.poison = {5};
+  ASSERT_TRUE(backend.execute(make_plan({{table, {3}, 12}}, bs, unrelated), out).is_ok());
+  EXPECT_TRUE(bitwise_equal(expected, out.logits));
+
+  KvPlanOps ops;
+  ops.poison = {0};
+  ASSERT_TRUE(backend.execute(make_plan({{table, {9}, 13}}, bs, ops), out).is_ok());
+  EXPECT_TRUE(all_nan(out.logits));
+  for (int64_t l = 0; l < tiny().config.num_layers; ++l) {
+    for (int64_t off = 0; off < bs; ++off) {
+      const int64_t slot = kernels::slot_of_block(0, off, bs);
+      for (int64_t i = 0; i < tiny().config.kv_dim(); ++i) {
+        EXPECT_TRUE(std::isnan(kv_at(backend, PoolKind::kDevice, false, l, slot)[i]));
+        EXPECT_TRUE(std::isnan(kv_at(backend, PoolKind::kDevice, true, l, slot)[i]));
+      }
+    }
+  }
+}
+
+// A context position that no one wrote (the pool starts as NaN) shows up as NaN (I7).
+// Audit mode: a plan that carries the tenant scope of every block is refused, before
+// anything runs, when a sequence would read a block another tenant holds.
+TEST_P(BackendConformance, AuditModeRefusesReadsOfAnotherTenantsBlocks) {
+  const int32_t bs = 4;
+  const auto tokens = tokens_for(10, tiny().config.vocab_size, 61);
+  const std::vector<int32_t> table = {6, 1, 3};
+  const auto backend_owned = make_backend(tiny(), 8, bs);
+  Backend& backend = *backend_owned;
+  StepOutput out;
+  BatchPlan plan = make_plan({{table, tokens, 0}}, bs);
+  plan.seq_tenants = {7};
+  plan.block_tenants.assign(8, -1);
+  for (int32_t b : table) plan.block_tenants[static_cast<std::size_t>(b)] = 7;
+  ASSERT_TRUE(backend.execute(plan, out).is_ok());
+  EXPECT_EQ(backend.audited_block_reads(), 3);
+
+  BatchPlan next = make_plan({{table, {5}, 10}}, bs);
+  next.seq_tenants = {7};
+  next.block_tenants = plan.block_tenants;
+  next.block_tenants[1] = 8;  // block-table index 1 now belongs to tenant 8
+  const Status refused = backend.execute(next, out);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.message().find("would read block 1 (block-table index 1), held by tenant 8"), std::string::npos)
+      << refused.message();
+  next.block_tenants[1] = -1;  // or by no one at all
+  EXPECT_FALSE(backend.execute(next, out).is_ok());
+  EXPECT_EQ(backend.audited_block_reads(), 3);  // refused plans read nothing
+}
+
+TEST_P(BackendConformance, ReadOfAnUnwrittenSlotYieldsNanLogits) {
+  const int32_t bs = 4;
+  const auto backend_owned = make_backend(tiny(), 8, bs);
+  Backend& backend = *backend_owned;
+  StepOutput out;
+  // Positions 0..5 were never computed; the plan claims a context of 7.
+  ASSERT_TRUE(backend.execute(make_plan({{{1, 3}, {42}, 6}}, bs), out).is_ok());
+  EXPECT_TRUE(all_nan(out.logits));
+}
+
+// ---- logits rows and malformed plans ----
+
+TEST_P(BackendConformance, ReturnsTheLogitRowsThePlanAsksFor) {
+  const int32_t bs = 4;
+  const auto a = tokens_for(9, tiny().config.vocab_size, 70);
+  const auto b = tokens_for(5, tiny().config.vocab_size, 71);
+  const auto c = tokens_for(3, tiny().config.vocab_size, 72);
+  const auto backend_owned = make_backend(tiny(), 16, bs);
+  Backend& backend = *backend_owned;
+  SeqChunk sa{{0, 1, 2}, a, 0, true, false};   // last row only
+  SeqChunk sb{{3, 4}, b, 0, false, false};     // a prefill chunk that is not the last: none
+  SeqChunk sc{{5}, c, 0, true, true};          // every row
+  StepOutput out;
+  ASSERT_TRUE(backend.execute(make_plan({sa, sb, sc}, bs), out).is_ok());
+  EXPECT_EQ(out.vocab_size, tiny().config.vocab_size);
+  EXPECT_EQ(out.logit_row_start, (std::vector<int32_t>{0, 1, 1, 4}));
+  ASSERT_EQ(out.logits.size(), static_cast<std::size_t>(4 * out.vocab_size));
+  const auto alone_owned = make_backend(tiny(), 16, bs);
+  Backend& alone = *alone_owned;
+  const Logits full = run_one(alone, a, {0, 1, 2}, {9});
+  EXPECT_TRUE(bitwise_equal(Logits(out.row(0), out.row(1)), Logits(full.end() - out.vocab_size, full.end())));
+}
+
+TEST_P(BackendConformance, RejectsMalformedPlansWithoutChangingAnything) {
+  const int32_t bs = 4;
+  const auto backend_owned = make_backend(tiny(), 8, bs, 1, kernels::kDefaultAttentionPartition, 2);
+  Backend& backend = *backend_owned;
+  const BatchPlan good = make_plan({{{3, 6}, tokens_for(6, tiny().config.vocab_size, 80), 0}}, bs);
+  struct Case {
+    const char* what;
+    void (*mutate)(BatchPlan&);
+  };
+  const Case cases[] = {
+      {"block id past the pool", [](BatchPlan& p) { p.block_tables[1] = 8; }},
+      {"negative block id in use", [](BatchPlan& p) { p.block_tables[0] = -1; }},
+      {"slot past the pool", [](BatchPlan& p) { p.slot_mapping[2] = 32; }},
+      {"slot below -1", [](BatchPlan& p) { p.slot_mapping[2] = -2; }},
+      {"positions shorter than tokens", [](BatchPlan& p) { p.positions.pop_back(); }},
+      {"slot_mapping longer than tokens", [](BatchPlan& p) { p.slot_mapping.push_back(0); }},
+      {"query_start too short", [](BatchPlan& p) { p.query_start.pop_back(); }},
+      {"query_start not ending at num_tokens", [](BatchPlan& p) { p.query_start[1] = 5; }},
+      {"context_lens missing", [](BatchPlan& p) { p.context_lens.clear(); }},
+      {"needs_logits too long", [](BatchPlan& p) { p.needs_logits.push_back(1); }},
+      {"block_tables size", [](BatchPlan& p) { p.block_tables.push_back(0); }},
+      {"context needs more blocks than the table", [](BatchPlan& p) { p.context_lens[0] = 9; }},
+      {"positions not the last of the context", [](BatchPlan& p) { p.positions[0] = 1; }},
+      {"token outside the vocabulary", [](BatchPlan& p) { p.token_ids[0] = 512; }},
+      {"negative token", [](BatchPlan& p) { p.token_ids[0] = -3; }},
+      {"context past max_position_embeddings",
+       [](BatchPlan& p) {
+         p.context_lens[0] = 4000;
+         p.max_blocks_per_seq = 1000;
+         p.block_tables.assign(1000, 0);
+       }},
+      {"swap_out to a host block past the pool", [](BatchPlan& p) { p.ops.swap_out.push_back({0, 2}); }},
+      {"swap_out from a device block past the pool", [](BatchPlan& p) { p.ops.swap_out.push_back({8, 0}); }},
+      {"block copy to a block past the pool", [](BatchPlan& p) { p.ops.block_copies.push_back({0, 9}); }},
+      {"poison of a negative block", [](BatchPlan& p) { p.ops.poison.push_back(-1); }},
+      {"swap_in from a host block past the pool", [](BatchPlan& p) { p.ops.swap_in.push_back({5, 0}); }},
+      {"swap_in to a device block past the pool", [](BatchPlan& p) { p.ops.swap_in.push_back({0, 100}); }},
+  };
+  // Written once, so that a rejected plan's ops (poison of block 3) or K/V writes would show.
+  StepOutput first;
+  ASSERT_TRUE(backend.execute(good, first).is_ok());
+  const auto snapshot = [&] {
+    std::vector<float> keys;
+    for (int32_t block = 0; block < backend.pool_shape().num_device_blocks; ++block) {
+      const std::vector<float> k = block_kv(backend, PoolKind::kDevice, false, 0, block);
+      keys.insert(keys.end(), k.begin(), k.end());
+    }
+    return keys;
+  };
+  const std::vector<float> before = snapshot();
+  for (const Case& c : cases) {
+    BatchPlan bad = good;
+    bad.ops.poison.push_back(3);  // a valid op that must not run when the plan is rejected
+    for (int64_t& slot : bad.slot_mapping) slot = (slot + 8) % 32;  // K/V writes that must not happen
+    c.mutate(bad);
+    StepOutput out;
+    out.vocab_size = -7;
+    const Status st = backend.execute(bad, out);
+    EXPECT_FALSE(st.is_ok()) << c.what;
+    if (!st.is_ok()) {
+      EXPECT_FALSE(st.message().empty());
+    }
+    EXPECT_EQ(out.vocab_size, -7) << c.what;
+  }
+  const std::vector<float> after = snapshot();
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)), 0);
+  StepOutput again;
+  ASSERT_TRUE(backend.execute(good, again).is_ok());
+  EXPECT_TRUE(bitwise_equal(first.logits, again.logits));
+}
+
+
+// ---- one line per backend ----
+
+Result<std::unique_ptr<Backend>> make_cpu(const Model& m, const BackendParams& p) {
+  CpuBackendConfig c;
+  c.pool = p.pool;
+  c.num_threads = p.num_threads;
+  c.attention_partition = p.attention_partition;
+  auto b = CpuBackend::create(m, c);
+  if (!b) return b.status();
+  return std::unique_ptr<Backend>(std::move(*b));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, BackendConformance, ::testing::Values(BackendFactory{"cpu", make_cpu}),
+                         [](const ::testing::TestParamInfo<BackendFactory>& p) { return p.param.name; });
+
+}  // namespace
+}  // namespace kvp

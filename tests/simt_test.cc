@@ -1,0 +1,227 @@
+// The SIMT emulation layer turns each kind of GPU bug into a report. Every test plants one
+// bug in a test kernel (kernels/simt/test_kernels.cu, selected by a Bug argument) and checks
+// that the layer, or the sanitizer of the preset it runs under, reports it by name:
+//   1. out-of-bounds global / shared access   ASan (asan preset), death test naming the kernel
+//   2. missing __syncthreads (racecheck)      TSan (tsan preset), death test naming the kernel;
+//                                             in the fiber flavour it shows as NaN results
+//   3. barrier not every thread reaches       launch error naming kernel, block and threads
+//   4. shuffle / vote mask naming an absent lane  launch error naming the lane
+//   5. read of memory never written           NaN in the results (allocations start as sNaN)
+// Tests of 1 and 2 skip outside their sanitizer.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/dtype.h"
+#include "kernels/simt/runtime.h"
+#include "kernels/simt/test_kernels.h"
+
+namespace kvp::simt::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<float> ramp(std::size_t n) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 7) - 3.0f;
+  return v;
+}
+
+// ---- 1. out-of-bounds access: ASan ----
+
+#if defined(KVP_SIMT_ASAN)
+constexpr bool kAsan = true;
+#else
+constexpr bool kAsan = false;
+#endif
+#if defined(KVP_SIMT_THREADS)
+constexpr bool kThreadFlavour = true;
+#else
+constexpr bool kThreadFlavour = false;
+#endif
+
+TEST(SimtPlantedBugDeathTest, OutOfBoundsGlobalReadIsReportedByAsanNamingTheKernel) {
+  if (!kAsan) GTEST_SKIP() << "needs AddressSanitizer (asan preset)";
+  const std::vector<float> in = ramp(3 * 64);
+  std::vector<float> out;
+  EXPECT_DEATH(block_reverse(in, {3}, 64, Bug::kOobGlobalRead, &out),
+               "heap-buffer-overflow.*block_reverse_kernel.*fault in kernel block_reverse_kernel, block \\(2,0,0\\), "
+               "thread \\(63,0,0\\)");
+}
+
+TEST(SimtPlantedBugDeathTest, OutOfBoundsDynamicSharedReadIsReportedByAsanNamingTheKernel) {
+  if (!kAsan) GTEST_SKIP() << "needs AddressSanitizer (asan preset)";
+  const std::vector<float> in = ramp(2 * 32);
+  std::vector<float> out;
+  EXPECT_DEATH(block_reverse(in, {2}, 32, Bug::kOobDynamicSharedRead, &out),
+               "heap-buffer-overflow.*block_reverse_kernel.*fault in kernel block_reverse_kernel");
+}
+
+TEST(SimtPlantedBugDeathTest, OutOfBoundsStaticSharedWriteIsReportedByAsanNamingTheKernel) {
+  if (!kAsan) GTEST_SKIP() << "needs AddressSanitizer (asan preset)";
+  std::vector<unsigned> in(256);
+  for (unsigned i = 0; i < in.size(); ++i) in[i] = i;  // includes values in bin 63
+  Histogram out;
+  EXPECT_DEATH(histogram(in, {2}, 64, Bug::kOobSharedWrite, &out),
+               "heap-buffer-overflow.*histogram_kernel.*fault in kernel histogram_kernel");
+}
+
+// ---- 2. missing barrier: TSan (thread flavour); NaN results (fiber flavour) ----
+
+TEST(SimtPlantedBugDeathTest, MissingBarrierIsReportedByTsanAsADataRaceInTheKernel) {
+  if (!kThreadFlavour) GTEST_SKIP() << "needs ThreadSanitizer (tsan preset)";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::vector<float> in = ramp(64);
+  std::vector<float> out;
+  EXPECT_DEATH(block_reduce(in, {1}, {64}, Bug::kMissingBarrier, &out), "data race.*block_reduce_kernel");
+}
+
+TEST(SimtPlantedBug, MissingBarrierShowsAsNanInTheFiberFlavour) {
+  if (kThreadFlavour) GTEST_SKIP() << "the thread flavour reports it through TSan instead";
+  // Fibers run thread 0 up to its next barrier first, so it reads partials not yet written:
+  // shared memory starts as the NaN pattern.
+  const std::vector<float> in = ramp(128);
+  std::vector<float> out;
+  const KernelRun run = block_reduce(in, {1}, {64}, Bug::kMissingBarrier, &out);
+  ASSERT_TRUE(run.ok) << run.error;
+  EXPECT_TRUE(std::isnan(out[0])) << out[0];
+  ASSERT_TRUE(block_reduce(in, {1}, {64}, Bug::kNone, &out).ok);
+  EXPECT_FALSE(std::isnan(out[0]));
+}
+
+// ---- 3. divergent barriers ----
+
+TEST(SimtPlantedBug, BarrierInsideABranchFailsTheLaunchNamingKernelAndBlock) {
+  const std::vector<float> in = ramp(3 * 128);
+  std::vector<float> out;
+  const KernelRun run = block_reduce(in, {3}, {64}, Bug::kBarrierInBranch, &out);
+  ASSERT_FALSE(run.ok);
+  EXPECT_THAT(run.error, HasSubstr("unspecified launch failure")) << run.error;
+  EXPECT_THAT(run.error, HasSubstr("kernel block_reduce_kernel, block (0,0,0): divergent barrier")) << run.error;
+  EXPECT_THAT(run.error, HasSubstr("waits at __syncthreads (test_kernels.cu:")) << run.error;
+}
+
+TEST(SimtPlantedBug, ThreadReturningBeforeABarrierFailsTheLaunchNamingTheThread) {
+  const std::vector<float> in = ramp(2 * 96);
+  std::vector<float> out;
+  const KernelRun run = block_reduce(in, {2, 1, 1}, {32, 3}, Bug::kEarlyReturn, &out);
+  ASSERT_FALSE(run.ok);
+  EXPECT_THAT(run.error, HasSubstr("kernel block_reduce_kernel, block (0,0,0): divergent barrier")) << run.error;
+  EXPECT_THAT(run.error, HasSubstr("thread (31,2,0) [warp 2 lane 31]")) << run.error;
+  EXPECT_THAT(run.error, HasSubstr("exited")) << run.error;
+}
+
+TEST(SimtPlantedBug, NextLaunchAfterAFailedOneSucceeds) {
+  const std::vector<float> in = ramp(128);
+  std::vector<float> out;
+  ASSERT_FALSE(block_reduce(in, {1}, {64}, Bug::kEarlyReturn, &out).ok);
+  const KernelRun run = block_reduce(in, {1}, {64}, Bug::kNone, &out);
+  EXPECT_TRUE(run.ok) << run.error;
+}
+
+// ---- 4. shuffle and vote masks ----
+
+TEST(SimtPlantedBug, ShuffleWhoseMaskNamesALaneThatSkippedItFailsNamingTheLane) {
+  const std::vector<float> in = ramp(2 * 64);
+  WarpResults out;
+  const KernelRun run = warp_reduce(in, {2}, {64}, Bug::kShuffleSkipped, &out);
+  ASSERT_FALSE(run.ok);
+  EXPECT_THAT(run.error, HasSubstr("kernel warp_reduce_kernel, block (0,0,0): __shfl_xor_sync mask 0xffffffff "
+                                   "names lane 3, which does not take part"))
+      << run.error;
+  EXPECT_THAT(run.error, HasSubstr("thread (3,0,0) [warp 0 lane 3] waits at __ballot_sync")) << run.error;
+}
+
+TEST(SimtPlantedBug, FullMaskVoteInAPartialWarpFailsNamingTheMissingLanes) {
+  const std::vector<float> in = ramp(48);
+  WarpResults out;
+  const KernelRun run = warp_reduce(in, {1}, {48}, Bug::kVoteMaskBeyondWarp, &out);
+  ASSERT_FALSE(run.ok);
+  EXPECT_THAT(run.error, HasSubstr("kernel warp_reduce_kernel, block (0,0,0): __ballot_sync(test_kernels.cu:"))
+      << run.error;
+  EXPECT_THAT(run.error, HasSubstr("mask 0xffffffff names lanes beyond the block: warp 1 has only 16 threads"))
+      << run.error;
+}
+
+// ---- 5. uninitialised reads ----
+
+TEST(SimtPlantedBug, ReadOfDeviceMemoryNeverWrittenShowsAsNan) {
+  const std::vector<float> in = ramp(3 * 64);
+  std::vector<float> out;
+  const KernelRun run = block_reduce(in, {3}, {32}, Bug::kUninitialisedInput, &out);
+  ASSERT_TRUE(run.ok) << run.error;
+  EXPECT_FALSE(std::isnan(out[0]));
+  EXPECT_FALSE(std::isnan(out[1]));
+  EXPECT_TRUE(std::isnan(out[2])) << "the block that reads the element never copied";
+}
+
+TEST(SimtRuntime, DeviceAllocationsStartAsSignallingNanForFloatsHalvesAndBfloat16) {
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, 64), cudaSuccess);
+  std::vector<unsigned char> bytes(64);
+  ASSERT_EQ(cudaMemcpy(bytes.data(), p, 64, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaFree(p), cudaSuccess);
+  uint32_t word;
+  std::memcpy(&word, bytes.data(), 4);
+  EXPECT_EQ(word, 0x7FA07FA0u);
+  const float f = bits_float(word);
+  EXPECT_TRUE(std::isnan(f));
+  EXPECT_EQ(word & 0x00400000u, 0u) << "quiet bit clear: a signalling NaN";
+  EXPECT_TRUE(std::isnan(f16_to_float(static_cast<uint16_t>(word))));
+  EXPECT_TRUE(std::isnan(bf16_to_float(static_cast<uint16_t>(word >> 16))));
+}
+
+// ---- the launch itself ----
+
+TEST(SimtRuntime, ResultsDoNotDependOnTheNumberOfHostThreads) {
+  const std::vector<float> in = ramp(7 * 100 + 5);
+  std::vector<float> one, four;
+  set_host_threads(1);
+  ASSERT_TRUE(block_reduce(in, {7}, {100}, Bug::kNone, &one).ok);
+  set_host_threads(4);
+  ASSERT_TRUE(block_reduce(in, {7}, {100}, Bug::kNone, &four).ok);
+  set_host_threads(1);
+  Histogram h1, h4;
+  std::vector<unsigned> values(3000);
+  for (unsigned i = 0; i < values.size(); ++i) values[i] = i * 2654435761u;
+  ASSERT_TRUE(histogram(values, {5}, 64, Bug::kNone, &h1).ok);
+  set_host_threads(4);
+  ASSERT_TRUE(histogram(values, {5}, 64, Bug::kNone, &h4).ok);
+  set_host_threads(0);  // back to the default
+  EXPECT_EQ(one, four);
+  EXPECT_EQ(h1.bins, h4.bins);
+}
+
+TEST(SimtRuntime, OversizedBlockIsAnInvalidConfigurationNamingTheKernel) {
+  const std::vector<float> in = ramp(2000);
+  std::vector<float> out;
+  const KernelRun run = block_reduce(in, {1}, {1025}, Bug::kNone, &out);
+  ASSERT_FALSE(run.ok);
+  EXPECT_THAT(run.error, HasSubstr("kernel block_reduce_kernel: invalid launch configuration")) << run.error;
+}
+
+TEST(SimtRuntime, EventsMeasureElapsedTimeAndStreamsSynchronize) {
+  cudaStream_t stream;
+  cudaEvent_t start, end;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&end), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(start, stream), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(end, stream), cudaSuccess);
+  ASSERT_EQ(cudaEventSynchronize(end), cudaSuccess);
+  float ms = -1;
+  ASSERT_EQ(cudaEventElapsedTime(&ms, start, end), cudaSuccess);
+  EXPECT_GE(ms, 0.0f);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaEventDestroy(start), cudaSuccess);
+  EXPECT_EQ(cudaEventDestroy(end), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace kvp::simt::test
