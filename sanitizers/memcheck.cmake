@@ -20,6 +20,8 @@ set(CTEST_MEMORYCHECK_COMMAND_OPTIONS
 set(CTEST_MEMORYCHECK_SUPPRESSIONS_FILE "${CTEST_SOURCE_DIRECTORY}/sanitizers/valgrind.supp")
 # Valgrind is ~30x slower: run properties with fewer cases (CI's default build runs 500).
 set(ENV{RC_PARAMS} "max_success=50 seed=1 verbose_progress=0")
+# ... and simulate_test's --check run over the real trace with its first 5 s only.
+set(ENV{KVPROOF_SIM_CHECK_SECONDS} "5")
 ctest_start(Experimental)
 ctest_memcheck(INCLUDE_LABEL "${LABELS}" PARALLEL_LEVEL 2 RETURN_VALUE rv DEFECT_COUNT defects)
 message(STATUS "valgrind memcheck over labels '${LABELS}': ${defects} defects, ctest returned ${rv}")

@@ -9,6 +9,7 @@ packages=(
   libeigen3-dev librapidcheck-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libssl-dev
   clang clang-format libclang-rt-14-dev llvm valgrind
+  python3 python3-matplotlib
 )
 
 missing=()

@@ -134,6 +134,15 @@ void Engine::record_finish(Request& r) {
   if (r.finish == FinishReason::kCancelled) ++counters_.cancellations;
 }
 
+bool Engine::forget(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || !it->second->finished()) return false;
+  for (RequestId c : it->second->children)
+    if (requests_.count(c) != 0) return false;
+  requests_.erase(it);
+  return true;
+}
+
 bool Engine::has_unfinished() const { return !scheduler_.idle(); }
 
 Status Engine::step() {

@@ -53,6 +53,13 @@ class Engine {
   // and its device and host blocks are released. Unknown or finished: no-op.
   void cancel(RequestId id);
 
+  // Drops the record of a finished request (its id is never reused). A long-running driver
+  // (kvproof simulate) calls it once it has read the request's results, so memory and the
+  // per-step walk over requests stay bounded by the requests in flight. metrics() no longer
+  // sees a forgotten request. Returns false (and changes nothing) for an unknown or
+  // unfinished id, or a forked request whose parallel samples are still known.
+  bool forget(RequestId id);
+
   // One step. Errors come from the backend (a plan it could not run) or a step observer.
   Status step();
   bool has_unfinished() const;

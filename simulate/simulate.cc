@@ -1,0 +1,648 @@
+#include "simulate/simulate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <unordered_map>
+
+#include "common/rng.h"
+#include "kernels/kv_index.h"
+#include "optimized/backends/cost_model_backend.h"
+#include "optimized/checkers/invariants.h"
+#include "optimized/engine/engine.h"
+#include "simulate/contiguous_allocator.h"
+#include "verify/verify.h"
+
+namespace kvp::sim {
+
+const char* to_string(AllocationPolicy p) {
+  switch (p) {
+    case AllocationPolicy::kPaged: return "paged";
+    case AllocationPolicy::kContiguousMax: return "contiguous-max";
+    case AllocationPolicy::kContiguousPow2: return "contiguous-pow2";
+    case AllocationPolicy::kContiguousOracle: return "contiguous-oracle";
+  }
+  return "?";
+}
+
+Result<AllocationPolicy> parse_policy(const std::string& s) {
+  for (AllocationPolicy p : {AllocationPolicy::kPaged, AllocationPolicy::kContiguousMax, AllocationPolicy::kContiguousPow2,
+                             AllocationPolicy::kContiguousOracle})
+    if (s == to_string(p)) return p;
+  return Status::error("unknown policy '" + s + "' (known: paged, contiguous-max, contiguous-pow2, contiguous-oracle)");
+}
+
+const char* to_string(AdmissionRule a) { return a == AdmissionRule::kOptimistic ? "optimistic" : "conservative"; }
+const char* to_string(PreemptionMode m) { return m == PreemptionMode::kRecompute ? "recompute" : "swap"; }
+
+namespace {
+
+Result<int64_t> to_int(const std::string& key, const std::string& v, int64_t lo, int64_t hi) {
+  std::size_t used = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(v, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used != v.size() || v.empty() || x < lo || x > hi)
+    return Status::error(key + ": expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
+                         v + "'");
+  return static_cast<int64_t>(x);
+}
+
+Result<double> to_double(const std::string& key, const std::string& v, double lo, double hi) {
+  std::size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used != v.size() || v.empty() || !std::isfinite(x) || x < lo || x > hi)
+    return Status::error(key + ": expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
+                         v + "'");
+  return x;
+}
+
+}  // namespace
+
+Status apply_setting(SimOptions& o, const std::string& key, const std::string& value) {
+  if (key == "block-size") {
+    auto v = to_int(key, value, 1, 4096);
+    if (!v) return v.status();
+    o.block_size = static_cast<int32_t>(*v);
+  } else if (key == "admission") {
+    if (value == "optimistic") o.admission = AdmissionRule::kOptimistic;
+    else if (value == "conservative") o.admission = AdmissionRule::kConservative;
+    else return Status::error("admission: expected optimistic or conservative, got '" + value + "'");
+  } else if (key == "preemption") {
+    if (value == "recompute") o.preemption = PreemptionMode::kRecompute;
+    else if (value == "swap") o.preemption = PreemptionMode::kSwap;
+    else return Status::error("preemption: expected recompute or swap, got '" + value + "'");
+  } else if (key == "max-model-len" || key == "max-context") {
+    auto v = to_int(key, value, 0, int64_t{1} << 24);
+    if (!v) return v.status();
+    o.max_model_len = *v;
+  } else if (key == "rate") {
+    auto v = to_double(key, value, 0, 1e6);
+    if (!v) return v.status();
+    o.rate = *v;
+  } else if (key == "policy") {
+    auto p = parse_policy(value);
+    if (!p) return p.status();
+    o.policy = *p;
+  } else if (key == "prefix-sharing") {
+    if (value == "on" || value == "true" || value == "1") o.prefix_sharing = true;
+    else if (value == "off" || value == "false" || value == "0") o.prefix_sharing = false;
+    else return Status::error("prefix-sharing: expected on or off, got '" + value + "'");
+  } else if (key == "max-num-seqs") {
+    auto v = to_int(key, value, 1, 1 << 20);
+    if (!v) return v.status();
+    o.max_num_seqs = static_cast<int32_t>(*v);
+  } else if (key == "gpu-memory-utilization") {
+    auto v = to_double(key, value, 1e-6, 1);
+    if (!v) return v.status();
+    o.gpu_memory_utilization = *v;
+  } else if (key == "gpu") {
+    auto g = find_gpu_preset(value);
+    if (!g) return g.status();
+    o.gpu = g->name;
+  } else if (key == "model") {
+    auto m = find_model_preset(value);
+    if (!m) return m.status();
+    o.model = m->name;
+  } else {
+    return Status::error("unknown setting '" + key +
+                         "' (known: block-size, admission, preemption, max-model-len, max-context, rate, policy, "
+                         "prefix-sharing, max-num-seqs, gpu-memory-utilization, gpu, model)");
+  }
+  return Status::ok();
+}
+
+Stat summarize(std::vector<double> samples) {
+  Stat s;
+  s.count = static_cast<int64_t>(samples.size());
+  if (samples.empty()) return s;
+  std::sort(samples.begin(), samples.end());
+  double sum = 0;
+  for (double x : samples) sum += x;
+  s.mean = sum / static_cast<double>(samples.size());
+  auto rank = [&](double q) {  // nearest rank
+    const auto k = static_cast<std::size_t>(std::ceil(q * static_cast<double>(samples.size())));
+    return samples[std::min(samples.size() - 1, k == 0 ? 0 : k - 1)];
+  };
+  s.p50 = rank(0.5);
+  s.p90 = rank(0.9);
+  s.p99 = rank(0.99);
+  return s;
+}
+
+Result<std::vector<SweepPoint>> expand_sweep(const SimOptions& base, const std::vector<std::string>& axes) {
+  std::vector<SweepPoint> points = {{base, ""}};
+  for (const std::string& axis : axes) {
+    const std::size_t eq = axis.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == axis.size())
+      return Status::error("--sweep '" + axis + "': expected key=v1,v2,...");
+    const std::string key = axis.substr(0, eq);
+    std::vector<std::string> values;
+    std::string rest = axis.substr(eq + 1);
+    for (std::size_t start = 0;;) {
+      const std::size_t comma = rest.find(',', start);
+      values.push_back(rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    std::vector<SweepPoint> next;
+    for (const SweepPoint& p : points) {
+      for (const std::string& v : values) {
+        SweepPoint q = p;
+        Status s = apply_setting(q.options, key, v);
+        if (!s) return s.with_context("--sweep");
+        q.label += (q.label.empty() ? "" : " ") + key + "=" + v;
+        next.push_back(std::move(q));
+      }
+    }
+    points = std::move(next);
+  }
+  return points;
+}
+
+namespace {
+
+int64_t next_pow2(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+struct Outcome {
+  double first_scheduled = -1, first_token = -1, finish = -1;
+  bool rejected = false;
+};
+
+// A request in the engine.
+struct Live {
+  std::size_t index = 0;  // into the traffic
+  int64_t final_len = 0;  // prompt + output
+  int64_t res_offset = -1, res_len = 0;  // contiguous reservation
+};
+
+// A request the contiguous allocator has not admitted yet (a restart carries its tokens).
+struct Pending {
+  std::size_t index = 0;
+  std::vector<int32_t> tokens;  // empty: the original prompt
+  int64_t max_tokens = 0;
+};
+
+class Driver {
+ public:
+  Driver(const SimOptions& o, const Traffic& t, const CostModelConfig& cost) : o_(o), t_(t), cost_(cost) {}
+
+  Result<SimReport> run();
+
+ private:
+  bool contiguous() const { return o_.policy != AllocationPolicy::kPaged; }
+  std::vector<int32_t> prompt_for(std::size_t i) const;
+  void hand(std::size_t i, std::vector<int32_t> prompt, int64_t max_tokens, int64_t res_offset, int64_t res_len);
+  int64_t reservation_for(int64_t len, int64_t final_len) const;
+  void hand_pending();
+  void grow_reservations();
+  void preempt_restart(RequestId id);
+  void after_step(double t0);
+  void sample(double now);
+
+  const SimOptions& o_;
+  const Traffic& t_;
+  CostModelConfig cost_;
+  int64_t max_model_len_ = 0;
+  int64_t capacity_ = 0;  // KV slots
+  std::unique_ptr<CostModelBackend> backend_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<ContiguousAllocator> alloc_;
+  std::vector<Outcome> outcomes_;
+  std::unordered_map<RequestId, Live> live_;
+  std::vector<RequestId> active_;  // in the engine, oldest first
+  std::vector<RequestId> to_forget_;
+  std::deque<Pending> pending_;
+  int64_t ended_ = 0;
+  int64_t contiguous_preemptions_ = 0;
+  // Memory samples (slots).
+  double sum_tokens_ = 0, sum_reserved_ = 0, sum_internal_ = 0, sum_external_ = 0, sum_running_ = 0;
+  int64_t samples_ = 0;
+  std::vector<int32_t> block_fill_;
+  std::vector<int32_t> touched_;
+  SimReport rep_;
+};
+
+std::vector<int32_t> Driver::prompt_for(std::size_t i) const {
+  const TrafficRequest& tr = t_.requests[i];
+  std::vector<int32_t> p(static_cast<std::size_t>(tr.prompt_tokens));
+  const auto vocab = static_cast<uint64_t>(cost_.model.vocab_size - 1);
+  const auto shared = static_cast<std::size_t>(std::min(tr.shared_prefix_tokens, tr.prompt_tokens));
+  Rng system(mix_seed(o_.seed, 0x5e5700000000ull + static_cast<uint64_t>(tr.tenant)));
+  for (std::size_t k = 0; k < shared; ++k) p[k] = 1 + static_cast<int32_t>(system.below(vocab));
+  Rng own(mix_seed(o_.seed, static_cast<uint64_t>(i)));
+  for (std::size_t k = shared; k < p.size(); ++k) p[k] = 1 + static_cast<int32_t>(own.below(vocab));
+  return p;
+}
+
+void Driver::hand(std::size_t i, std::vector<int32_t> prompt, int64_t max_tokens, int64_t res_offset, int64_t res_len) {
+  const TrafficRequest& tr = t_.requests[i];
+  RequestSpec spec;
+  spec.prompt = std::move(prompt);
+  spec.max_tokens = max_tokens;
+  spec.tenant = tr.tenant;
+  const RequestId id = engine_->add_request(std::move(spec));
+  if (engine_->request(id).finished()) {  // rejected: it could never run
+    Outcome& out = outcomes_[i];
+    out.rejected = true;
+    out.finish = backend_->clock_s();
+    ++ended_;
+    ++rep_.rejected;
+    if (res_len > 0) alloc_->free(res_offset, res_len);
+    engine_->forget(id);
+    return;
+  }
+  live_[id] = Live{i, tr.prompt_tokens + tr.output_tokens, res_offset, res_len};
+  active_.push_back(id);
+}
+
+int64_t Driver::reservation_for(int64_t len, int64_t final_len) const {
+  switch (o_.policy) {
+    case AllocationPolicy::kContiguousMax: return max_model_len_;
+    case AllocationPolicy::kContiguousOracle: return final_len;
+    case AllocationPolicy::kContiguousPow2: return std::max(len, std::min(next_pow2(len), max_model_len_));
+    case AllocationPolicy::kPaged: break;
+  }
+  return 0;
+}
+
+void Driver::hand_pending() {
+  while (!pending_.empty()) {
+    if (engine_->scheduler().num_waiting() > 0) return;
+    if (static_cast<int64_t>(active_.size()) >= o_.max_num_seqs) return;
+    Pending& p = pending_.front();
+    const TrafficRequest& tr = t_.requests[p.index];
+    const int64_t final_len = tr.prompt_tokens + tr.output_tokens;
+    if (final_len > max_model_len_) {  // the engine rejects it, with its reason
+      const std::size_t i = p.index;
+      pending_.pop_front();
+      hand(i, prompt_for(i), tr.output_tokens, -1, 0);
+      continue;
+    }
+    const int64_t len = p.tokens.empty() ? tr.prompt_tokens : static_cast<int64_t>(p.tokens.size());
+    const int64_t res = reservation_for(len, final_len);
+    if (res > capacity_) {
+      outcomes_[p.index].rejected = true;
+      outcomes_[p.index].finish = backend_->clock_s();
+      ++ended_;
+      ++rep_.rejected;
+      pending_.pop_front();
+      continue;
+    }
+    const int64_t off = alloc_->allocate(res);
+    if (off < 0) return;  // FCFS: nobody overtakes the head
+    Pending head = std::move(p);
+    pending_.pop_front();
+    const int64_t max_tokens = head.max_tokens > 0 ? head.max_tokens : tr.output_tokens;
+    std::vector<int32_t> prompt = head.tokens.empty() ? prompt_for(head.index) : std::move(head.tokens);
+    hand(head.index, std::move(prompt), max_tokens, off, res);
+  }
+}
+
+void Driver::preempt_restart(RequestId id) {
+  const Live l = live_.at(id);
+  const Request& r = engine_->request(id);
+  Pending p;
+  p.index = l.index;
+  p.tokens = r.tokens;
+  p.max_tokens = r.spec.max_tokens - r.num_generated();
+  engine_->cancel(id);
+  to_forget_.push_back(id);
+  alloc_->free(l.res_offset, l.res_len);
+  live_.erase(id);
+  active_.erase(std::find(active_.begin(), active_.end(), id));
+  pending_.push_front(std::move(p));
+  ++contiguous_preemptions_;
+}
+
+void Driver::grow_reservations() {
+  for (std::size_t k = 0; k < active_.size(); ++k) {
+    const RequestId id = active_[k];
+    Live& l = live_.at(id);
+    const auto need = static_cast<int64_t>(engine_->request(id).tokens.size());
+    if (need <= l.res_len) continue;
+    const int64_t grown = std::max(need, std::min(next_pow2(need), max_model_len_));
+    while (true) {
+      if (alloc_->try_extend(l.res_offset, l.res_len, grown)) {
+        l.res_len = grown;
+        break;
+      }
+      const int64_t off = alloc_->allocate(grown);  // copy, then release the old region
+      if (off >= 0) {
+        alloc_->free(l.res_offset, l.res_len);
+        l.res_offset = off;
+        l.res_len = grown;
+        break;
+      }
+      const RequestId victim = active_.back();
+      preempt_restart(victim);
+      if (victim == id) break;
+    }
+    if (k >= active_.size() || active_[k] != id) break;  // id itself was preempted (it was the newest)
+  }
+}
+
+void Driver::after_step(double t0) {
+  const double now = backend_->clock_s();
+  std::size_t keep = 0;
+  for (std::size_t k = 0; k < active_.size(); ++k) {
+    const RequestId id = active_[k];
+    const Request& r = engine_->request(id);
+    const Live& l = live_.at(id);
+    Outcome& out = outcomes_[l.index];
+    if (out.first_scheduled < 0 && r.time.first_scheduled_step >= 0) out.first_scheduled = t0;
+    if (out.first_token < 0 && r.num_generated() > 0) out.first_token = now;
+    if (r.finished()) {
+      out.finish = now;
+      ++ended_;
+      if (l.res_len > 0) alloc_->free(l.res_offset, l.res_len);
+      live_.erase(id);
+      engine_->forget(id);
+      continue;
+    }
+    active_[keep++] = id;
+  }
+  active_.resize(keep);
+  std::size_t still = 0;
+  for (RequestId id : to_forget_) {
+    if (!engine_->forget(id)) to_forget_[still++] = id;
+  }
+  to_forget_.resize(still);
+}
+
+void Driver::sample(double now) {
+  const KvCacheManager& kv = engine_->kv();
+  double tokens = 0, reserved = 0, internal = 0, external = 0;
+  if (!contiguous()) {
+    const int64_t bs = kv.block_size();
+    const double held = static_cast<double>(kv.device_allocator().num_in_use()) * static_cast<double>(bs);
+    if (block_fill_.empty()) block_fill_.assign(static_cast<std::size_t>(kv.device_allocator().num_blocks()), 0);
+    for (const auto& [sid, s] : kv.sequences()) {
+      if (s.swapped) continue;
+      auto it = live_.find(sid);
+      const int64_t final_len = it != live_.end() ? it->second.final_len : s.num_slots;
+      const int64_t held_s = s.table.size() * bs;
+      reserved += static_cast<double>(std::max<int64_t>(0, std::min(held_s, final_len) - s.num_slots));
+      for (int64_t j = 0; j < s.table.size(); ++j) {
+        const auto b = static_cast<std::size_t>(s.table[j]);
+        const auto fill = static_cast<int32_t>(std::clamp<int64_t>(s.num_slots - j * bs, 0, bs));
+        if (block_fill_[b] == 0 && fill > 0) touched_.push_back(static_cast<int32_t>(b));
+        block_fill_[b] = std::max(block_fill_[b], fill);
+      }
+    }
+    for (int32_t b : touched_) {
+      tokens += block_fill_[static_cast<std::size_t>(b)];
+      block_fill_[static_cast<std::size_t>(b)] = 0;
+    }
+    touched_.clear();
+    internal = std::max(0.0, held - tokens - reserved);
+  } else {
+    for (RequestId id : active_) {
+      const Live& l = live_.at(id);
+      const SequenceState* s = kv.sequence(id);
+      const int64_t n = s != nullptr ? s->num_slots : 0;
+      const int64_t useful = std::min(l.res_len, l.final_len);
+      tokens += static_cast<double>(n);
+      reserved += static_cast<double>(std::max<int64_t>(0, useful - n));
+      internal += static_cast<double>(l.res_len - useful);
+    }
+    if (!pending_.empty()) {
+      const Pending& p = pending_.front();
+      const TrafficRequest& tr = t_.requests[p.index];
+      const int64_t len = p.tokens.empty() ? tr.prompt_tokens : static_cast<int64_t>(p.tokens.size());
+      external = static_cast<double>(
+          alloc_->free_in_holes_smaller_than(reservation_for(len, tr.prompt_tokens + tr.output_tokens)));
+    }
+  }
+  sum_tokens_ += tokens;
+  sum_reserved_ += reserved;
+  sum_internal_ += internal;
+  sum_external_ += external;
+  sum_running_ += static_cast<double>(engine_->scheduler().num_running());
+  ++samples_;
+  TimelinePoint pt;
+  pt.t_s = now;
+  pt.waiting = engine_->scheduler().num_waiting() + static_cast<int64_t>(pending_.size());
+  pt.running = engine_->scheduler().num_running();
+  pt.swapped = engine_->scheduler().num_swapped();
+  const auto cap = static_cast<double>(capacity_);
+  pt.kv_in_use = (tokens + reserved + internal) / cap;
+  pt.kv_tokens = tokens / cap;
+  rep_.peak_waiting = std::max(rep_.peak_waiting, pt.waiting);
+  rep_.timeline.push_back(pt);
+}
+
+Result<SimReport> Driver::run() {
+  const auto wall0 = std::chrono::steady_clock::now();
+  max_model_len_ = o_.max_model_len > 0 ? o_.max_model_len : cost_.model.max_position_embeddings;
+  if (cost_.kv_pool_bytes() <= 0)
+    return Status::error("model " + cost_.model.name + " (" + std::to_string(cost_.weight_bytes() / 1e9) +
+                         " GB of weights) leaves no KV memory on " + cost_.gpu.name);
+  const int64_t bs = contiguous() ? 16 : o_.block_size;
+  const int64_t max_blocks = std::numeric_limits<int32_t>::max() / 2;
+  int64_t device_blocks = 0, host_blocks = 0;
+  if (contiguous()) {
+    capacity_ = static_cast<int64_t>(std::floor(cost_.kv_pool_bytes() / cost_.kv_bytes_per_token()));
+    // A pool the reservations can never exhaust: they hold at most capacity_ slots.
+    device_blocks = kernels::blocks_for_tokens(std::max(capacity_, max_model_len_), bs) + o_.max_num_seqs + 1;
+    alloc_ = std::make_unique<ContiguousAllocator>(capacity_);
+  } else {
+    device_blocks = cost_.num_device_blocks(o_.block_size);
+    host_blocks = cost_.num_host_blocks(o_.block_size);
+    capacity_ = device_blocks * bs;
+  }
+  if (device_blocks > max_blocks || host_blocks > max_blocks)
+    return Status::error("KV pool too large for block size " + std::to_string(bs));
+  if (device_blocks <= 0) return Status::error("KV pool holds no block of " + std::to_string(bs) + " tokens");
+
+  EngineConfig ec;
+  ec.vocab_size = cost_.model.vocab_size;
+  ec.kv.pool.num_layers = static_cast<int32_t>(cost_.model.num_layers);
+  ec.kv.pool.num_kv_heads = static_cast<int32_t>(cost_.model.num_kv_heads);
+  ec.kv.pool.head_dim = static_cast<int32_t>(cost_.model.head_dim);
+  ec.kv.pool.block_size = static_cast<int32_t>(bs);
+  ec.kv.pool.num_device_blocks = static_cast<int32_t>(device_blocks);
+  ec.kv.pool.num_host_blocks = static_cast<int32_t>(host_blocks);
+  ec.kv.pool.kv_dtype = DType::kBF16;
+  ec.kv.enable_prefix_caching = o_.prefix_sharing && !contiguous();
+  ec.kv.watermark_blocks =
+      contiguous() ? 0 : static_cast<int32_t>(std::floor(o_.watermark_fraction * static_cast<double>(device_blocks)));
+  ec.scheduler.max_num_batched_tokens = o_.max_num_batched_tokens;
+  ec.scheduler.max_num_seqs = o_.max_num_seqs;
+  ec.scheduler.max_model_len = max_model_len_;
+  ec.scheduler.prefill_chunk_size = o_.prefill_chunk_size;
+  ec.scheduler.admission = o_.admission;
+  ec.scheduler.preemption = o_.preemption;
+  backend_ = std::make_unique<CostModelBackend>(cost_, ec.kv.pool, PlanLimits{ec.vocab_size, max_model_len_});
+  auto engine = Engine::create(ec, *backend_);
+  if (!engine) return engine.status();
+  engine_ = std::move(*engine);
+  verify::CheckResult inv("invariants after every step");
+  if (o_.check) verify::install_step_checks(*engine_, inv);
+
+  rep_.traffic = t_.name;
+  rep_.model = cost_.model.name;
+  rep_.gpu = cost_.gpu.name;
+  rep_.policy = to_string(o_.policy);
+  rep_.admission = to_string(o_.admission);
+  rep_.preemption = to_string(o_.preemption);
+  rep_.block_size = o_.block_size;
+  rep_.max_model_len = max_model_len_;
+  rep_.prefix_sharing = ec.kv.enable_prefix_caching;
+  rep_.rate = t_.mean_rate();
+  rep_.ttft_slo_s = o_.ttft_slo_s;
+  rep_.tpot_slo_s = o_.tpot_slo_s;
+  rep_.kv_pool_bytes = cost_.kv_pool_bytes();
+  rep_.kv_bytes_per_token = cost_.kv_bytes_per_token();
+  rep_.kv_capacity_tokens = capacity_;
+  rep_.num_device_blocks = contiguous() ? 0 : device_blocks;
+  rep_.num_host_blocks = host_blocks;
+  rep_.requests = static_cast<int64_t>(t_.requests.size());
+
+  const std::size_t n = t_.requests.size();
+  outcomes_.assign(n, Outcome{});
+  std::size_t next = 0;
+  double next_sample = 0;
+  int64_t steps = 0;
+  while (true) {
+    const double now = backend_->clock_s();
+    for (; next < n && t_.requests[next].arrival_s <= now; ++next) {
+      if (contiguous()) pending_.push_back(Pending{next, {}, 0});
+      else hand(next, prompt_for(next), t_.requests[next].output_tokens, -1, 0);
+    }
+    if (contiguous()) {
+      hand_pending();
+      if (o_.policy == AllocationPolicy::kContiguousPow2) grow_reservations();
+    }
+    if (!engine_->has_unfinished()) {
+      if (!pending_.empty()) return Status::error("simulate: a contiguous reservation was never admitted (driver bug)");
+      if (next >= n) break;
+      backend_->advance_to(t_.requests[next].arrival_s);
+      continue;
+    }
+    if (o_.sample_interval_s <= 0 || now >= next_sample) {
+      sample(now);
+      next_sample = now + o_.sample_interval_s;
+    }
+    const double t0 = now;
+    Status s = engine_->step();
+    if (!s) return s.with_context(o_.check ? "simulate --check" : "simulate");
+    after_step(t0);
+    if (o_.progress && (++steps & 255) == 0) o_.progress(n > 0 ? static_cast<double>(ended_) / static_cast<double>(n) : 1);
+  }
+  if (o_.check) {
+    KVP_RETURN_IF_ERROR(check_no_leak(engine_->kv()).with_context("simulate --check: at the end"));
+    rep_.checked_steps = inv.count;
+  }
+  if (o_.progress) o_.progress(1.0);
+
+  // Per-request results.
+  const EngineMetrics m = engine_->metrics();
+  rep_.preemptions = m.counters.preemptions + contiguous_preemptions_;
+  rep_.swaps_out = m.counters.swaps_out;
+  rep_.swaps_in = m.counters.swaps_in;
+  rep_.prefix_hit_tokens = m.counters.prefix_hit_tokens;
+  rep_.steps = backend_->steps();
+  rep_.token_steps = backend_->token_steps();
+  rep_.compute_bound_steps = backend_->compute_bound_steps();
+  std::vector<double> e2e, queue;
+  double last_finish = 0;
+  int64_t output_tokens = 0, prompt_tokens = 0, ttft_ok = 0, tpot_ok = 0, both_ok = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Outcome& out = outcomes_[i];
+    const TrafficRequest& tr = t_.requests[i];
+    if (out.rejected) continue;
+    ++rep_.finished;
+    last_finish = std::max(last_finish, out.finish);
+    output_tokens += tr.output_tokens;
+    prompt_tokens += tr.prompt_tokens;
+    const double ttft = out.first_token - tr.arrival_s;
+    rep_.ttft_samples.push_back(ttft);
+    e2e.push_back(out.finish - tr.arrival_s);
+    queue.push_back(out.first_scheduled - tr.arrival_s);
+    const bool t_ok = ttft <= o_.ttft_slo_s;
+    bool p_ok = true;
+    if (tr.output_tokens > 1) {
+      const double tpot = (out.finish - out.first_token) / static_cast<double>(tr.output_tokens - 1);
+      rep_.tpot_samples.push_back(tpot);
+      p_ok = tpot <= o_.tpot_slo_s;
+    }
+    ttft_ok += t_ok;
+    tpot_ok += p_ok;
+    both_ok += t_ok && p_ok;
+  }
+  rep_.duration_s = last_finish - (n > 0 ? t_.requests.front().arrival_s : 0);
+  if (rep_.duration_s > 0) {
+    rep_.requests_per_s = static_cast<double>(rep_.finished) / rep_.duration_s;
+    rep_.output_tokens_per_s = static_cast<double>(output_tokens) / rep_.duration_s;
+    rep_.total_tokens_per_s = static_cast<double>(output_tokens + prompt_tokens) / rep_.duration_s;
+  }
+  rep_.ttft_s = summarize(rep_.ttft_samples);
+  rep_.tpot_s = summarize(rep_.tpot_samples);
+  rep_.e2e_s = summarize(e2e);
+  rep_.queue_s = summarize(queue);
+  if (n > 0) {
+    rep_.slo_attainment = static_cast<double>(both_ok) / static_cast<double>(n);
+    rep_.ttft_attainment = static_cast<double>(ttft_ok) / static_cast<double>(n);
+    rep_.tpot_attainment = static_cast<double>(tpot_ok) / static_cast<double>(n);
+  }
+  const double used = sum_tokens_ + sum_reserved_ + sum_internal_ + sum_external_;
+  if (used > 0) {
+    rep_.memory.token_states = sum_tokens_ / used;
+    rep_.memory.reserved = sum_reserved_ / used;
+    rep_.memory.internal = sum_internal_ / used;
+    rep_.memory.external = sum_external_ / used;
+  }
+  if (samples_ > 0) {
+    rep_.memory.mean_in_use = (sum_tokens_ + sum_reserved_ + sum_internal_) / static_cast<double>(samples_) /
+                              static_cast<double>(capacity_);
+    rep_.mean_running = sum_running_ / static_cast<double>(samples_);
+  }
+  rep_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return rep_;
+}
+
+}  // namespace
+
+Result<SimReport> simulate(const SimOptions& options, const Traffic& traffic) {
+  auto model = find_model_preset(options.model);
+  if (!model) return model.status();
+  auto gpu = find_gpu_preset(options.gpu);
+  if (!gpu) return gpu.status();
+  CostModelConfig cost;
+  cost.model = *model;
+  cost.gpu = *gpu;
+  cost.gpu_memory_utilization = options.gpu_memory_utilization;
+  KVP_RETURN_IF_ERROR(cost.validate());
+  if (options.block_size < 1) return Status::error("block size must be >= 1");
+  if (options.max_model_len < 0) return Status::error("max model len must be >= 0");
+  SchedulerConfig sc;
+  sc.max_num_batched_tokens = options.max_num_batched_tokens;
+  sc.max_num_seqs = options.max_num_seqs;
+  sc.prefill_chunk_size = options.prefill_chunk_size;
+  KVP_RETURN_IF_ERROR(validate(sc));
+  if (options.rate > 0) {
+    Traffic t = traffic;
+    reshape_traffic(t, 1.0, options.rate, 0, 0);
+    Driver d(options, t, cost);
+    return d.run();
+  }
+  Driver d(options, traffic, cost);
+  return d.run();
+}
+
+}  // namespace kvp::sim
