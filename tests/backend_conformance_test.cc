@@ -8,6 +8,8 @@
 #include "tests/backend_conformance.h"
 
 #include "optimized/backends/cpu_backend.h"
+#include "optimized/backends/cuda_backend.h"
+#include "kernels/cuda/model_kernels.h"
 #include "optimized/backends/plan_validation.h"
 
 #include <algorithm>
@@ -659,8 +661,42 @@ Result<std::unique_ptr<Backend>> make_cpu(const Model& m, const BackendParams& p
   return std::unique_ptr<Backend>(std::move(*b));
 }
 
+// The CUDA backend, in the flavour this binary links: "cuda-emu" (SIMT-emulated kernels,
+// backend_conformance_test) or "cuda" (nvcc kernels on a GPU, backend_conformance_gpu_test,
+// built with KVP_CUDA_DEVICE_FLAVOUR).
+Result<std::unique_ptr<Backend>> make_cuda(const Model& m, const BackendParams& p) {
+  CudaBackendConfig c;
+  c.pool = p.pool;
+  c.attention_partition = p.attention_partition;
+  auto b = CudaBackend::create(m, c);
+  if (!b) return b.status();
+  return std::unique_ptr<Backend>(std::move(*b));
+}
+
+std::string factory_name(const ::testing::TestParamInfo<BackendFactory>& p) {
+  std::string name;
+  for (char ch : p.param.name) name += (ch == '-' ? '_' : ch);
+  return name;
+}
+
+#if defined(KVP_CUDA_DEVICE_FLAVOUR)
+// No device: no backend to instantiate; the Device test below says why.
+std::vector<BackendFactory> gpu_factories() {
+  if (!cuda_kernels::dev::check_device().empty()) return {};
+  return {BackendFactory{"cuda", make_cuda}};
+}
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(BackendConformance);
+INSTANTIATE_TEST_SUITE_P(Cuda, BackendConformance, ::testing::ValuesIn(gpu_factories()), factory_name);
+TEST(CudaDevice, Present) {
+  const std::string why = cuda_kernels::dev::check_device();
+  if (!why.empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
+}
+#else
 INSTANTIATE_TEST_SUITE_P(Cpu, BackendConformance, ::testing::Values(BackendFactory{"cpu", make_cpu}),
                          [](const ::testing::TestParamInfo<BackendFactory>& p) { return p.param.name; });
+INSTANTIATE_TEST_SUITE_P(CudaEmu, BackendConformance, ::testing::Values(BackendFactory{"cuda-emu", make_cuda}),
+                         factory_name);
+#endif
 
 }  // namespace
 }  // namespace kvp
