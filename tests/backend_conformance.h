@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -29,6 +30,9 @@ struct BackendFactory {
   std::string name;
   std::function<Result<std::unique_ptr<Backend>>(const Model&, const BackendParams&)> make;
 };
+
+// So that gtest names a failing instantiation's backend instead of dumping its bytes.
+inline void PrintTo(const BackendFactory& f, std::ostream* os) { *os << f.name; }
 
 class BackendConformance : public ::testing::TestWithParam<BackendFactory> {
  protected:

@@ -8,6 +8,8 @@
 #include "tests/backend_conformance.h"
 
 #include "optimized/backends/cpu_backend.h"
+#include "optimized/backends/cuda_backend.h"
+#include "kernels/cuda/model_kernels.h"
 #include "optimized/backends/plan_validation.h"
 
 #include <algorithm>
@@ -649,7 +651,7 @@ TEST_P(BackendConformance, RejectsMalformedPlansWithoutChangingAnything) {
 
 // ---- one line per backend ----
 
-Result<std::unique_ptr<Backend>> make_cpu(const Model& m, const BackendParams& p) {
+[[maybe_unused]] Result<std::unique_ptr<Backend>> make_cpu(const Model& m, const BackendParams& p) {
   CpuBackendConfig c;
   c.pool = p.pool;
   c.num_threads = p.num_threads;
@@ -659,8 +661,71 @@ Result<std::unique_ptr<Backend>> make_cpu(const Model& m, const BackendParams& p
   return std::unique_ptr<Backend>(std::move(*b));
 }
 
+// The CUDA backend, in the flavour this binary links: "cuda-emu" (SIMT-emulated kernels,
+// backend_conformance_test) or "cuda" (nvcc kernels on a GPU, backend_conformance_gpu_test,
+// built with KVP_CUDA_DEVICE_FLAVOUR).
+Result<std::unique_ptr<Backend>> make_cuda(const Model& m, const BackendParams& p) {
+  CudaBackendConfig c;
+  c.pool = p.pool;
+  c.attention_partition = p.attention_partition;
+  auto b = CudaBackend::create(m, c);
+  if (!b) return b.status();
+  return std::unique_ptr<Backend>(std::move(*b));
+}
+
+std::string factory_name(const ::testing::TestParamInfo<BackendFactory>& p) {
+  std::string name;
+  for (char ch : p.param.name) name += (ch == '-' ? '_' : ch);
+  return name;
+}
+
+#if defined(KVP_CUDA_DEVICE_FLAVOUR)
+// No device: no backend to instantiate; the Device test below says why.
+std::vector<BackendFactory> gpu_factories() {
+  if (!cuda_kernels::dev::check_device().empty()) return {};
+  return {BackendFactory{"cuda", make_cuda}};
+}
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(BackendConformance);
+INSTANTIATE_TEST_SUITE_P(Cuda, BackendConformance, ::testing::ValuesIn(gpu_factories()), factory_name);
+TEST(CudaDevice, Present) {
+  const std::string why = cuda_kernels::dev::check_device();
+  if (!why.empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
+}
+#else
 INSTANTIATE_TEST_SUITE_P(Cpu, BackendConformance, ::testing::Values(BackendFactory{"cpu", make_cpu}),
                          [](const ::testing::TestParamInfo<BackendFactory>& p) { return p.param.name; });
+INSTANTIATE_TEST_SUITE_P(CudaEmu, BackendConformance, ::testing::Values(BackendFactory{"cuda-emu", make_cuda}),
+                         factory_name);
+
+// The emulated CUDA kernels call the CPU backend's loops one output per CUDA thread, so they
+// give the CPU backend's bits: chunked prefill across several attention partitions, GQA, two
+// sequences batched through scrambled block tables, then decode.
+TEST(CudaEmu, GivesTheCpuBackendsBits) {
+  const Model& m = tiny();
+  BackendParams p;
+  p.pool = pool_shape_for(m.config, 4, 128, 0);
+  p.attention_partition = 32;
+  auto cpu = make_cpu(m, p);
+  auto emu = make_cuda(m, p);
+  ASSERT_TRUE(cpu.is_ok() && emu.is_ok());
+  std::vector<SeqSchedule> seqs(2);
+  seqs[0].tokens = tokens_for(150, m.config.vocab_size, 1);
+  seqs[0].chunks = chunks_of(150, {40, 37, 1});
+  seqs[0].table = scrambled_table(38, 128, 5);
+  seqs[1].tokens = tokens_for(90, m.config.vocab_size, 2);
+  seqs[1].chunks = chunks_of(90, {64, 1});
+  std::vector<int32_t> used = seqs[0].table;
+  seqs[1].table = scrambled_table(23, 128, 6, used);
+  seqs[1].start_step = 1;
+  const std::vector<Logits> a = run_schedule(**cpu, seqs);
+  const std::vector<Logits> b = run_schedule(**emu, seqs);
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_FALSE(a[i].empty());
+    EXPECT_TRUE(bitwise_equal(a[i], b[i])) << "sequence " << i;
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace kvp

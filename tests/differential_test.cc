@@ -101,6 +101,26 @@ TEST(Differential, DefaultsCoverPreemptionSwapPrefixHitsChunkingAndCancellation)
   for (const CheckResult& c : r.checks) EXPECT_GT(c.count, 0) << c.name;
 }
 
+// The CUDA backend's kernels, emulated on the CPU through the SIMT layer, pass every verify
+// check on the default workload (about 12 s on the 2-core CI machine).
+TEST(Differential, CudaEmuBackendPassesTheDefaults) {
+  VerifyOptions o;
+  o.backend = "cuda-emu";
+  expect_passes(tiny(), mixed(), o);
+}
+
+TEST(Verify, UnknownOrAbsentBackendIsAnError) {
+  VerifyOptions o;
+  o.backend = "cuda";  // this program links the emulated flavour
+  auto absent = run_verify(tiny(), mixed(), o);
+  ASSERT_FALSE(absent.is_ok());
+  EXPECT_NE(absent.status().message().find("not in this program"), std::string::npos) << absent.status().message();
+  o.backend = "tpu";
+  auto unknown = run_verify(tiny(), mixed(), o);
+  ASSERT_FALSE(unknown.is_ok());
+  EXPECT_NE(unknown.status().message().find("unknown backend"), std::string::npos) << unknown.status().message();
+}
+
 // A workload whose only request is rejected verifies nothing: the verdict must say so and
 // fail, unless empty runs are explicitly allowed.
 TEST(Verify, NothingVerifiedFailsUnlessAllowed) {

@@ -29,7 +29,8 @@ void add_verify_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--preemption", opt->preemption, "recompute, swap or both (one run each)")
       ->check(CLI::IsMember({"recompute", "swap", "both"}));
   cmd->add_option("--admission", opt->admission, "optimistic or conservative")->check(CLI::IsMember({"optimistic", "conservative"}));
-  cmd->add_option("--backend", opt->backend, "model executor: cpu")->check(CLI::IsMember({"cpu"}));
+  cmd->add_option("--backend", opt->backend, "model executor: cpu, cuda-emu (CUDA kernels emulated on the CPU) or cuda (GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda-emu", "cuda"}));
   cmd->add_option("--threads", opt->v.num_threads, "CPU backend threads")->check(CLI::Range(1, 256));
   cmd->add_option("--tolerance", opt->v.tolerance, "logit tolerance relative to the row's largest reference logit")
       ->check(CLI::Range(0.0, 1.0));
@@ -48,6 +49,7 @@ void add_verify_command(CLI::App& app, int& exit_code) {
     const Model& model = loaded->first;
     const Workload& workload = loaded->second;
     verify::VerifyOptions v = opt->v;
+    v.backend = opt->backend;
     v.modes.clear();
     if (opt->preemption != "swap") v.modes.push_back(PreemptionMode::kRecompute);
     if (opt->preemption != "recompute") v.modes.push_back(PreemptionMode::kSwap);

@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "optimized/backends/cpu_backend.h"
+#include "optimized/backends/cuda_backend.h"
+#include "kernels/cuda/model_kernels.h"
 #include "optimized/backends/plan_validation.h"
 #include "optimized/engine/engine.h"
 #include "optimized/checkers/engine_invariants.h"
@@ -38,13 +40,28 @@ Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const
   ec.vocab_size = model.config.vocab_size;
   ec.audit_reads = o.audit_reads;
   KVP_RETURN_IF_ERROR(validate(ec));
-  CpuBackendConfig bc;
-  bc.pool = ec.kv.pool;
-  bc.num_threads = o.num_threads;
-  auto backend = CpuBackend::create(model, bc);
-  if (!backend) return backend.status();
   LiveEngine live;
-  live.backend = std::move(*backend);
+  if (o.backend == "cpu") {
+    CpuBackendConfig bc;
+    bc.pool = ec.kv.pool;
+    bc.num_threads = o.num_threads;
+    auto backend = CpuBackend::create(model, bc);
+    if (!backend) return backend.status();
+    live.backend = std::move(*backend);
+  } else if (o.backend == KVP_CUDA_FLAVOUR_NAME) {
+    CudaBackendConfig bc;
+    bc.pool = ec.kv.pool;
+    auto backend = CudaBackend::create(model, bc);
+    if (!backend) return backend.status();
+    live.backend = std::move(*backend);
+  } else if (o.backend == "cuda" || o.backend == "cuda-emu") {
+    // One program links one CUDA flavour (kernels/cuda/model_kernels.h).
+    return Status::error("backend " + o.backend + " is not in this program: it has cpu and " KVP_CUDA_FLAVOUR_NAME
+                         " (the nvcc flavour, --backend cuda, is the kvproof-cuda program, built when CMake finds "
+                         "nvcc; without a CUDA device it fails with 'no CUDA device')");
+  } else {
+    return Status::error("unknown backend '" + o.backend + "' (cpu, cuda-emu, cuda)");
+  }
   auto engine = Engine::create(ec, *live.backend);
   if (!engine) return engine.status();
   live.engine = std::move(*engine);

@@ -52,6 +52,9 @@ struct VerifyOptions {
   bool poison_on_free = true;
   bool audit_reads = false;  // the backend checks the tenant scope of every block read
   int num_threads = 2;
+  // The model executor: "cpu", or the CUDA backend in the flavour this program links
+  // ("cuda-emu": kvproof, SIMT-emulated kernels; "cuda": kvproof-cuda, nvcc kernels on a GPU).
+  std::string backend = "cpu";
   double tolerance = 2e-5;
   int isolation_samples = 4;  // the most preempted requests and one parallel sample
   int64_t max_steps = 100000;
@@ -93,10 +96,10 @@ struct EngineSetup {
   PreemptionMode mode;
 };
 struct LiveEngine {
-  std::unique_ptr<CpuBackend> backend;
+  std::unique_ptr<Backend> backend;
   std::unique_ptr<Engine> engine;
 };
-// An engine on the CPU backend: the pool and schedule of `setup`, the rest from `options`.
+// An engine on the backend options.backend names (an error names the backends this program has): the pool and schedule of `setup`, the rest from `options`.
 Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& options, const EngineSetup& setup);
 // The checks of a plan before it runs (I3 exclusive write, I5 slot mapping, I8 bounds) and
 // of the state after a step (every KvCacheManager invariant). A failure is recorded in

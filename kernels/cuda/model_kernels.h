@@ -1,0 +1,78 @@
+// The CUDA backend's kernels and device-memory calls, as a flat C++17 API over raw pointers,
+// so that optimized/backends/cuda_backend.cc (C++20, host compiler) never includes a CUDA
+// header. One source (model_kernels.cu) builds both flavours:
+//   emulated: host compiler through the SIMT layer (kernels/simt), namespace ...::emu,
+//             library kvp_cuda_kernels_emu (always built);
+//   device:   nvcc (sm_80, sm_90), namespace ...::dev, library kvp_cuda_kernels_dev (when
+//             KVPROOF_HAS_CUDA). A host file compiled against it defines KVP_CUDA_DEVICE_FLAVOUR.
+// The two flavours are never linked into one program (kvp_simt defines the runtime's names).
+//
+// Every function returns "" on success, else a message naming the call or kernel and the
+// CUDA error. Pointers named d_* are device memory, h_* pinned host memory.
+//
+// Arithmetic: every kernel computes each output element in one CUDA thread with the CPU
+// backend's own loops (kernels/cpu_attention.h: dot, rms_norm, rope, silu,
+// paged_attention_head), so each element is reduced in one fixed order that depends only on
+// the sizes, never on the number of tokens, the batch or the launch shape (N1).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#if defined(__CUDACC__) || defined(KVP_CUDA_DEVICE_FLAVOUR)
+#define KVP_CUDA_FLAVOUR_NS dev
+#define KVP_CUDA_FLAVOUR_NAME "cuda"
+#else
+#define KVP_CUDA_FLAVOUR_NS emu
+#define KVP_CUDA_FLAVOUR_NAME "cuda-emu"
+#endif
+
+namespace kvp::cuda_kernels::KVP_CUDA_FLAVOUR_NS {
+
+// Largest head_dim the attention kernel's per-thread accumulator holds.
+inline constexpr int64_t kMaxHeadDim = 256;
+
+// "" when a device is present, else "no CUDA device: ..." (the emulated device always is).
+std::string check_device();
+
+std::string device_alloc(void** d_ptr, std::size_t bytes);
+void device_free(void* d_ptr);
+std::string pinned_alloc(void** h_ptr, std::size_t bytes);
+void pinned_free(void* h_ptr);
+std::string copy_to_device(void* d_dst, const void* src, std::size_t bytes);
+std::string copy_to_host(void* dst, const void* d_src, std::size_t bytes);
+std::string copy_device_to_device(void* d_dst, const void* d_src, std::size_t bytes);
+// Waits for all work; reports an asynchronous kernel fault.
+std::string synchronize();
+
+// d_x[i] = quiet NaN for i < n (poison fill).
+std::string fill_nan(float* d_x, int64_t n);
+// d_x[t, :] = d_table[d_ids[t], :], t < n.
+std::string embed(const float* d_table, const int32_t* d_ids, int64_t n, int64_t hidden, float* d_x);
+// Row r of d_out = rms_norm(row d_rows[r] of d_x) (d_rows null: row r), r < n.
+std::string rms_norm(const float* d_x, const int32_t* d_rows, const float* d_weight, int64_t n, int64_t hidden,
+                     float eps, float* d_out);
+// d_y[t, r] = dot(d_w[r, :], d_x[t, :]) for t < n, r < out_dim: one thread per element,
+// each reduced over in_dim in dot()'s fixed order whatever n (batch-invariant).
+std::string project(const float* d_w, int64_t out_dim, int64_t in_dim, const float* d_x, int64_t n, float* d_y);
+// Rotary embedding in place of d_x [n, heads, head_dim] at d_positions[t].
+std::string rope(float* d_x, int64_t n, int64_t heads, int64_t head_dim, const int32_t* d_positions,
+                 const float* d_inv_freq);
+// K/V of token t into slot d_slots[t] of the pools ([slots, kv_dim]); slot -1 is skipped.
+std::string write_kv(const float* d_k, const float* d_v, const int64_t* d_slots, int64_t n, int64_t kv_dim,
+                     float* d_k_pool, float* d_v_pool);
+// Paged attention, decode and chunked prefill alike: token t (sequence d_seq_of_token[t],
+// position d_positions[t]) attends causally to positions [0, position] of its sequence
+// through its block table row, with partitions of `partition` positions merged in order.
+// Query head h reads KV head h / (num_heads / num_kv_heads).
+std::string attention(const float* d_q, const float* d_k_pool, const float* d_v_pool, const int32_t* d_block_tables,
+                      int64_t max_blocks_per_seq, const int32_t* d_seq_of_token, const int32_t* d_positions,
+                      int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                      float scale, int64_t partition, float* d_out);
+// d_gate[i] = silu(d_gate[i]) * d_up[i], i < n.
+std::string silu_mul(float* d_gate, const float* d_up, int64_t n);
+// d_x[i] += d_y[i], i < n.
+std::string add_in_place(float* d_x, const float* d_y, int64_t n);
+
+}  // namespace kvp::cuda_kernels::KVP_CUDA_FLAVOUR_NS

@@ -1,0 +1,339 @@
+#include "optimized/backends/cuda_backend.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "kernels/cuda/model_kernels.h"
+#include "kernels/kv_index.h"
+#include "optimized/backends/plan_validation.h"
+
+namespace kvp {
+
+namespace ck = cuda_kernels::KVP_CUDA_FLAVOUR_NS;
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+Status cuda_status(const std::string& error) { return error.empty() ? Status::ok() : Status::error(error); }
+
+#define KVP_CUDA_RETURN_IF_ERROR(expr) KVP_RETURN_IF_ERROR(cuda_status(expr))
+
+// A grow-only device buffer for one step's activations or plan arrays.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  std::size_t capacity = 0;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+};
+
+}  // namespace
+
+struct CudaBackend::Device {
+  struct Layer {
+    float *input_layernorm = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+    float *post_attention_layernorm = nullptr, *gate = nullptr, *up = nullptr, *down = nullptr;
+  };
+  std::vector<void*> owned;   // device allocations, freed at destruction
+  std::vector<void*> pinned;  // pinned host allocations
+  std::vector<Layer> layers;
+  float* embed = nullptr;
+  float* norm = nullptr;
+  float* lm_head = nullptr;
+  float* inv_freq = nullptr;
+  std::vector<float*> k_pool, v_pool;  // device, per layer
+  std::vector<float*> host_k, host_v;  // pinned host, per layer
+  // Step buffers.
+  DeviceBuffer x, h, q, k, v, attn, proj, gate, up, final_h, logits;
+  DeviceBuffer token_ids, positions, slots, seq_of_token, block_tables, logit_rows;
+
+  ~Device() {
+    for (void* p : owned) ck::device_free(p);
+    for (void* p : pinned) ck::pinned_free(p);
+    for (DeviceBuffer* b : {&x, &h, &q, &k, &v, &attn, &proj, &gate, &up, &final_h, &logits, &token_ids, &positions,
+                            &slots, &seq_of_token, &block_tables, &logit_rows})
+      ck::device_free(b->ptr);
+  }
+
+  Status alloc(float** ptr, int64_t floats) {
+    void* p = nullptr;
+    KVP_CUDA_RETURN_IF_ERROR(ck::device_alloc(&p, static_cast<std::size_t>(floats) * sizeof(float)));
+    owned.push_back(p);
+    *ptr = static_cast<float*>(p);
+    return Status::ok();
+  }
+  Status upload(float** ptr, const float* host, int64_t floats) {
+    KVP_RETURN_IF_ERROR(alloc(ptr, floats));
+    return cuda_status(ck::copy_to_device(*ptr, host, static_cast<std::size_t>(floats) * sizeof(float)));
+  }
+  static Status ensure(DeviceBuffer& b, std::size_t bytes) {
+    if (b.capacity >= bytes && b.ptr != nullptr) return Status::ok();
+    ck::device_free(b.ptr);
+    b.ptr = nullptr;
+    b.capacity = 0;
+    KVP_CUDA_RETURN_IF_ERROR(ck::device_alloc(&b.ptr, bytes));
+    b.capacity = bytes;
+    return Status::ok();
+  }
+  template <class T>
+  static Status upload_vector(DeviceBuffer& b, const std::vector<T>& host) {
+    KVP_RETURN_IF_ERROR(ensure(b, host.size() * sizeof(T)));
+    return cuda_status(ck::copy_to_device(b.ptr, host.data(), host.size() * sizeof(T)));
+  }
+};
+
+Status CudaBackendConfig::validate() const {
+  KVP_RETURN_IF_ERROR(pool.validate_for_backend());
+  if (pool.kv_dtype != DType::kF32)
+    return Status::error("kv_dtype must be f32 (the CUDA backend's kernels are fp32 so far), got " +
+                         std::string(dtype_name(pool.kv_dtype)));
+  if (attention_partition <= 0) return Status::error("attention_partition must be > 0");
+  return Status::ok();
+}
+
+CudaBackend::CudaBackend(const Model& model, const CudaBackendConfig& config)
+    : model_config_(model.config), model_for_init_(&model), config_(config), dev_(std::make_unique<Device>()) {}
+
+CudaBackend::~CudaBackend() = default;
+
+const char* CudaBackend::name() const { return KVP_CUDA_FLAVOUR_NAME; }
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const Model& model, const CudaBackendConfig& config) {
+  const std::string context = std::string(KVP_CUDA_FLAVOUR_NAME) + " backend config";
+  KVP_RETURN_IF_ERROR(model.config.validate().with_context("model config"));
+  KVP_RETURN_IF_ERROR(config.validate().with_context(context));
+  KVP_RETURN_IF_ERROR(check_pool_matches_model(config.pool, model.config).with_context(context));
+  if (model.config.head_dim > ck::kMaxHeadDim)
+    return Status::error(context + ": head_dim " + str(model.config.head_dim) + " is over the kernels' limit " +
+                         str(ck::kMaxHeadDim));
+  const int64_t per_block = static_cast<int64_t>(config.pool.block_size) * model.config.kv_dim();
+  const int64_t max_blocks = std::max(config.pool.num_device_blocks, config.pool.num_host_blocks);
+  if (per_block > (int64_t{1} << 40) / std::max<int64_t>(max_blocks, 1))
+    return Status::error(context + ": pool of " + str(max_blocks) + " blocks of " + str(per_block) +
+                         " floats is too large");
+  KVP_CUDA_RETURN_IF_ERROR(ck::check_device());
+  std::unique_ptr<CudaBackend> b(new CudaBackend(model, config));
+  const Status s = b->init();
+  b->model_for_init_ = nullptr;
+  if (!s) return s.with_context(KVP_CUDA_FLAVOUR_NAME);
+  return b;
+}
+
+Status CudaBackend::init() {
+  const Model& m = *model_for_init_;
+  const ModelConfig& c = model_config_;
+  Device& d = *dev_;
+  const auto up = [&](float** p, const auto& tensor) {
+    return d.upload(p, tensor.data(), static_cast<int64_t>(tensor.size()));
+  };
+  KVP_RETURN_IF_ERROR(up(&d.embed, m.weights.embed_tokens));
+  KVP_RETURN_IF_ERROR(up(&d.norm, m.weights.norm));
+  if (c.tie_word_embeddings) {
+    d.lm_head = d.embed;
+  } else {
+    KVP_RETURN_IF_ERROR(up(&d.lm_head, m.weights.lm_head));
+  }
+  for (const LayerWeights& w : m.weights.layers) {
+    Device::Layer l;
+    KVP_RETURN_IF_ERROR(up(&l.input_layernorm, w.input_layernorm));
+    KVP_RETURN_IF_ERROR(up(&l.q, w.q_proj));
+    KVP_RETURN_IF_ERROR(up(&l.k, w.k_proj));
+    KVP_RETURN_IF_ERROR(up(&l.v, w.v_proj));
+    KVP_RETURN_IF_ERROR(up(&l.o, w.o_proj));
+    KVP_RETURN_IF_ERROR(up(&l.post_attention_layernorm, w.post_attention_layernorm));
+    KVP_RETURN_IF_ERROR(up(&l.gate, w.gate_proj));
+    KVP_RETURN_IF_ERROR(up(&l.up, w.up_proj));
+    KVP_RETURN_IF_ERROR(up(&l.down, w.down_proj));
+    d.layers.push_back(l);
+  }
+  std::vector<float> inv_freq;
+  for (int64_t i = 0; i < c.head_dim / 2; ++i)
+    inv_freq.push_back(kernels::rope_inv_freq(i, c.head_dim, static_cast<float>(c.rope_theta)));
+  KVP_RETURN_IF_ERROR(d.upload(&d.inv_freq, inv_freq.data(), static_cast<int64_t>(inv_freq.size())));
+
+  const int64_t per_block = static_cast<int64_t>(config_.pool.block_size) * c.kv_dim();
+  const int64_t device_floats = per_block * config_.pool.num_device_blocks;
+  const int64_t host_floats = per_block * config_.pool.num_host_blocks;
+  const float fill = config_.nan_fill_at_start ? std::nanf("") : 0.0f;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    for (std::vector<float*>* pool : {&d.k_pool, &d.v_pool}) {
+      float* p = nullptr;
+      KVP_RETURN_IF_ERROR(d.alloc(&p, device_floats));
+      if (config_.nan_fill_at_start) {
+        KVP_CUDA_RETURN_IF_ERROR(ck::fill_nan(p, device_floats));
+      } else {
+        const std::vector<float> zeros(static_cast<std::size_t>(device_floats), 0.0f);
+        KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_device(p, zeros.data(), zeros.size() * sizeof(float)));
+      }
+      pool->push_back(p);
+    }
+    for (std::vector<float*>* pool : {&d.host_k, &d.host_v}) {
+      void* p = nullptr;
+      KVP_CUDA_RETURN_IF_ERROR(ck::pinned_alloc(&p, static_cast<std::size_t>(host_floats) * sizeof(float)));
+      d.pinned.push_back(p);
+      auto* f = static_cast<float*>(p);
+      for (int64_t i = 0; i < host_floats; ++i) f[i] = fill;
+      pool->push_back(f);
+    }
+  }
+  return cuda_status(ck::synchronize());
+}
+
+Status CudaBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std::vector<float>& k,
+                               std::vector<float>& v) const {
+  const bool host = pool == PoolKind::kHost;
+  const int32_t blocks = host ? config_.pool.num_host_blocks : config_.pool.num_device_blocks;
+  if (layer < 0 || layer >= model_config_.num_layers)
+    return Status::error("read_block: layer " + str(layer) + " out of range");
+  if (block < 0 || block >= blocks) return Status::error("read_block: block " + str(block) + " out of range");
+  const int64_t per_block = static_cast<int64_t>(config_.pool.block_size) * model_config_.kv_dim();
+  const auto l = static_cast<std::size_t>(layer);
+  k.resize(static_cast<std::size_t>(per_block));
+  v.resize(static_cast<std::size_t>(per_block));
+  const std::size_t bytes = static_cast<std::size_t>(per_block) * sizeof(float);
+  if (host) {
+    std::memcpy(k.data(), dev_->host_k[l] + block * per_block, bytes);
+    std::memcpy(v.data(), dev_->host_v[l] + block * per_block, bytes);
+    return Status::ok();
+  }
+  KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_host(k.data(), dev_->k_pool[l] + block * per_block, bytes));
+  return cuda_status(ck::copy_to_host(v.data(), dev_->v_pool[l] + block * per_block, bytes));
+}
+
+Status CudaBackend::execute(const BatchPlan& plan, StepOutput& out) {
+  KVP_RETURN_IF_ERROR(
+      validate_plan(plan, config_.pool, {model_config_.vocab_size, model_config_.max_position_embeddings}));
+  auto reads = check_plan_read_scope(plan, config_.pool);
+  if (!reads) return reads.status();
+  audited_block_reads_ += *reads;
+  KVP_RETURN_IF_ERROR(run_ops(plan.ops).with_context(KVP_CUDA_FLAVOUR_NAME));
+  KVP_RETURN_IF_ERROR(run_model(plan, out).with_context(KVP_CUDA_FLAVOUR_NAME));
+  return cuda_status(ck::synchronize()).with_context(KVP_CUDA_FLAVOUR_NAME);
+}
+
+Status CudaBackend::run_ops(const KvPlanOps& ops) {
+  Device& d = *dev_;
+  const int64_t per_block = static_cast<int64_t>(config_.pool.block_size) * model_config_.kv_dim();
+  const std::size_t bytes = static_cast<std::size_t>(per_block) * sizeof(float);
+  const auto layers = static_cast<std::size_t>(model_config_.num_layers);
+  // Swaps go through the pinned host pool.
+  for (const BlockCopy& s : ops.swap_out) {
+    for (std::size_t l = 0; l < layers; ++l) {
+      KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_host(d.host_k[l] + s.dst * per_block, d.k_pool[l] + s.src * per_block, bytes));
+      KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_host(d.host_v[l] + s.dst * per_block, d.v_pool[l] + s.src * per_block, bytes));
+    }
+  }
+  for (const BlockCopy& s : ops.block_copies) {
+    for (std::size_t l = 0; l < layers; ++l) {
+      KVP_CUDA_RETURN_IF_ERROR(
+          ck::copy_device_to_device(d.k_pool[l] + s.dst * per_block, d.k_pool[l] + s.src * per_block, bytes));
+      KVP_CUDA_RETURN_IF_ERROR(
+          ck::copy_device_to_device(d.v_pool[l] + s.dst * per_block, d.v_pool[l] + s.src * per_block, bytes));
+    }
+  }
+  for (int32_t b : ops.poison) {
+    for (std::size_t l = 0; l < layers; ++l) {
+      KVP_CUDA_RETURN_IF_ERROR(ck::fill_nan(d.k_pool[l] + b * per_block, per_block));
+      KVP_CUDA_RETURN_IF_ERROR(ck::fill_nan(d.v_pool[l] + b * per_block, per_block));
+    }
+  }
+  for (const BlockCopy& s : ops.swap_in) {
+    for (std::size_t l = 0; l < layers; ++l) {
+      KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_device(d.k_pool[l] + s.dst * per_block, d.host_k[l] + s.src * per_block, bytes));
+      KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_device(d.v_pool[l] + s.dst * per_block, d.host_v[l] + s.src * per_block, bytes));
+    }
+  }
+  return Status::ok();
+}
+
+Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
+  const ModelConfig& c = model_config_;
+  Device& d = *dev_;
+  const int64_t n = plan.num_tokens();
+  const int64_t hidden = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  out.vocab_size = c.vocab_size;
+  out.logit_row_start.assign(1, 0);
+  std::vector<int32_t> logit_tokens;
+  std::vector<int32_t> seq_of_token(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < plan.num_seqs(); ++i) {
+    const int32_t start = plan.query_start[static_cast<std::size_t>(i)];
+    const int32_t end = plan.query_start[static_cast<std::size_t>(i) + 1];
+    for (int32_t t = start; t < end; ++t) seq_of_token[static_cast<std::size_t>(t)] = static_cast<int32_t>(i);
+    const int32_t rows = logit_rows_for(plan, i);
+    for (int32_t t = end - rows; t < end; ++t) logit_tokens.push_back(t);
+    out.logit_row_start.push_back(out.logit_row_start.back() + rows);
+  }
+  const auto num_rows = static_cast<int64_t>(logit_tokens.size());
+  out.logits.assign(static_cast<std::size_t>(num_rows * c.vocab_size), 0.0f);
+  if (n == 0) return Status::ok();
+
+  const auto fbytes = [](int64_t floats) { return static_cast<std::size_t>(floats) * sizeof(float); };
+  KVP_RETURN_IF_ERROR(Device::ensure(d.x, fbytes(n * hidden)));
+  KVP_RETURN_IF_ERROR(Device::ensure(d.h, fbytes(n * hidden)));
+  KVP_RETURN_IF_ERROR(Device::ensure(d.q, fbytes(n * c.q_dim())));
+  KVP_RETURN_IF_ERROR(Device::ensure(d.k, fbytes(n * c.kv_dim())));
+  KVP_RETURN_IF_ERROR(Device::ensure(d.v, fbytes(n * c.kv_dim())));
+  KVP_RETURN_IF_ERROR(Device::ensure(d.attn, fbytes(n * c.q_dim())));
+  KVP_RETURN_IF_ERROR(Device::ensure(d.proj, fbytes(n * hidden)));
+  KVP_RETURN_IF_ERROR(Device::ensure(d.gate, fbytes(n * c.intermediate_size)));
+  KVP_RETURN_IF_ERROR(Device::ensure(d.up, fbytes(n * c.intermediate_size)));
+  KVP_RETURN_IF_ERROR(Device::upload_vector(d.token_ids, plan.token_ids));
+  KVP_RETURN_IF_ERROR(Device::upload_vector(d.positions, plan.positions));
+  KVP_RETURN_IF_ERROR(Device::upload_vector(d.slots, plan.slot_mapping));
+  KVP_RETURN_IF_ERROR(Device::upload_vector(d.seq_of_token, seq_of_token));
+  KVP_RETURN_IF_ERROR(Device::upload_vector(d.block_tables, plan.block_tables));
+
+  float* x = d.x.as<float>();
+  float* h = d.h.as<float>();
+  float* q = d.q.as<float>();
+  float* k = d.k.as<float>();
+  float* v = d.v.as<float>();
+  float* attn = d.attn.as<float>();
+  float* proj = d.proj.as<float>();
+  float* gate = d.gate.as<float>();
+  float* upv = d.up.as<float>();
+  const int32_t* positions = d.positions.as<int32_t>();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+
+  KVP_CUDA_RETURN_IF_ERROR(ck::embed(d.embed, d.token_ids.as<int32_t>(), n, hidden, x));
+  for (std::size_t l = 0; l < d.layers.size(); ++l) {
+    const Device::Layer& w = d.layers[l];
+    KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(x, nullptr, w.input_layernorm, n, hidden, eps, h));
+    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.q, c.q_dim(), hidden, h, n, q));
+    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.k, c.kv_dim(), hidden, h, n, k));
+    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.v, c.kv_dim(), hidden, h, n, v));
+    KVP_CUDA_RETURN_IF_ERROR(ck::rope(q, n, c.num_heads, c.head_dim, positions, d.inv_freq));
+    KVP_CUDA_RETURN_IF_ERROR(ck::rope(k, n, c.num_kv_heads, c.head_dim, positions, d.inv_freq));
+    // Every new token's K/V goes into its slot before attention reads (same stream: ordered).
+    KVP_CUDA_RETURN_IF_ERROR(ck::write_kv(k, v, d.slots.as<int64_t>(), n, c.kv_dim(), d.k_pool[l], d.v_pool[l]));
+    KVP_CUDA_RETURN_IF_ERROR(ck::attention(q, d.k_pool[l], d.v_pool[l], d.block_tables.as<int32_t>(),
+                                           plan.max_blocks_per_seq, d.seq_of_token.as<int32_t>(), positions, n,
+                                           c.num_heads, c.num_kv_heads, c.head_dim, config_.pool.block_size, scale,
+                                           config_.attention_partition, attn));
+    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.o, hidden, c.q_dim(), attn, n, proj));
+    KVP_CUDA_RETURN_IF_ERROR(ck::add_in_place(x, proj, n * hidden));
+    KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(x, nullptr, w.post_attention_layernorm, n, hidden, eps, h));
+    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.gate, c.intermediate_size, hidden, h, n, gate));
+    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.up, c.intermediate_size, hidden, h, n, upv));
+    KVP_CUDA_RETURN_IF_ERROR(ck::silu_mul(gate, upv, n * c.intermediate_size));
+    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.down, hidden, c.intermediate_size, gate, n, proj));
+    KVP_CUDA_RETURN_IF_ERROR(ck::add_in_place(x, proj, n * hidden));
+  }
+  if (num_rows == 0) return Status::ok();
+  KVP_RETURN_IF_ERROR(Device::ensure(d.final_h, fbytes(num_rows * hidden)));
+  KVP_RETURN_IF_ERROR(Device::ensure(d.logits, fbytes(num_rows * c.vocab_size)));
+  KVP_RETURN_IF_ERROR(Device::upload_vector(d.logit_rows, logit_tokens));
+  KVP_CUDA_RETURN_IF_ERROR(
+      ck::rms_norm(x, d.logit_rows.as<int32_t>(), d.norm, num_rows, hidden, eps, d.final_h.as<float>()));
+  KVP_CUDA_RETURN_IF_ERROR(
+      ck::project(d.lm_head, c.vocab_size, hidden, d.final_h.as<float>(), num_rows, d.logits.as<float>()));
+  return cuda_status(ck::copy_to_host(out.logits.data(), d.logits.ptr, fbytes(num_rows * c.vocab_size)));
+}
+
+}  // namespace kvp
