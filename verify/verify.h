@@ -13,6 +13,16 @@
 //   isolation    chosen requests re-run alone under another schedule (block size, chunk
 //                size, preemption mode): bitwise equal tokens and logits (N1)
 // One run per preemption mode.
+//
+// With speculation on (VerifyOptions::speculation), the engine under test decodes
+// speculatively and every check above applies to it; besides, the same workload runs
+// without speculation and
+//   speculative  every request's logits at every position whose tokens agree in both runs
+//                are bitwise equal, and greedy requests' tokens are equal (a cancelled one's
+//                up to where the shorter run stopped); the report gives the acceptance rate,
+//                mean accepted length and target forwards per generated token.
+// Sampled requests are left out of the isolation re-runs then: their speculative draws
+// depend on how many drafts each step verified, which the schedule decides.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +61,9 @@ struct VerifyOptions {
   double tolerance = 2e-5;
   int isolation_samples = 4;  // the most preempted requests and one parallel sample
   int64_t max_steps = 100000;
+  // Speculative decoding of every request (off: the default job, unchanged).
+  SpeculationParams speculation;
+  int32_t draft_layers = 0;  // layers of the draft model (0: default_draft_layers)
 };
 
 struct CheckResult {
@@ -83,7 +96,12 @@ struct LiveEngine {
   std::unique_ptr<CpuBackend> backend;
   std::unique_ptr<Engine> engine;
 };
-// An engine on the CPU backend: the pool and schedule of `setup`, the rest from `options`.
+// A draft-model proposer on the CPU backend: the draft model's own pool, with room for
+// max_num_seqs sequences of max_model_len tokens.
+std::unique_ptr<Proposer> make_draft_proposer(const Model& draft, int64_t max_num_seqs, int64_t max_model_len,
+                                              int num_threads);
+// An engine on the CPU backend: the pool and schedule of `setup`, the rest from `options`
+// (with options.speculation's proposer; a draft model from `model`'s first layers).
 Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& options, const EngineSetup& setup);
 // The checks of a plan before it runs (I3 exclusive write, I5 slot mapping, I8 bounds) and
 // of the state after a step (every KvCacheManager invariant). A failure is recorded in
