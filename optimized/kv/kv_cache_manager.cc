@@ -350,11 +350,22 @@ Status KvCacheManager::truncate(SeqId seq, int64_t new_len) {
   const int64_t bs = config_.pool.block_size;
   if (!s->swapped && new_len < static_cast<int64_t>(s->tokens.size())) {
     // I9: cached blocks holding a dropped position leave the prefix cache.
+    std::vector<BlockHandle> dropped;
     for (int64_t i = new_len / bs; i < s->table.size(); ++i) {
       const int32_t b = s->table[i];
       if (!device_.is_cached(b)) continue;
       rolled_back_generation_[static_cast<size_t>(b)] = device_.generation(b);
+      dropped.push_back(device_.handle(b));
       drop_cache_entry(b);
+    }
+    // Entries chained onto a dropped block go too: the block may now be rewritten in place
+    // (same generation), and a chain must never vouch for a parent whose tokens changed.
+    for (size_t d = 0; d < dropped.size(); ++d) {
+      for (int32_t c : cache_.blocks()) {
+        if (!(cache_.entry(c).parent == dropped[d])) continue;
+        dropped.push_back(device_.handle(c));
+        drop_cache_entry(c);
+      }
     }
   }
   s->tokens.resize(static_cast<size_t>(new_len));
