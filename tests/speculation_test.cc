@@ -142,6 +142,34 @@ TEST(AcceptedOnlyCache, RollingBackIntoACachedBlockUnregistersIt) {
   EXPECT_TRUE(check_all(m).is_ok()) << check_all(m).message();
 }
 
+// A block taken out of the cache by a truncate may be rewritten in place (same generation):
+// entries chained onto it leave the cache with it.
+TEST(AcceptedOnlyCache, TruncateDropsEntriesChainedOntoAnUnregisteredBlock) {
+  KvCacheConfig c;
+  c.pool.block_size = 4;
+  c.pool.num_device_blocks = 8;
+  c.pool.num_host_blocks = 0;
+  KvCacheManager m(c);
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(m.add_sequence(1, 0, V{1, 2, 3, 4, 5, 6, 7, 8}).is_ok());
+  ASSERT_TRUE(m.allocate_slots(1, 8, slots).is_ok());
+  ASSERT_TRUE(m.mark_final(1, 8).is_ok());
+  ASSERT_TRUE(m.fork(1, 2).is_ok());
+  ASSERT_TRUE(m.append_tokens(2, V{9, 10, 11, 12}).is_ok());
+  ASSERT_TRUE(m.allocate_slots(2, 4, slots).is_ok());
+  ASSERT_TRUE(m.mark_final(2, 12).is_ok());
+  const int32_t child = m.sequence(2)->table[2];
+  ASSERT_TRUE(m.free(2).is_ok());
+  EXPECT_TRUE(m.prefix_cache().contains(child));
+  ASSERT_TRUE(m.truncate(1, 6).is_ok());
+  EXPECT_FALSE(m.prefix_cache().contains(child));
+  ASSERT_TRUE(m.append_tokens(1, V{20, 21}).is_ok());
+  ASSERT_TRUE(m.allocate_slots(1, 2, slots).is_ok());
+  EXPECT_TRUE(m.take_plan_ops().block_copies.empty());  // written in place
+  ASSERT_TRUE(m.mark_final(1, 8).is_ok());
+  EXPECT_TRUE(check_all(m).is_ok()) << check_all(m).message();
+}
+
 // ---------------------------------------------------------------- the engine
 
 const Model& micro_model() {
