@@ -228,6 +228,10 @@ Status Engine::step() {
     KVP_RETURN_IF_ERROR(backend_.execute(plan, out).with_context("step " + std::to_string(step_)));
     process_outputs(plan, out);
   }
+  if (draft_ != nullptr && scheduler_.idle()) {
+    std::vector<Proposal> none;
+    (void)draft_->propose({}, none);  // nothing left to draft for: the draft model's pool empties
+  }
 
   int64_t used = 0, allocated = 0;
   for (const auto& [id, s] : kv_.sequences()) {

@@ -21,7 +21,9 @@
 // size, and below what the request may still generate) to the request and its KV-cache
 // sequence and plans the verification row of 1 + k' tokens, charged against the budget,
 // with logits for every row; when the pool cannot hold 1 + k' tokens the drafts are taken
-// back and the request decodes one token (drafts never cause a preemption). apply() rolls
+// back and the request decodes one token (drafts never preempt their own request's
+// neighbours directly; like any growth they may leave a newer request short later in the
+// step under optimistic admission, never beyond worst_case_blocks). apply() rolls
 // back the rejected drafts (truncate) before anything is marked final, so only accepted
 // positions ever become final or enter the prefix cache (I9). A request carries drafts only
 // between schedule() and apply() of one step, so cancellation, preemption, swapping and
