@@ -1,5 +1,6 @@
 #include "model/presets.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/rng.h"
@@ -51,17 +52,26 @@ void fill_uniform(float* data, std::size_t n, double stddev, uint64_t seed) {
 
 }  // namespace
 
-std::vector<std::string> preset_names() { return {"tiny", "small"}; }
+std::vector<std::string> preset_names() { return {"tiny", "small", "tiny-draft", "small-draft"}; }
 
 Result<ModelConfig> preset_config(std::string_view name) {
   if (name == "tiny") return tiny_config();
   if (name == "small") return small_config();
+  if (name == "tiny-draft" || name == "small-draft") {
+    ModelConfig c = name == "tiny-draft" ? tiny_config() : small_config();
+    c.num_layers = default_draft_layers(c);
+    return c;
+  }
   std::string known;
   for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
   return Status::error("unknown preset '" + std::string(name) + "' (known: " + known + ")");
 }
 
 Result<Model> make_preset(std::string_view name, uint64_t seed) {
+  if (name == "tiny-draft" || name == "small-draft") {
+    const ModelConfig target = name == "tiny-draft" ? tiny_config() : small_config();
+    return make_draft_model(make_random_model(target, seed), default_draft_layers(target));
+  }
   auto c = preset_config(name);
   if (!c) return c.status();
   return make_random_model(*c, seed);
@@ -91,6 +101,22 @@ Model make_random_model(const ModelConfig& config, uint64_t seed) {
     }
     fill_uniform(t.data, n, stddev, s);
   }
+  return m;
+}
+
+int32_t default_draft_layers(const ModelConfig& target) {
+  return static_cast<int32_t>(std::max<int64_t>(1, target.num_layers / 4));
+}
+
+Model make_draft_model(const Model& target, int32_t num_layers) {
+  KVP_CHECK(num_layers >= 1 && num_layers <= target.config.num_layers);
+  Model m;
+  m.config = target.config;
+  m.config.num_layers = num_layers;
+  m.weights.embed_tokens = target.weights.embed_tokens;
+  m.weights.layers.assign(target.weights.layers.begin(), target.weights.layers.begin() + num_layers);
+  m.weights.norm = target.weights.norm;
+  m.weights.lm_head = target.weights.lm_head;
   return m;
 }
 

@@ -2,6 +2,10 @@
 //
 //   tiny   vocab 512, hidden 128, 4 layers, 8 heads, 2 KV heads, head_dim 16  (~0.5M params)
 //   small  vocab 2048, hidden 256, 6 layers, 8 heads, 4 KV heads, head_dim 32 (~5.7M params)
+//   tiny-draft, small-draft
+//          draft models for speculative decoding: the first quarter of the target's layers
+//          (one, for both) with its embedding, final norm and LM head, so the vocabulary is
+//          the target's and the draft often agrees with it (make_draft_model)
 //
 // Weights are scaled so that each projection keeps unit variance and the logits have a
 // standard deviation of about 2.5: next-token distributions that are neither one-hot nor
@@ -25,5 +29,12 @@ Result<Model> make_preset(std::string_view name, uint64_t seed = 0);
 // Fills a model of any valid config with seeded random weights (the presets' recipe).
 // REQUIRES: config.validate().is_ok().
 Model make_random_model(const ModelConfig& config, uint64_t seed);
+
+// A draft model for `target`: its first `num_layers` layers, with its embedding, final norm
+// and LM head (a layer-skipping draft: same vocabulary, a fraction of the cost).
+// REQUIRES: 1 <= num_layers <= target.config.num_layers.
+Model make_draft_model(const Model& target, int32_t num_layers);
+// The draft's layers for a target: a quarter of them, at least one.
+int32_t default_draft_layers(const ModelConfig& target);
 
 }  // namespace kvp

@@ -46,6 +46,7 @@ struct Schedule {
   PreemptionMode mode;
   AdmissionRule admission;
   bool prefix_caching;
+  SpeculationParams speculation = {};  // every request's (off: plain decoding)
 };
 
 // Draw functions (called inside a property, where *gen draws a value).
@@ -57,7 +58,19 @@ Schedule draw_schedule() {
              *rc::gen::inRange(1, 8), PreemptionMode::kRecompute, AdmissionRule::kOptimistic, *rc::gen::arbitrary<bool>()};
   if (*rc::gen::arbitrary<bool>()) s.mode = PreemptionMode::kSwap;
   if (*rc::gen::arbitrary<bool>()) s.admission = AdmissionRule::kConservative;
+  s.speculation.proposer = *rc::gen::element(ProposerKind::kOff, ProposerKind::kNgram, ProposerKind::kDraft);
+  s.speculation.k = *rc::gen::inRange(1, 7);
   return s;
+}
+
+// A draft model for the micro model: its first layer, on its own CPU backend and pool.
+std::unique_ptr<Proposer> micro_draft_proposer(const Model& target) {
+  static const Model draft = make_draft_model(target, 1);
+  KvCacheConfig kv;
+  kv.pool = pool_shape_for(draft.config, 8, 8 * (kMaxLen / 8 + 2), 0);
+  CpuBackendConfig bc;
+  bc.pool = kv.pool;
+  return std::make_unique<DraftModelProposer>(std::make_unique<CpuBackend>(draft, bc), kv, draft.config.vocab_size);
 }
 
 // `model`: the backend's model, whose dimensions the pool carries (nullptr: no model).
@@ -77,6 +90,7 @@ EngineConfig engine_config(const Schedule& s, int64_t vocab, const ModelConfig* 
   c.scheduler.admission = s.admission;
   c.scheduler.preemption = s.mode;
   c.vocab_size = vocab;
+  c.speculation = s.speculation;
   return c;
 }
 
@@ -121,6 +135,7 @@ TargetResult run_with_target(const Schedule& s, const WorkloadRequest& target, s
   bc.pool = config.kv.pool;
   CpuBackend backend(micro_model(), bc);
   Engine engine(config, backend);
+  engine.set_draft_proposer(micro_draft_proposer(micro_model()));
   Workload w{"w", std::move(others)};
   w.requests.push_back(target);
   w.requests.back().spec.capture_logits = true;
@@ -141,12 +156,17 @@ RC_GTEST_PROP(EngineProperty, TargetRequestIsBitwiseIndependentOfNeighboursAndSc
   const Schedule sb = draw_schedule();
   WorkloadRequest target_b = target;
   target_b.arrival_step = *rc::gen::inRange(0, 6);
+  // Speculation (random proposer and k per schedule) must not change a greedy target by a
+  // bit. A sampled target's draws depend on how many drafts each step verified, which the
+  // schedule decides, so it decodes plainly (its neighbours still speculate).
+  if (!target.spec.sampling.greedy()) target.spec.speculation = target_b.spec.speculation = SpeculationParams{};
 
   auto describe = [](const Schedule& s) {
     return "bs=" + std::to_string(s.block_size) + " blocks=" + std::to_string(s.num_blocks) + " chunk=" + std::to_string(s.chunk) +
            " budget=" + std::to_string(s.budget) + " seqs=" + std::to_string(s.max_seqs) +
            (s.mode == PreemptionMode::kSwap ? " swap" : " recompute") +
-           (s.admission == AdmissionRule::kConservative ? " conservative" : " optimistic") + (s.prefix_caching ? " prefix" : "");
+           (s.admission == AdmissionRule::kConservative ? " conservative" : " optimistic") + (s.prefix_caching ? " prefix" : "") +
+           " speculate=" + to_string(s.speculation.proposer) + " k=" + std::to_string(s.speculation.k);
   };
   RC_LOG() << "schedule a: " << describe(sa) << ", " << others_a.size() << " others\n"
            << "schedule b: " << describe(sb) << ", " << others_b.size() << " others\n"
@@ -165,6 +185,7 @@ RC_GTEST_PROP(EngineProperty, TargetRequestIsBitwiseIndependentOfNeighboursAndSc
   }
   RC_ASSERT(compared > 0);
   RC_CLASSIFY(sa.block_size != sb.block_size, "different block sizes");
+  RC_CLASSIFY(sa.speculation.enabled() != sb.speculation.enabled(), "speculative against plain");
 }
 
 RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmallPool, ()) {
@@ -174,6 +195,12 @@ RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmal
   const EngineConfig config = engine_config(s, 64);
   testing::FakeBackend backend(config.kv.pool, 64);
   Engine engine(config, backend);
+  // The draft model runs on a fake backend of its own (its own pool).
+  KvCacheConfig draft_kv;
+  draft_kv.pool.block_size = 4;
+  draft_kv.pool.num_device_blocks = 8 * (kMaxLen / 4 + 1);
+  draft_kv.pool.num_host_blocks = 0;
+  engine.set_draft_proposer(std::make_unique<DraftModelProposer>(std::make_unique<testing::FakeBackend>(draft_kv.pool, 64), draft_kv, 64));
   std::string violation;
   engine.set_plan_observer([&](const Engine& e, const BatchPlan& plan) -> Status {
     if (Status st = check_plan(e, plan); !st && violation.empty()) violation = st.message();
@@ -208,6 +235,8 @@ RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmal
   RC_ASSERT(check_all_free(engine.kv()).is_ok());
   RC_CLASSIFY(engine.metrics().counters.preemptions > 0, "preempted");
   RC_CLASSIFY(engine.metrics().counters.copy_on_writes > 0, "copy-on-write");
+  RC_CLASSIFY(engine.metrics().counters.spec_accepted > 0, "drafts accepted");
+  RC_CLASSIFY(engine.metrics().counters.spec_proposed > engine.metrics().counters.spec_accepted, "drafts rolled back");
 }
 
 // Overload: ten times more requests than the pool holds at once, all arriving together:

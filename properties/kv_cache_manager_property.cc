@@ -1,5 +1,6 @@
 // Stateful model-based properties of KvCacheManager: random command sequences (add with
-// shared prefixes, append, fork, truncate, free, swap out/in, evict, flush) run against the
+// shared prefixes, append, fork, truncate, free, swap out/in, evict, flush, speculative
+// append and rollback) run against the
 // manager and the trivial model of kv_harness.h; every invariant is checked after every
 // command.
 #include <gtest/gtest.h>
@@ -68,6 +69,20 @@ RC_GTEST_PROP(KvCacheManagerProperty, TinyHashNeverSharesAForeignBlock, ()) {
   config.enable_prefix_caching = true;
   config.hash_bits = *rc::gen::inRange(1, 4);
   run(config, *gen_ops());
+}
+
+// Speculative steps (kind 10) among prefills, appends, forks, swaps and truncates: drafts
+// get slots but never become final, rollbacks release what they must, and no rejected draft
+// ever enters the prefix cache (I9, checked after every command).
+RC_GTEST_PROP(KvCacheManagerProperty, SpeculativeAppendAndRollbackKeepEveryInvariant, ()) {
+  KvCacheConfig config = gen_config(/*tiny_pools=*/false);
+  config.enable_prefix_caching = *rc::gen::element(true, true, true, false);
+  const auto ops = *rc::gen::container<std::vector<std::tuple<int, int, int, int>>>(rc::gen::tuple(
+      rc::gen::element(0, 1, 2, 3, 4, 6, 7, 10, 10, 10, 10), rc::gen::inRange(0, 1 << 12), rc::gen::inRange(0, 1 << 12),
+      rc::gen::inRange(0, 1 << 12)));
+  std::vector<Op> v;
+  for (const auto& [k, a, b, c] : ops) v.push_back(Op{k, a, b, c});
+  run(config, v);
 }
 
 RC_GTEST_PROP(KvCacheManagerProperty, FreeingEverythingAndFlushingLeavesEveryBlockFree, ()) {

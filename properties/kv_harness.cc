@@ -208,6 +208,31 @@ Status KvHarness::apply(const Op& op) {
     case 9:  // flush
       if (b % 4 == 0) m_.flush_prefix_cache();
       break;
+    case 10: {  // speculative append of k drafts, verification, rollback of the rejected ones
+      const SeqId s = pick(a);
+      if (s < 0) break;
+      ModelSeq& ms = model_.at(s);
+      if (ms.swapped || ms.num_slots == 0) break;  // speculation starts once a sequence decodes
+      const auto accepted_len = static_cast<int64_t>(ms.tokens.size());
+      const int64_t final_before = m_.sequence(s)->num_final;
+      const int k = 1 + b % 4;
+      std::vector<int32_t> drafts;
+      for (int i = 0; i < k; ++i) drafts.push_back(3000 + (c + i) % 5);
+      KVP_RETURN_IF_ERROR(m_.append_tokens(s, drafts));
+      ms.tokens.insert(ms.tokens.end(), drafts.begin(), drafts.end());
+      const int64_t slots_before = ms.num_slots;
+      KVP_RETURN_IF_ERROR(allocate(s, static_cast<int64_t>(ms.tokens.size()) - ms.num_slots));
+      const bool verified = ms.num_slots != slots_before || ms.num_slots == static_cast<int64_t>(ms.tokens.size());
+      // Drafts are never final: nothing new may have entered the prefix cache yet.
+      if (m_.sequence(s)->num_final != final_before) return Status::error("a speculative append changed num_final");
+      const int64_t keep = accepted_len + (verified ? (c >> 3) % (k + 1) : 0);
+      KVP_RETURN_IF_ERROR(m_.truncate(s, keep));
+      ms.tokens.resize(static_cast<size_t>(keep));
+      ms.num_slots = std::min(ms.num_slots, keep);
+      if (m_.sequence(s)->num_final != final_before) return Status::error("a rollback of drafts changed num_final");
+      KVP_RETURN_IF_ERROR(m_.mark_final(s, ms.num_slots));
+      break;
+    }
   }
   apply_plan_ops();
   return check().with_context("after command " + str(commands_) + " (kind " + str(kind) + ")");

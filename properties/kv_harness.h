@@ -10,6 +10,10 @@
 //   - per sequence: its tokens, slot count and residency, compared with the manager's.
 // Each command checks every invariant checker, and a failed allocation or swap must leave
 // a snapshot of the whole state unchanged (atomicity).
+// Command kind 10 is a speculative step: draft tokens appended and given slots (written),
+// never final, then all but the accepted ones rolled back with truncate and the accepted
+// ones marked final; the prefix cache must never register a rejected draft (I9), and every
+// kept position must read back its own token.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +47,7 @@ class KvHarness {
   const KvCacheManager& manager() const { return m_; }
   KvCacheManager& manager() { return m_; }
   int64_t commands() const { return commands_; }
-  static constexpr int kNumKinds = 10;
+  static constexpr int kNumKinds = 11;
 
  private:
   struct Cell {

@@ -202,17 +202,42 @@ TEST(KvCacheManager, ForkSharesEveryBlockAndTheFirstWriteCopies) {
   EXPECT_INVARIANTS(m);
 }
 
-TEST(KvCacheManager, WritingIntoACachedBlockCopiesIt) {
+// I9 accepted-only cache: a truncate that drops a position of a cached block takes the block
+// out of the prefix cache, so the sequence then writes its new tail in place.
+TEST(KvCacheManager, TruncatingIntoACachedBlockUnregistersIt) {
   KvCacheManager m(small_config());
   prefill(m, 1, iota(8));
-  ASSERT_TRUE(m.truncate(1, 6).is_ok());  // block 1 is cached, now the partial tail
+  EXPECT_TRUE(m.prefix_cache().contains(1));
+  const int64_t generation = m.device_allocator().generation(1);
+  ASSERT_TRUE(m.truncate(1, 6).is_ok());  // block 1 held positions 6 and 7
+  EXPECT_FALSE(m.prefix_cache().contains(1));
+  EXPECT_TRUE(m.prefix_cache().contains(0));
+  EXPECT_EQ(m.rolled_back_generation(1), generation);
+  ASSERT_TRUE(m.append_tokens(1, V{1, 2}).is_ok());
+  Slots slots;
+  ASSERT_TRUE(m.allocate_slots(1, 2, slots).is_ok());
+  EXPECT_EQ(table(m, 1), (V{0, 1}));
+  EXPECT_TRUE(m.take_plan_ops().block_copies.empty());
+  ASSERT_TRUE(m.mark_final(1, 8).is_ok());  // final again, with the new tokens
+  EXPECT_TRUE(m.prefix_cache().contains(1));
+  EXPECT_EQ(m.rolled_back_generation(1), -1);
+  EXPECT_INVARIANTS(m);
+}
+
+// A cached block shared with another sequence is still copied on write after the
+// truncate took it out of the cache.
+TEST(KvCacheManager, WritingIntoASharedBlockAfterATruncateCopiesIt) {
+  KvCacheManager m(small_config());
+  prefill(m, 1, iota(8));
+  ASSERT_TRUE(m.fork(1, 2).is_ok());
+  ASSERT_TRUE(m.truncate(1, 6).is_ok());
+  EXPECT_FALSE(m.prefix_cache().contains(1));
   ASSERT_TRUE(m.append_tokens(1, V{1, 2}).is_ok());
   Slots slots;
   ASSERT_TRUE(m.allocate_slots(1, 2, slots).is_ok());
   EXPECT_EQ(table(m, 1), (V{0, 2}));
   EXPECT_EQ(m.take_plan_ops().block_copies, (std::vector<BlockCopy>{{1, 2}}));
-  EXPECT_TRUE(m.prefix_cache().contains(1));
-  EXPECT_EQ(m.device_allocator().state(1), BlockState::kEvictable);
+  EXPECT_EQ(table(m, 2), (V{0, 1}));
   EXPECT_INVARIANTS(m);
 }
 

@@ -15,6 +15,7 @@ void add_verify_command(CLI::App& app, int& exit_code) {
     RunInputs inputs;
     std::string preemption = "both", admission = "optimistic", backend = "cpu";
     std::string json_out, junit_out;
+    std::string speculate = "off";
     verify::VerifyOptions v;
   };
   auto opt = std::make_shared<Options>();
@@ -37,6 +38,13 @@ void add_verify_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("!--no-prefix-caching", opt->v.prefix_caching, "turn the prefix cache off");
   cmd->add_flag("--allow-empty", opt->v.allow_empty,
                 "pass even if nothing was verified (no request finished normally, or a check saw nothing)");
+  cmd->add_option("--speculate", opt->speculate,
+                  "speculative decoding of every request (ngram: prompt lookup; draft: a draft model of the "
+                  "model's first layers), checked against plain decoding bitwise")
+      ->check(CLI::IsMember({"off", "ngram", "draft"}));
+  cmd->add_option("--k", opt->v.speculation.k, "draft tokens per step")->check(CLI::Range(1, 64));
+  cmd->add_option("--draft-layers", opt->v.draft_layers, "layers of the draft model (default: a quarter)")
+      ->check(CLI::Range(1, 1 << 10));
   cmd->add_option("--json", opt->json_out, "write the report as JSON to this file");
   cmd->add_option("--junit", opt->junit_out, "write the report as JUnit XML to this file");
   cmd->callback([opt, &exit_code] {
@@ -55,10 +63,15 @@ void add_verify_command(CLI::App& app, int& exit_code) {
     if (opt->preemption != "recompute") v.modes.push_back(PreemptionMode::kSwap);
     v.admission = opt->admission == "conservative" ? AdmissionRule::kConservative : AdmissionRule::kOptimistic;
     v.max_model_len = std::min<int64_t>(v.max_model_len, model.config.max_position_embeddings);
+    v.speculation.proposer = opt->speculate == "ngram"   ? ProposerKind::kNgram
+                             : opt->speculate == "draft" ? ProposerKind::kDraft
+                                                         : ProposerKind::kOff;
 
     std::printf("kvproof verify: %s, backend %s, block size %d, %d blocks + %d host, chunk %d\n",
                 opt->inputs.describe(workload).c_str(), opt->backend.c_str(),
                 v.block_size, v.num_blocks, v.num_host_blocks, v.prefill_chunk_size);
+    if (v.speculation.enabled())
+      std::printf("speculative decoding: %s, k = %d, against plain decoding\n", to_string(v.speculation.proposer), v.speculation.k);
     auto report = verify::run_verify(model, workload, v);
     if (!report) return fail(report.status().message());
     std::printf("%s", report->table().c_str());

@@ -17,12 +17,25 @@
 #include "optimized/checkers/engine_invariants.h"
 #include "optimized/checkers/invariants.h"
 #include "reference/reference_model.h"
+#include "model/presets.h"
 
 namespace kvp::verify {
 
 namespace {
 const char* mode_name(PreemptionMode m) { return m == PreemptionMode::kSwap ? "swap" : "recompute"; }
 }  // namespace
+
+std::unique_ptr<Proposer> make_draft_proposer(const Model& draft, int64_t max_num_seqs, int64_t max_model_len,
+                                              int num_threads) {
+  constexpr int32_t kDraftBlockSize = 16;
+  const auto blocks = static_cast<int32_t>(max_num_seqs * ((max_model_len + kDraftBlockSize - 1) / kDraftBlockSize + 1));
+  KvCacheConfig kv;
+  kv.pool = pool_shape_for(draft.config, kDraftBlockSize, blocks, 0);
+  CpuBackendConfig bc;
+  bc.pool = kv.pool;
+  bc.num_threads = num_threads;
+  return std::make_unique<DraftModelProposer>(std::make_unique<CpuBackend>(draft, bc), kv, draft.config.vocab_size);
+}
 
 Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const EngineSetup& s) {
   EngineConfig ec;
@@ -39,7 +52,10 @@ Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const
   ec.scheduler.preemption = s.mode;
   ec.vocab_size = model.config.vocab_size;
   ec.audit_reads = o.audit_reads;
+  ec.speculation = o.speculation;
   KVP_RETURN_IF_ERROR(validate(ec));
+  if (o.draft_layers < 0 || o.draft_layers > model.config.num_layers)
+    return Status::error("draft layers must be in [1, " + std::to_string(model.config.num_layers) + "]");
   LiveEngine live;
   if (o.backend == "cpu") {
     CpuBackendConfig bc;
@@ -65,8 +81,51 @@ Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const
   auto engine = Engine::create(ec, *live.backend);
   if (!engine) return engine.status();
   live.engine = std::move(*engine);
+  if (o.speculation.enabled() && o.speculation.proposer == ProposerKind::kDraft) {
+    const int32_t layers = o.draft_layers > 0 ? o.draft_layers : default_draft_layers(model.config);
+    live.engine->set_draft_proposer(make_draft_proposer(make_draft_model(model, layers), o.max_num_seqs, o.max_model_len,
+                                                        o.num_threads));
+  }
   return live;
 }
+
+namespace {
+// The comparison of a speculative run with a plain one (see verify.h), request by request:
+// workload requests by index, parallel samples by their index among the children.
+void compare_runs(const Engine& spec, const Engine& plain, RequestId a, RequestId b, CheckResult& check) {
+  const Request& x = spec.request(a);
+  const Request& y = plain.request(b);
+  const std::string label = "request " + std::to_string(a);
+  const std::size_t common = std::min(x.tokens.size(), y.tokens.size());
+  std::size_t agree = 0;
+  while (agree < common && x.tokens[agree] == y.tokens[agree]) ++agree;
+  auto fail = [&](const std::string& why) {
+    if (!check.passed) return;
+    check.passed = false;
+    check.detail = label + ": " + why;
+  };
+  if (x.spec.sampling.greedy() && x.spec.forced_tokens.empty()) {
+    const bool cut = x.finish == FinishReason::kCancelled || y.finish == FinishReason::kCancelled;
+    if (agree < common || (!cut && x.tokens.size() != y.tokens.size()))
+      fail("greedy tokens differ from plain decoding at position " + std::to_string(agree));
+    if (!cut && x.finish != y.finish) fail("finishes differently from plain decoding");
+  }
+  // Logits at position p depend on tokens 0..p only.
+  for (std::size_t p = 0; p + 1 <= agree && p < x.logits.size() && p < y.logits.size(); ++p) {
+    if (x.logits[p].empty() || y.logits[p].empty()) continue;
+    ++check.count;
+    if (x.logits[p] != y.logits[p]) fail("logits at position " + std::to_string(p) + " differ bitwise from plain decoding");
+  }
+  for (std::size_t c = 0; c < x.children.size() && c < y.children.size(); ++c)
+    compare_runs(spec, plain, x.children[c], y.children[c], check);
+}
+
+std::string percent(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100 * v);
+  return buf;
+}
+}  // namespace
 
 Status check_plan(const Engine& e, const BatchPlan& plan, CheckResult& inv) {
   if (Status s = kvp::check_plan(e, plan); !s) {
@@ -227,6 +286,7 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
     std::vector<std::size_t> sample;
     for (std::size_t i = 0; run && i < ids.size(); ++i) {
       const Request& r = engine.request(ids[i]);
+      if (o.speculation.enabled() && !r.spec.sampling.greedy()) continue;  // see verify.h
       if (r.finish == FinishReason::kLength || r.finish == FinishReason::kStop) sample.push_back(i);
     }
     // The most preempted requests, plus one parallel sample (it shared blocks and copied on write).
@@ -319,6 +379,27 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       if (run && c->applies && c->count == 0) report.nothing_verified.push_back(c->name);
       report.checks.push_back(*c);
     }
+    if (o.speculation.enabled()) {
+      CheckResult same("speculative-vs-plain[" + m + "]");
+      VerifyOptions plain_options = o;
+      plain_options.speculation = SpeculationParams{};
+      auto plain = make_engine(model, plain_options, {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
+      if (!plain) return plain.status();
+      auto plain_run = run_workload(*plain->engine, workload, o.max_steps);
+      if (!run || !plain_run) {
+        same.passed = false;
+        same.detail = "a run failed";
+      } else {
+        for (std::size_t i = 0; i < run->ids.size(); ++i) compare_runs(engine, *plain->engine, run->ids[i], plain_run->ids[i], same);
+        const EngineMetrics sm = engine.metrics();
+        if (same.passed)
+          same.detail = std::string(to_string(o.speculation.proposer)) + " k=" + std::to_string(o.speculation.k) +
+                        ": acceptance " + percent(sm.acceptance_rate) + ", mean accepted " + fmt(sm.mean_accepted_length) +
+                        ", target forwards/token " + fmt(sm.forwards_per_token) + " (plain " +
+                        fmt(plain->engine->metrics().forwards_per_token) + ")";
+      }
+      report.checks.push_back(same);
+    }
     report.runs.emplace_back(m, engine.metrics());
   }
   return report;
@@ -348,6 +429,15 @@ std::string VerifyReport::table() const {
                   static_cast<long long>(k.cancellations), static_cast<long long>(k.rejections),
                   static_cast<long long>(k.poisoned_blocks), m.kv_utilization, 100 * k.peak_pool_occupancy);
     out << line;
+    if (k.spec_steps > 0) {
+      std::snprintf(line, sizeof line,
+                    "speculation[%s]: %lld verification rows, %lld drafts, %lld accepted (%.1f%%), mean accepted length "
+                    "%.2f, target forwards per generated token %.3f\n",
+                    mode.c_str(), static_cast<long long>(k.spec_steps), static_cast<long long>(k.spec_proposed),
+                    static_cast<long long>(k.spec_accepted), 100 * m.acceptance_rate, m.mean_accepted_length,
+                    m.forwards_per_token);
+      out << line;
+    }
   }
   if (!nothing_verified.empty()) {
     out << "nothing verified for:";

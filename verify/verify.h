@@ -17,6 +17,16 @@
 // One run per preemption mode. A run that verifies nothing (no request finished normally,
 // or a check that applies saw zero items) fails with "nothing verified for: ..." unless
 // allow_empty.
+//
+// With speculation on (VerifyOptions::speculation), the engine under test decodes
+// speculatively and every check above applies to it; besides, the same workload runs
+// without speculation and
+//   speculative  every request's logits at every position whose tokens agree in both runs
+//                are bitwise equal, and greedy requests' tokens are equal (a cancelled one's
+//                up to where the shorter run stopped); the report gives the acceptance rate,
+//                mean accepted length and target forwards per generated token.
+// Sampled requests are left out of the isolation re-runs then: their speculative draws
+// depend on how many drafts each step verified, which the schedule decides.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +69,9 @@ struct VerifyOptions {
   int isolation_samples = 4;  // the most preempted requests and one parallel sample
   int64_t max_steps = 100000;
   bool allow_empty = false;  // pass even when nothing was verified (see VerifyReport)
+  // Speculative decoding of every request (off: the default job, unchanged).
+  SpeculationParams speculation;
+  int32_t draft_layers = 0;  // layers of the draft model (0: default_draft_layers)
 };
 
 struct CheckResult {
@@ -99,7 +112,13 @@ struct LiveEngine {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Engine> engine;
 };
-// An engine on the backend options.backend names (an error names the backends this program has): the pool and schedule of `setup`, the rest from `options`.
+// A draft-model proposer on the CPU backend: the draft model's own pool, with room for
+// max_num_seqs sequences of max_model_len tokens.
+std::unique_ptr<Proposer> make_draft_proposer(const Model& draft, int64_t max_num_seqs, int64_t max_model_len,
+                                              int num_threads);
+// An engine on the backend options.backend names (an error names the backends this program
+// has): the pool and schedule of `setup`, the rest from `options` (with options.speculation's
+// proposer; a draft model from `model`'s first layers).
 Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& options, const EngineSetup& setup);
 // The checks of a plan before it runs (I3 exclusive write, I5 slot mapping, I8 bounds) and
 // of the state after a step (every KvCacheManager invariant). A failure is recorded in

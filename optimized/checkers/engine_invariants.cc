@@ -13,6 +13,9 @@ Status check_plan(const Engine& e, const BatchPlan& plan, PlanReadStats* stats) 
 
 Status check_token_history(const Engine& e) {
   for (const auto& [id, r] : e.requests()) {
+    if (r->num_drafts != 0)
+      return Status::error("I10: request " + std::to_string(id) + " has " + std::to_string(r->num_drafts) +
+                           " draft tokens in flight between steps (not rolled back or accepted)");
     const SequenceState* s = e.kv().sequence(id);
     if (r->in_kv != (s != nullptr))
       return Status::error("I10: request " + std::to_string(id) + (r->in_kv ? " claims" : " does not claim") +

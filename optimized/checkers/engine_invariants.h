@@ -12,7 +12,10 @@ namespace kvp {
 Status check_plan(const Engine& e, const BatchPlan& plan, PlanReadStats* stats = nullptr);
 
 // I10 one token history: every request that holds a KV-cache sequence has exactly the
-// tokens the manager hashes its blocks from (Request::tokens == SequenceState::tokens).
+// tokens the manager hashes its blocks from (Request::tokens == SequenceState::tokens), and
+// no request has draft tokens in flight (speculative drafts live in both histories only
+// between schedule() and apply() of a step; between steps every token is accepted, so the
+// equality is between accepted histories).
 Status check_token_history(const Engine& e);
 
 // Cancellation: every request whose cancellation took effect in a step that has run ended

@@ -410,12 +410,25 @@ Status check_all_free(const KvCacheManager& m) {
   return Status::ok();
 }
 
+Status check_accepted_only_cache(const KvCacheManager& m) {
+  const BlockAllocator& dev = m.device_allocator();
+  for (int32_t b : m.prefix_cache().blocks()) {
+    if (b < 0 || b >= dev.num_blocks()) continue;  // check_prefix_cache reports it
+    if (m.rolled_back_generation(b) == static_cast<int64_t>(dev.generation(b))) {
+      return Status::error("I9: device block " + str(b) + " (generation " + str(dev.generation(b)) +
+                           ") is in the prefix cache but a truncate rolled back one of its positions");
+    }
+  }
+  return Status::ok();
+}
+
 Status check_all(const KvCacheManager& m, ChainHashMemo* memo) {
   KVP_RETURN_IF_ERROR(check_conservation(m));
   KVP_RETURN_IF_ERROR(check_refcounts(m));
   KVP_RETURN_IF_ERROR(check_mapping(m));
   KVP_RETURN_IF_ERROR(check_isolation(m));
   KVP_RETURN_IF_ERROR(check_prefix_cache(m, memo));
+  KVP_RETURN_IF_ERROR(check_accepted_only_cache(m));
   return check_no_leak(m);
 }
 

@@ -65,6 +65,13 @@ struct ChainHashMemo {
   std::vector<Verified> by_block;
 };
 
+// I9 accepted-only cache: no block registered in the prefix cache holds a position that was
+// rolled back (a rejected speculative token, a truncated tail): no cached device block is
+// one that truncate dropped a position of while it was registered (same generation, per
+// KvCacheManager::rolled_back_generation), unless it was registered again since with
+// final tokens.
+Status check_accepted_only_cache(const KvCacheManager& m);
+
 // I6 no leak: with no sequences, no block of either pool is in use and every refcount is 0.
 // (Holds trivially while sequences exist.)
 Status check_no_leak(const KvCacheManager& m);
@@ -102,7 +109,7 @@ struct PlanReadStats {
 Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBounds& bounds,
                   PlanReadStats* stats = nullptr);
 
-// All of the above that hold at any time (I1, I2, I4, I5, prefix cache, I6).
+// All of the above that hold at any time (I1, I2, I4, I5, prefix cache, I9, I6).
 Status check_all(const KvCacheManager& m, ChainHashMemo* memo = nullptr);
 
 }  // namespace kvp

@@ -6,6 +6,10 @@
 
 namespace kvp {
 
+namespace {
+constexpr int32_t kMaxSpeculativeTokens = 64;
+}  // namespace
+
 const char* to_string(FinishReason r) {
   switch (r) {
     case FinishReason::kNone: return "none";
@@ -21,6 +25,9 @@ Status validate(const EngineConfig& c) {
   KVP_RETURN_IF_ERROR(validate(c.kv).with_context("kv cache"));
   KVP_RETURN_IF_ERROR(validate(c.scheduler).with_context("scheduler"));
   if (c.vocab_size <= 0) return Status::error("vocab_size must be > 0");
+  if (c.speculation.k < 0 || c.speculation.k > kMaxSpeculativeTokens)
+    return Status::error("speculation k must be in [0, " + std::to_string(kMaxSpeculativeTokens) + "]");
+  if (c.ngram_min < 1 || c.ngram_max < c.ngram_min) return Status::error("need 1 <= ngram_min <= ngram_max");
   return Status::ok();
 }
 
@@ -33,7 +40,11 @@ Status check_compatible(const EngineConfig& c, const Backend& backend) {
 }
 
 Engine::Engine(const EngineConfig& config, Backend& backend)
-    : config_(config), backend_(backend), kv_(config.kv), scheduler_(config.scheduler, kv_) {
+    : config_(config),
+      backend_(backend),
+      kv_(config.kv),
+      scheduler_(config.scheduler, kv_),
+      ngram_(std::max(1, config.ngram_max), std::max(1, std::min(config.ngram_min, config.ngram_max))) {
   KVP_CHECK(check_compatible(config, backend).is_ok());
 }
 
@@ -89,6 +100,17 @@ RequestId Engine::add_request(RequestSpec spec) {
       return id;
     }
   }
+  if (r.spec.speculation) {
+    const SpeculationParams& sp = *r.spec.speculation;
+    if (sp.k < 0 || sp.k > kMaxSpeculativeTokens) {
+      reject(r, "speculation k must be in [0, " + std::to_string(kMaxSpeculativeTokens) + "], got " + std::to_string(sp.k));
+      return id;
+    }
+  }
+  if (speculation_of(r).enabled() && speculation_of(r).proposer == ProposerKind::kDraft && draft_ == nullptr) {
+    reject(r, "speculation with a draft model, but the engine has no draft model");
+    return id;
+  }
   if (prompt + r.spec.max_tokens > config_.scheduler.max_model_len) {
     reject(r, "prompt (" + std::to_string(prompt) + ") + max_tokens (" + std::to_string(r.spec.max_tokens) +
                   ") exceeds max_model_len " + std::to_string(config_.scheduler.max_model_len));
@@ -103,6 +125,49 @@ RequestId Engine::add_request(RequestSpec spec) {
   counters_.prompt_tokens += prompt;
   scheduler_.add(&r);
   return id;
+}
+
+void Engine::set_draft_proposer(std::unique_ptr<Proposer> proposer) {
+  KVP_CHECK(step_ == 0);
+  draft_ = std::move(proposer);
+}
+
+SpeculationParams Engine::speculation_of(const Request& r) const {
+  return r.spec.speculation ? *r.spec.speculation : config_.speculation;
+}
+
+DraftTokens Engine::propose() {
+  DraftTokens drafts;
+  std::vector<ProposalRequest> ngram_asks, draft_asks;
+  for (const Request* r : scheduler_.running()) {
+    const SpeculationParams sp = speculation_of(*r);
+    if (!sp.enabled()) continue;
+    // Decoding: the prompt computed, a first token generated (forks made), forced tokens
+    // used up, and room for at least one draft before the length limit.
+    const int64_t generated = r->num_generated();
+    if (generated < 1 || generated < static_cast<int64_t>(r->spec.forced_tokens.size())) continue;
+    if (scheduler_.tokens_to_compute(*r) != 1) continue;
+    const int64_t k = std::min<int64_t>(sp.k, r->spec.max_tokens - generated - 1);
+    if (k <= 0) continue;
+    ProposalRequest ask{r->id, r->tokens, static_cast<int32_t>(k), r->spec.sampling};
+    (sp.proposer == ProposerKind::kDraft ? draft_asks : ngram_asks).push_back(ask);
+  }
+  draft_probs_.clear();
+  std::vector<Proposal> proposals;
+  if (!ngram_asks.empty() && ngram_.propose(ngram_asks, proposals).is_ok()) {
+    for (std::size_t i = 0; i < ngram_asks.size(); ++i)
+      if (!proposals[i].tokens.empty()) drafts[ngram_asks[i].id] = std::move(proposals[i].tokens);
+  }
+  // The draft model also runs with nothing to propose, so it drops the sequences of
+  // requests that left (its rollback in step with the target's).
+  if (draft_ != nullptr && draft_->propose(draft_asks, proposals).is_ok()) {
+    for (std::size_t i = 0; i < draft_asks.size(); ++i) {
+      if (proposals[i].tokens.empty()) continue;
+      drafts[draft_asks[i].id] = std::move(proposals[i].tokens);
+      if (!proposals[i].draft_probs.empty()) draft_probs_[draft_asks[i].id] = std::move(proposals[i].draft_probs);
+    }
+  }
+  return drafts;
 }
 
 void Engine::reject(Request& r, std::string reason) {
@@ -157,7 +222,8 @@ Status Engine::step() {
     finish(*r, FinishReason::kCancelled);
   }
 
-  ScheduledStep scheduled = scheduler_.schedule(step_);
+  const DraftTokens drafts = propose();
+  ScheduledStep scheduled = scheduler_.schedule(step_, drafts);
   BatchPlan& plan = scheduled.plan;
   const ScheduleStats& stats = scheduled.stats;
   const double scheduled_at = now();
@@ -180,6 +246,10 @@ Status Engine::step() {
     StepOutput out;
     KVP_RETURN_IF_ERROR(backend_.execute(plan, out).with_context("step " + std::to_string(step_)));
     process_outputs(plan, out);
+  }
+  if (draft_ != nullptr && scheduler_.idle()) {
+    std::vector<Proposal> none;
+    (void)draft_->propose({}, none);  // nothing left to draft for: the draft model's pool empties
   }
 
   int64_t used = 0, allocated = 0;
@@ -215,6 +285,10 @@ void Engine::process_outputs(const BatchPlan& plan, const StepOutput& out) {
     const int32_t rows = logit_rows_for(plan, i);
     if (rows == 0) continue;
     const int32_t row0 = out.logit_row_start[ui];
+    if (r.num_drafts > 0) {
+      verify_drafts(r, out, row0, update);
+      continue;
+    }
     if (r.spec.capture_logits) {
       for (int32_t k = 0; k < rows; ++k) {
         const int64_t pos = end - rows + k;
@@ -236,10 +310,69 @@ void Engine::process_outputs(const BatchPlan& plan, const StepOutput& out) {
       update.forks.push_back(std::move(fork));
     }
     for (Request* s : samplers) update.tokens.push_back(next_token(*s, logits));
+    ++counters_.target_forwards;
   }
   scheduler_.apply(plan, update);
   for (const StepUpdate::Token& t : update.tokens)
     if (t.finish != FinishReason::kNone) record_finish(*t.request);
+}
+
+void Engine::verify_drafts(Request& r, const StepOutput& out, int32_t row0, StepUpdate& update) {
+  const int32_t k = r.num_drafts;
+  const int64_t accepted_len = static_cast<int64_t>(r.tokens.size()) - k;  // tokens before the drafts
+  const std::span<const int32_t> drafts(r.tokens.data() + accepted_len, static_cast<std::size_t>(k));
+  const VerifyRows rows{out.row(row0), out.vocab_size, k + 1};
+  AcceptResult a;
+  if (r.spec.sampling.greedy()) {
+    a = accept_greedy(drafts, rows);
+  } else {
+    auto probs = draft_probs_.find(r.id);
+    const std::span<const std::vector<double>> q =
+        probs == draft_probs_.end() ? std::span<const std::vector<double>>() : std::span<const std::vector<double>>(probs->second);
+    a = accept_sampled(drafts, q.subspan(0, q.empty() ? 0 : static_cast<std::size_t>(k)), rows, r.spec.sampling, r.rng,
+                       config_.acceptance_rule);
+  }
+  // The emitted tokens: the accepted drafts, then the target's token; the first that stops
+  // the request (stop token or length) is the last.
+  const int64_t generated = accepted_len - r.num_prompt();
+  int32_t keep = a.num_accepted;
+  int32_t token = a.next_token;
+  FinishReason finish = FinishReason::kNone;
+  for (int32_t j = 0; j <= a.num_accepted; ++j) {
+    const int32_t t = j < a.num_accepted ? drafts[static_cast<std::size_t>(j)] : a.next_token;
+    if (r.spec.stop_token && t == *r.spec.stop_token) {
+      finish = FinishReason::kStop;
+    } else if (generated + j + 1 >= r.spec.max_tokens) {
+      finish = FinishReason::kLength;
+    }
+    if (finish != FinishReason::kNone) {
+      keep = j;  // the finishing token goes through the token path, as in plain decoding
+      token = t;
+      break;
+    }
+  }
+  // Logits of rows 0..keep are conditioned on accepted tokens only; later rows saw a
+  // rejected draft and are dropped.
+  if (r.spec.capture_logits) {
+    for (int32_t j = 0; j <= keep; ++j) {
+      const int64_t pos = accepted_len - 1 + j;
+      std::vector<float> row(out.row(row0 + j), out.row(row0 + j) + out.vocab_size);
+      if (static_cast<int64_t>(r.logits.size()) <= pos) r.logits.resize(static_cast<std::size_t>(pos) + 1);
+      std::vector<float>& slot = r.logits[static_cast<std::size_t>(pos)];
+      if (!slot.empty() && slot != row) ++r.recomputed_logit_mismatches;
+      slot = std::move(row);
+    }
+  }
+  ++r.spec_steps;
+  r.spec_proposed += k;
+  r.spec_accepted += keep;
+  ++counters_.spec_steps;
+  counters_.spec_proposed += k;
+  counters_.spec_accepted += keep;
+  ++counters_.target_forwards;
+  counters_.generated_tokens += keep + 1;
+  update.verifications.push_back({&r, keep});
+  update.tokens.push_back({&r, token, finish});
 }
 
 std::vector<Request*> Engine::make_samples(Request& r) {
@@ -334,6 +467,10 @@ EngineMetrics Engine::metrics() const {
   m.prefix_hit_rate = counters_.prefix_lookup_tokens > 0 ? static_cast<double>(counters_.prefix_hit_tokens) /
                                                                static_cast<double>(counters_.prefix_lookup_tokens)
                                                          : 0;
+  const auto ratio = [](int64_t a, int64_t b) { return b > 0 ? static_cast<double>(a) / static_cast<double>(b) : 0.0; };
+  m.acceptance_rate = ratio(counters_.spec_accepted, counters_.spec_proposed);
+  m.mean_accepted_length = ratio(counters_.spec_accepted, counters_.spec_steps);
+  m.forwards_per_token = ratio(counters_.target_forwards, counters_.generated_tokens);
   return m;
 }
 

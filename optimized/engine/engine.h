@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <unordered_map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -14,9 +15,11 @@
 #include "common/status.h"
 #include "optimized/backends/backend.h"
 #include "optimized/kv/kv_cache_manager.h"
+#include "optimized/engine/acceptance.h"
 #include "optimized/engine/metrics.h"
 #include "optimized/engine/request.h"
 #include "optimized/engine/scheduler.h"
+#include "optimized/engine/speculation.h"
 
 namespace kvp {
 
@@ -27,6 +30,13 @@ struct EngineConfig {
   // Fill BatchPlan's audit arrays (tenant scope of every block read) for the backend to
   // check. Ignored with global prefix sharing, where blocks legitimately cross tenants.
   bool audit_reads = false;
+  // Speculative decoding for requests that do not choose (RequestSpec::speculation).
+  SpeculationParams speculation;
+  // The n-gram proposer's longest and shortest suffix.
+  int32_t ngram_max = 3;
+  int32_t ngram_min = 1;
+  // A test hook: the statistical test plants a broken acceptance rule to prove its power.
+  AcceptanceRule acceptance_rule = AcceptanceRule::kRejectionSampling;
 };
 Status validate(const EngineConfig& c);
 // validate(c), and the backend's pool shape equals c.kv.pool.
@@ -48,6 +58,11 @@ class Engine {
   // than the pool, bad sampling parameters); a rejected request is finished at once and
   // nothing else changes. Either way the id names the request's result.
   RequestId add_request(RequestSpec spec);
+  // Installs the draft-model proposer (speculation.h) that requests with proposer kDraft
+  // use; without one they are rejected. REQUIRES: no step has run yet.
+  void set_draft_proposer(std::unique_ptr<Proposer> proposer);
+  const Proposer* draft_proposer() const { return draft_.get(); }
+
   // Cancels a request and its parallel samples; takes effect at the next step boundary
   // (the start of the next step): the request ends there, cancelled, whatever it was doing,
   // and its device and host blocks are released. Unknown or finished: no-op.
@@ -96,6 +111,13 @@ class Engine {
   // Samples (or takes the forced) next token and decides whether it ends the request (stop
   // token or length); changes no KV-cache or queue state.
   StepUpdate::Token next_token(Request& r, std::span<const float> logits);
+  // The speculation a request uses (its own, or the engine's default).
+  SpeculationParams speculation_of(const Request& r) const;
+  // Proposals for every running request that is decoding and speculates.
+  DraftTokens propose();
+  // A verification row: acceptance, then the tokens it emits (drafts kept and the target's
+  // next token, cut at a stop token or the length limit) into `update`.
+  void verify_drafts(Request& r, const StepOutput& out, int32_t row0, StepUpdate& update);
   double now() const;
 
   EngineConfig config_;
@@ -107,6 +129,10 @@ class Engine {
   int64_t step_ = 0;
   StepObserver observer_;
   StepObserver plan_observer_;
+  NgramProposer ngram_;
+  std::unique_ptr<Proposer> draft_;
+  // Draft distributions of this step's sampled draft-model proposals, by request.
+  std::unordered_map<RequestId, std::vector<std::vector<double>>> draft_probs_;
   EngineCounters counters_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };

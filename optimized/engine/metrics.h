@@ -24,6 +24,12 @@ struct EngineCounters {
   int64_t prompt_tokens = 0;
   int64_t copy_on_writes = 0;
   int64_t poisoned_blocks = 0;
+  // Target forwards that produced tokens (a sequence's row that sampled, or verified drafts),
+  // and speculation: verification rows, draft tokens verified, draft tokens accepted.
+  int64_t target_forwards = 0;
+  int64_t spec_steps = 0;
+  int64_t spec_proposed = 0;
+  int64_t spec_accepted = 0;
   // Sums over steps, for averages.
   double kv_used_slots_sum = 0;       // tokens stored in allocated blocks
   double kv_allocated_slots_sum = 0;  // slots of blocks in use
@@ -49,6 +55,12 @@ struct EngineMetrics {
   double internal_fragmentation = 0;  // 1 - kv_utilization
   double mean_pool_occupancy = 0;
   double prefix_hit_rate = 0;  // tokens served from the prefix cache / tokens looked up at admission
+  // Speculation: accepted / verified drafts; accepted drafts per verification row; target
+  // forwards (rows that produced tokens) per generated token (1 without speculation and
+  // parallel sampling).
+  double acceptance_rate = 0;
+  double mean_accepted_length = 0;
+  double forwards_per_token = 0;
 
   nlohmann::json to_json() const;
 };

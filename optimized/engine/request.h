@@ -13,6 +13,16 @@ namespace kvp {
 
 using RequestId = int64_t;
 
+// Speculative decoding (optimized/engine/speculation.h): who proposes draft tokens, and how
+// many per step at most. k = 0 or proposer kOff decodes one token per step.
+enum class ProposerKind { kOff, kNgram, kDraft };
+const char* to_string(ProposerKind k);
+struct SpeculationParams {
+  ProposerKind proposer = ProposerKind::kOff;
+  int32_t k = 4;
+  bool enabled() const { return proposer != ProposerKind::kOff && k > 0; }
+};
+
 struct RequestSpec {
   std::vector<int32_t> prompt;
   int64_t max_tokens = 16;
@@ -28,6 +38,9 @@ struct RequestSpec {
   // share the prompt's blocks (the first write to the shared last block copies it); sample k
   // (k = 0 is this request, 1..n-1 new requests) draws from seed + k.
   int32_t n = 1;
+  // Speculative decoding for this request; unset: the engine's default
+  // (EngineConfig::speculation).
+  std::optional<SpeculationParams> speculation;
 };
 
 enum class RequestState { kWaiting, kRunning, kSwapped, kFinished };
@@ -51,7 +64,13 @@ struct Request {
   FinishReason finish = FinishReason::kNone;
   std::string reject_reason;
 
-  std::vector<int32_t> tokens;  // prompt, then generated tokens
+  // Prompt, then generated tokens. Between schedule() and apply() of a step the last
+  // num_drafts of them are draft tokens in flight (also in the KV-cache sequence's tokens,
+  // so a plan's tokens and the manager's token history stay one); apply() keeps the accepted
+  // ones and rolls the rest back, so between steps num_drafts is 0 and every token is
+  // accepted.
+  std::vector<int32_t> tokens;
+  int32_t num_drafts = 0;
   Rng rng{0};                   // the sampling stream: one draw per sampled token
   bool in_kv = false;           // holds a KvCacheManager sequence (running or swapped)
   bool cancel_requested = false;
@@ -71,6 +90,10 @@ struct Request {
   int64_t num_preemptions = 0;
   int64_t num_swaps = 0;
   int64_t prefix_hit_tokens = 0;
+  // Speculation: verification steps, draft tokens verified, draft tokens accepted.
+  int64_t spec_steps = 0;
+  int64_t spec_proposed = 0;
+  int64_t spec_accepted = 0;
   RequestTimeline time;
 
   int64_t num_prompt() const { return static_cast<int64_t>(spec.prompt.size()); }

@@ -87,7 +87,31 @@ void Scheduler::preempt(Request* victim, ScheduleStats& stats) {
   waiting_.push_front(victim);
 }
 
+int64_t Scheduler::draft_count(const Request& r, int64_t max_tokens) const {
+  if (drafts_ == nullptr || r.num_drafts != 0) return 0;
+  auto it = drafts_->find(r.id);
+  if (it == drafts_->end() || it->second.empty()) return 0;
+  const SequenceState* s = kv_.sequence(r.id);
+  if (s == nullptr || s->swapped || s->num_slots == 0 || tokens_to_compute(r) != 1) return 0;
+  // Every accepted draft is a generated token, and one more always follows them.
+  const int64_t may_generate = r.spec.max_tokens - r.num_generated();
+  return std::max<int64_t>(0, std::min({static_cast<int64_t>(it->second.size()), max_tokens - 1, may_generate - 1}));
+}
+
 int64_t Scheduler::try_plan(Request* r, int64_t budget, BatchPlan& plan) {
+  if (const int64_t d = draft_count(*r, std::min<int64_t>(budget, config_.prefill_chunk_size)); d > 0) {
+    const std::vector<int32_t>& drafts = drafts_->at(r->id);
+    const std::span<const int32_t> in_flight(drafts.data(), static_cast<std::size_t>(d));
+    const std::size_t accepted = r->tokens.size();
+    r->tokens.insert(r->tokens.end(), in_flight.begin(), in_flight.end());
+    KVP_CHECK(kv_.append_tokens(r->id, in_flight).is_ok());
+    if (kv_.can_allocate(r->id, 1 + d) == AllocStatus::kOk) {
+      r->num_drafts = static_cast<int32_t>(d);
+    } else {  // no room for the drafts: take them back (they were never given slots)
+      r->tokens.resize(accepted);
+      KVP_CHECK(kv_.truncate(r->id, static_cast<int64_t>(accepted)).is_ok());
+    }
+  }
   const int64_t n = std::min({tokens_to_compute(*r), budget, static_cast<int64_t>(config_.prefill_chunk_size)});
   if (n <= 0 || kv_.can_allocate(r->id, n) != AllocStatus::kOk) return 0;
   const std::size_t first_slot = plan.slot_mapping.size();
@@ -103,7 +127,7 @@ int64_t Scheduler::try_plan(Request* r, int64_t budget, BatchPlan& plan) {
   plan.context_lens.push_back(static_cast<int32_t>(end));
   const bool at_end = end == static_cast<int64_t>(r->tokens.size());
   plan.needs_logits.push_back(at_end || r->spec.capture_logits ? 1 : 0);
-  plan.logits_all.push_back(r->spec.capture_logits ? 1 : 0);
+  plan.logits_all.push_back(r->spec.capture_logits || r->num_drafts > 0 ? 1 : 0);
   if (r->time.first_scheduled_step < 0) r->time.first_scheduled_step = plan.step;
   return n;
 }
@@ -120,7 +144,8 @@ int64_t Scheduler::schedule_running(Request* r, int64_t budget, BatchPlan& plan,
   }
 }
 
-ScheduledStep Scheduler::schedule(int64_t step) {
+ScheduledStep Scheduler::schedule(int64_t step, const DraftTokens& drafts) {
+  drafts_ = &drafts;
   ScheduledStep out;
   BatchPlan& plan = out.plan;
   ScheduleStats& stats = out.stats;
@@ -175,6 +200,7 @@ ScheduledStep Scheduler::schedule(int64_t step) {
     }
   }
   finish_plan(plan);
+  drafts_ = nullptr;
   return out;
 }
 
@@ -193,8 +219,21 @@ void Scheduler::finish_plan(BatchPlan& plan) {
 }
 
 void Scheduler::apply(const BatchPlan& plan, const StepUpdate& update) {
-  for (int64_t i = 0; i < plan.num_seqs(); ++i)
-    KVP_CHECK(kv_.mark_final(plan.seq_ids[static_cast<std::size_t>(i)], plan.context_lens[static_cast<std::size_t>(i)]).is_ok());
+  for (const StepUpdate::Verification& v : update.verifications) {
+    Request* r = v.request;
+    KVP_CHECK(r->num_drafts > 0 && v.num_accepted >= 0 && v.num_accepted <= r->num_drafts);
+    const auto keep = static_cast<int64_t>(r->tokens.size()) - (r->num_drafts - v.num_accepted);
+    KVP_CHECK(kv_.sequence(r->id)->num_final <= keep);  // a draft is never final before it is accepted
+    r->tokens.resize(static_cast<std::size_t>(keep));
+    KVP_CHECK(kv_.truncate(r->id, keep).is_ok());
+    r->num_drafts = 0;
+  }
+  for (const Request* r : running_) KVP_CHECK(r->num_drafts == 0);  // every verification resolved
+  for (int64_t i = 0; i < plan.num_seqs(); ++i) {
+    const auto ui = static_cast<std::size_t>(i);
+    const int64_t accepted_end = std::min<int64_t>(plan.context_lens[ui], kv_.sequence(plan.seq_ids[ui])->num_slots);
+    KVP_CHECK(kv_.mark_final(plan.seq_ids[ui], accepted_end).is_ok());
+  }
   for (const StepUpdate::Fork& f : update.forks) {
     KVP_CHECK(f.parent->state == RequestState::kRunning);
     for (Request* c : f.children) {

@@ -15,11 +15,25 @@
 //                     the new one fits in the pool: no preemption can ever happen.
 // Limits: max_num_batched_tokens per step, max_num_seqs running, prefill_chunk_size tokens
 // per request per step. Admission never drops a running request.
+//
+// Speculative decoding: schedule() may be given draft tokens for running requests that are
+// decoding. try_plan then appends k' of them (k' <= k, within the token budget and chunk
+// size, and below what the request may still generate) to the request and its KV-cache
+// sequence and plans the verification row of 1 + k' tokens, charged against the budget,
+// with logits for every row; when the pool cannot hold 1 + k' tokens the drafts are taken
+// back and the request decodes one token (drafts never preempt their own request's
+// neighbours directly; like any growth they may leave a newer request short later in the
+// step under optimistic admission, never beyond worst_case_blocks). apply() rolls
+// back the rejected drafts (truncate) before anything is marked final, so only accepted
+// positions ever become final or enter the prefix cache (I9). A request carries drafts only
+// between schedule() and apply() of one step, so cancellation, preemption, swapping and
+// forking (all decided outside that window) only ever see accepted tokens.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -70,9 +84,19 @@ struct StepUpdate {
     int32_t token = 0;
     FinishReason finish = FinishReason::kNone;  // kStop or kLength ends the request with it
   };
+  // A verification row's outcome: the first num_accepted of the request's num_drafts drafts
+  // are kept, the rest rolled back. Every request planned with drafts has exactly one.
+  struct Verification {
+    Request* request = nullptr;
+    int32_t num_accepted = 0;
+  };
   std::vector<Fork> forks;
+  std::vector<Verification> verifications;
   std::vector<Token> tokens;
 };
+
+// Draft tokens proposed for running requests this step (see the header comment).
+using DraftTokens = std::unordered_map<RequestId, std::vector<int32_t>>;
 
 class Scheduler {
  public:
@@ -86,13 +110,16 @@ class Scheduler {
   void finish(Request* r, FinishReason reason);
 
   // Builds the plan of step `step`: every slot in it is reserved in the KvCacheManager, and
-  // the plan carries the manager's pending memory ops.
-  ScheduledStep schedule(int64_t step);
+  // the plan carries the manager's pending memory ops. `drafts`: proposals for running
+  // decoding requests (others are ignored).
+  ScheduledStep schedule(int64_t step, const DraftTokens& drafts = {});
 
   // Applies what the engine made of `plan` after the backend executed it, the only way the
   // engine changes KV-cache state: in that order,
-  //   1. every scheduled sequence's positions up to its context length become final
-  //      (full blocks enter the prefix cache);
+  //   0. each verification rolls back its rejected drafts (request tokens and sequence
+  //      truncated; blocks past the new end released);
+  //   1. every scheduled sequence's positions up to its context length (after the
+  //      rollback: its accepted positions) become final (full blocks enter the prefix cache);
   //   2. each fork's children become running sequences sharing the parent's blocks;
   //   3. each token is appended to its request and its sequence, or ends the request
   //      (its blocks are freed) when it carries a finish reason.
@@ -112,6 +139,9 @@ class Scheduler {
   int64_t worst_case_blocks(const Request& r) const;
   // Running sequences held or reserved (a request that will fork reserves n).
   int64_t seats_in_use() const;
+  // Positions r still has to compute: its tokens past the slots its sequence holds (past
+  // the cached prefix it will take, for a sequence with no blocks yet).
+  int64_t tokens_to_compute(const Request& r) const;
 
  private:
   // Adds r's next tokens (up to `budget`) to the plan if the pool allows, preempting the
@@ -125,16 +155,16 @@ class Scheduler {
   int64_t try_plan(Request* r, int64_t budget, BatchPlan& plan);
   void preempt(Request* victim, ScheduleStats& stats);
   void insert_running(Request* r);  // keeps running_ in arrival (id) order
-  // Positions r still has to compute: its tokens past the slots its sequence holds (past
-  // the cached prefix it will take, for a sequence with no blocks yet).
-  int64_t tokens_to_compute(const Request& r) const;
   void finish_plan(BatchPlan& plan);
+  // Drafts r may carry in a verification row of at most `max_tokens` tokens (0: none).
+  int64_t draft_count(const Request& r, int64_t max_tokens) const;
 
   SchedulerConfig config_;
   KvCacheManager& kv_;
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // oldest first
   std::deque<Request*> swapped_;   // oldest first
+  const DraftTokens* drafts_ = nullptr;  // during schedule() only
 };
 
 }  // namespace kvp

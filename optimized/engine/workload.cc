@@ -53,7 +53,7 @@ Result<WorkloadRequest> parse_request(const json& r, int64_t vocab, uint64_t see
   if (!r.is_object()) return Status::error("must be an object");
   static const std::set<std::string> known = {"prompt", "prompt_len", "shared_prefix", "max_tokens", "temperature",
                                               "top_k", "top_p", "seed", "tenant", "stop_token", "arrival_step",
-                                              "cancel_step", "n"};
+                                              "cancel_step", "n", "speculate", "k"};
   for (auto it = r.begin(); it != r.end(); ++it)
     if (!known.count(it.key())) return Status::error("unknown field '" + it.key() + "'");
   WorkloadRequest w;
@@ -112,6 +112,22 @@ Result<WorkloadRequest> parse_request(const json& r, int64_t vocab, uint64_t see
   auto n = int_field(r, "n", 1, 1, 64);
   if (!n) return n.status();
   w.spec.n = static_cast<int32_t>(*n);
+  if (r.contains("speculate") || r.contains("k")) {
+    SpeculationParams sp;
+    if (auto it = r.find("speculate"); it != r.end()) {
+      const std::string kind = it->is_string() ? it->get<std::string>() : "";
+      if (kind == "off") sp.proposer = ProposerKind::kOff;
+      else if (kind == "ngram") sp.proposer = ProposerKind::kNgram;
+      else if (kind == "draft") sp.proposer = ProposerKind::kDraft;
+      else return Status::error("speculate: must be \"off\", \"ngram\" or \"draft\"");
+    } else {
+      sp.proposer = ProposerKind::kNgram;
+    }
+    auto k = int_field(r, "k", 4, 0, 64);
+    if (!k) return k.status();
+    sp.k = static_cast<int32_t>(*k);
+    w.spec.speculation = sp;
+  }
   auto arrival = int_field(r, "arrival_step", 0, 0, kMaxLen);
   if (!arrival) return arrival.status();
   w.arrival_step = *arrival;

@@ -7,7 +7,9 @@
 //      "shared_prefix": {"group": "system", "len": 32},   // first len tokens shared by the group
 //      "max_tokens": 16, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0,
 //      "tenant": 0, "stop_token": 2, "arrival_step": 0, "cancel_step": 12,
-//      "n": 1}                                              // parallel samples (forks)
+//      "n": 1,                                              // parallel samples (forks)
+//      "speculate": "off" | "ngram" | "draft", "k": 4}      // speculative decoding (default:
+//                                                           // the engine's; "k" alone: ngram)
 //   ]}
 // Generated tokens (prompt_len, shared prefixes) are drawn from the workload seed, so a
 // workload names the same token ids on every machine.

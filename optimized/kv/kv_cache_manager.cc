@@ -36,7 +36,8 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config)
     : config_(config),
       device_(config.pool.num_device_blocks),
       host_(config.pool.num_host_blocks),
-      cache_(config.pool.num_device_blocks) {
+      cache_(config.pool.num_device_blocks),
+      rolled_back_generation_(static_cast<size_t>(std::max(0, config.pool.num_device_blocks)), -1) {
   KVP_CHECK(validate(config).is_ok());
 }
 
@@ -133,6 +134,7 @@ void KvCacheManager::register_final_blocks(SequenceState& s) {
     auto block_tokens = std::span<const int32_t>(s.tokens).subspan(i * bs, bs);
     if (cache_.find(h, salt_of(s), block_tokens, parent) >= 0) continue;  // a duplicate
     device_.mark_cached(b);
+    rolled_back_generation_[static_cast<size_t>(b)] = -1;  // registered again, with final tokens
     cache_.insert(b, PrefixCacheEntry{h, salt_of(s),
                                       std::vector<int32_t>(block_tokens.begin(),
                                                            block_tokens.end()),
@@ -340,6 +342,26 @@ Status KvCacheManager::truncate(SeqId seq, int64_t new_len) {
                                        std::to_string(s->tokens.size()) + "]"));
   }
   const int64_t bs = config_.pool.block_size;
+  if (!s->swapped && new_len < static_cast<int64_t>(s->tokens.size())) {
+    // I9: cached blocks holding a dropped position leave the prefix cache.
+    std::vector<BlockHandle> dropped;
+    for (int64_t i = new_len / bs; i < s->table.size(); ++i) {
+      const int32_t b = s->table[i];
+      if (!device_.is_cached(b)) continue;
+      rolled_back_generation_[static_cast<size_t>(b)] = device_.generation(b);
+      dropped.push_back(device_.handle(b));
+      drop_cache_entry(b);
+    }
+    // Entries chained onto a dropped block go too: the block may now be rewritten in place
+    // (same generation), and a chain must never vouch for a parent whose tokens changed.
+    for (size_t d = 0; d < dropped.size(); ++d) {
+      for (int32_t c : cache_.blocks()) {
+        if (!(cache_.entry(c).parent == dropped[d])) continue;
+        dropped.push_back(device_.handle(c));
+        drop_cache_entry(c);
+      }
+    }
+  }
   s->tokens.resize(static_cast<size_t>(new_len));
   s->num_slots = std::min(s->num_slots, new_len);
   s->num_final = std::min(s->num_final, new_len);

@@ -130,6 +130,13 @@ class KvCacheManager {
 
   // Drops the tail: tokens beyond new_len are forgotten, whole blocks past the end are
   // released (tail first). Error: unknown sequence, new_len < 0 or > tokens.size().
+  // This is speculative rollback (rejected draft tokens) and n-best trimming. I9
+  // accepted-only cache: a device block in the prefix cache that held a dropped position
+  // leaves the prefix cache (the position was rolled back, so the block no longer names
+  // accepted tokens only), and is recorded in rolled_back_generation() so that
+  // check_accepted_only_cache can tell if it ever stays registered. Rejected speculative
+  // tokens are never final (the scheduler marks only accepted positions final), so a
+  // speculative rollback never touches a cached block.
   Status truncate(SeqId seq, int64_t new_len);
 
   // Moves the sequence's blocks to the host pool (plan op swap_out) and releases the device
@@ -173,6 +180,12 @@ class KvCacheManager {
   }
   // Chain hash of full block i of the sequence's tokens. REQUIRES: (i+1)*block_size <= tokens.
   const BlockHash& block_hash(const SequenceState& s, int64_t i) const;
+  // I9 bookkeeping: the generation a device block had when truncate dropped one of its
+  // positions while it was in the prefix cache (-1: never, or re-registered since with
+  // final tokens). REQUIRES: 0 <= block < num_device_blocks.
+  int64_t rolled_back_generation(int32_t block) const {
+    return rolled_back_generation_[static_cast<size_t>(block)];
+  }
 
  private:
   friend class KvCacheManagerTestPeer;  // tests corrupt state to prove the checkers see it
@@ -204,6 +217,7 @@ class KvCacheManager {
   mutable const SequenceState* last_found_ = nullptr;  // lookup memo, see sequence()
   KvPlanOps ops_;
   EventLog* log_ = nullptr;
+  std::vector<int64_t> rolled_back_generation_;  // per device block, see rolled_back_generation()
 };
 
 }  // namespace kvp
