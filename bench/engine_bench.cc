@@ -14,10 +14,10 @@
 
 #include "common/rng.h"
 #include "kernels/cpu_attention.h"
+#include "model/presets.h"
 #include "optimized/backends/cpu_backend.h"
 #include "optimized/backends/plan_validation.h"
 #include "optimized/engine/engine.h"
-#include "model/presets.h"
 #include "reference/reference_model.h"
 #include "tests/fake_backend.h"
 
@@ -61,7 +61,8 @@ void BM_EngineDecode(benchmark::State& state) {
   for (auto _ : state) {
     if (!engine.step().is_ok()) state.SkipWithError("decode step failed");
   }
-  state.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(state.iterations()) * batch, benchmark::Counter::kIsRate);
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * batch, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_EngineDecode)->Arg(1)->Arg(8)->Arg(32)->Iterations(200)->Unit(benchmark::kMillisecond);
 
@@ -75,7 +76,8 @@ void BM_ReferenceDenseDecode(benchmark::State& state) {
     auto r = model.forward(one, cache);
     benchmark::DoNotOptimize(r);
   }
-  state.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_ReferenceDenseDecode)->Iterations(200)->Unit(benchmark::kMillisecond);
 
@@ -107,8 +109,8 @@ void BM_PagedAttention(benchmark::State& state) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   for (auto _ : state) {
     kernels::paged_attention_head(s.q.data(), s.k.data(), s.v.data(), s.table.data(), s.block_size, s.num_kv_heads, 0,
-                                  s.head_dim, s.context - 1, scale, kernels::kDefaultAttentionPartition, s.scratch.data(),
-                                  s.out.data());
+                                  s.head_dim, s.context - 1, scale, kernels::kDefaultAttentionPartition,
+                                  s.scratch.data(), s.out.data());
     benchmark::DoNotOptimize(s.out.data());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * s.context * s.head_dim * 2 * 4);
@@ -124,7 +126,8 @@ void BM_DenseAttention(benchmark::State& state) {
   for (auto _ : state) {
     kernels::paged_attention_head(s.q.data(), s.k.data(), s.v.data(), identity.data(),
                                   static_cast<int64_t>(s.table.size()) * s.block_size, s.num_kv_heads, 0, s.head_dim,
-                                  s.context - 1, scale, kernels::kDefaultAttentionPartition, s.scratch.data(), s.out.data());
+                                  s.context - 1, scale, kernels::kDefaultAttentionPartition, s.scratch.data(),
+                                  s.out.data());
     benchmark::DoNotOptimize(s.out.data());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * s.context * s.head_dim * 2 * 4);

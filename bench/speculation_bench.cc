@@ -38,7 +38,8 @@ Workload make_workload(bool repetitive) {
     std::vector<int32_t> motif(8);
     for (auto& t : motif) t = static_cast<int32_t>(rng.below(2048));
     for (int j = 0; j < 96; ++j)
-      r.spec.prompt.push_back(repetitive ? motif[static_cast<std::size_t>(j) % motif.size()] : static_cast<int32_t>(rng.below(2048)));
+      r.spec.prompt.push_back(repetitive ? motif[static_cast<std::size_t>(j) % motif.size()]
+                                         : static_cast<int32_t>(rng.below(2048)));
     r.spec.max_tokens = 64;
     w.requests.push_back(r);
   }
@@ -69,8 +70,8 @@ Measured run(const Workload& w, SpeculationParams speculation) {
     kv.pool = pool_shape_for(draft.config, 16, 64, 0);
     CpuBackendConfig dbc;
     dbc.pool = kv.pool;
-    engine.set_draft_proposer(std::make_unique<DraftModelProposer>(std::make_unique<CpuBackend>(draft, dbc), kv,
-                                                                   draft.config.vocab_size));
+    engine.set_draft_proposer(
+        std::make_unique<DraftModelProposer>(std::make_unique<CpuBackend>(draft, dbc), kv, draft.config.vocab_size));
   }
   const auto t0 = std::chrono::steady_clock::now();
   auto r = run_workload(engine, w, 100000);
@@ -89,7 +90,9 @@ void BM_Speculation(benchmark::State& state, bool repetitive, ProposerKind kind,
     spec = run(w, {kind, k});
   }
   if (plain.seconds < 0 || spec.seconds < 0) state.SkipWithError("a run failed");
-  const auto tok = [](const Measured& m) { return static_cast<double>(m.metrics.counters.generated_tokens) / m.seconds; };
+  const auto tok = [](const Measured& m) {
+    return static_cast<double>(m.metrics.counters.generated_tokens) / m.seconds;
+  };
   state.counters["plain_tok_s"] = tok(plain);
   state.counters["spec_tok_s"] = tok(spec);
   state.counters["speedup"] = tok(spec) / tok(plain);
@@ -100,10 +103,18 @@ void BM_Speculation(benchmark::State& state, bool repetitive, ProposerKind kind,
   state.counters["mean_accepted"] = spec.metrics.mean_accepted_length;
 }
 
-BENCHMARK_CAPTURE(BM_Speculation, repetitive_ngram_k4, true, ProposerKind::kNgram, 4)->Iterations(1)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Speculation, random_ngram_k4, false, ProposerKind::kNgram, 4)->Iterations(1)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Speculation, repetitive_draft_k4, true, ProposerKind::kDraft, 4)->Iterations(1)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Speculation, random_draft_k4, false, ProposerKind::kDraft, 4)->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Speculation, repetitive_ngram_k4, true, ProposerKind::kNgram, 4)
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Speculation, random_ngram_k4, false, ProposerKind::kNgram, 4)
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Speculation, repetitive_draft_k4, true, ProposerKind::kDraft, 4)
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Speculation, random_draft_k4, false, ProposerKind::kDraft, 4)
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace kvp

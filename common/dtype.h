@@ -53,15 +53,13 @@ KVP_HOST_DEVICE inline uint16_t float_to_bf16(float f) {
   uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>((u + rounding) >> 16);
 }
-KVP_HOST_DEVICE inline float bf16_to_float(uint16_t h) {
-  return bits_float(static_cast<uint32_t>(h) << 16);
-}
+KVP_HOST_DEVICE inline float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
 KVP_HOST_DEVICE inline uint16_t float_to_f16(float f) {
   uint32_t u = float_bits(f);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
   if (abs < 0x38800000u) {
     // Result is subnormal (or zero) in fp16: value = m * 2^-24, m in [0, 1024).

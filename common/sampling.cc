@@ -11,8 +11,7 @@ Status SamplingParams::validate() const {
   if (!(temperature >= 0.0f) || !std::isfinite(temperature))
     return Status::error("temperature must be finite and >= 0, got " + std::to_string(temperature));
   if (top_k < 0) return Status::error("top_k must be >= 0, got " + std::to_string(top_k));
-  if (!(top_p > 0.0f && top_p <= 1.0f))
-    return Status::error("top_p must be in (0, 1], got " + std::to_string(top_p));
+  if (!(top_p > 0.0f && top_p <= 1.0f)) return Status::error("top_p must be in (0, 1], got " + std::to_string(top_p));
   return Status::ok();
 }
 
@@ -31,8 +30,7 @@ int32_t sample_token(std::span<const float> logits, const SamplingParams& params
 
   std::vector<int32_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
   std::size_t keep = order.size();
   if (params.top_k > 0) keep = std::min(keep, static_cast<std::size_t>(params.top_k));
 

@@ -42,7 +42,7 @@ class Status {
 template <typename T>
 class Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT: implicit by design
     if (std::get<Status>(v_).is_ok()) {
       std::fprintf(stderr, "kvp::Result constructed from an ok Status\n");
@@ -68,8 +68,7 @@ class Result {
  private:
   T& checked() {
     if (!is_ok()) {
-      std::fprintf(stderr, "kvp::Result::value() on an error: %s\n",
-                   std::get<Status>(v_).message().c_str());
+      std::fprintf(stderr, "kvp::Result::value() on an error: %s\n", std::get<Status>(v_).message().c_str());
       std::abort();
     }
     return std::get<T>(v_);
@@ -86,12 +85,11 @@ class Result {
 
 // Precondition checks that stay on in release builds: a broken precondition is a bug in
 // the caller, and a verification tool must not continue past one.
-#define KVP_CHECK(expr) \
-  ((expr) ? static_cast<void>(0) : ::kvp::check_failed(#expr, __FILE__, __LINE__))
+#define KVP_CHECK(expr) ((expr) ? static_cast<void>(0) : ::kvp::check_failed(#expr, __FILE__, __LINE__))
 
 // Propagates an error Status from an expression that yields a Status.
-#define KVP_RETURN_IF_ERROR(expr)          \
-  do {                                     \
-    ::kvp::Status kvp_status_ = (expr);    \
+#define KVP_RETURN_IF_ERROR(expr)                 \
+  do {                                            \
+    ::kvp::Status kvp_status_ = (expr);           \
     if (!kvp_status_.is_ok()) return kvp_status_; \
   } while (0)

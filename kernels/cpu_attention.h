@@ -150,8 +150,7 @@ KVP_HOST_DEVICE inline void scale_in_place(float* y, float scale, int64_t n) {
 KVP_HOST_DEVICE inline void add_scaled(float* y, float p, const float* x, int64_t n) {
   int64_t i = 0;
 #if defined(KVP_CPU_VEC4)
-  for (; i + 4 <= n; i += 4)
-    detail::store4(y + i, detail::load4(y + i) + detail::splat4(p) * detail::load4(x + i));
+  for (; i + 4 <= n; i += 4) detail::store4(y + i, detail::load4(y + i) + detail::splat4(p) * detail::load4(x + i));
 #endif
   for (; i < n; ++i) y[i] += p * x[i];
 }
@@ -216,10 +215,9 @@ KVP_HOST_DEVICE inline float silu(float z) { return z / (1.0f + std::exp(-z)); }
 // REQUIRES: position >= 0, partition > 0, every slot read lies inside the pools.
 template <typename BlockId>
 KVP_HOST_DEVICE inline void paged_attention_head(const float* q, const float* k_pool, const float* v_pool,
-                                                 const BlockId* block_table, int64_t block_size,
-                                                 int64_t num_kv_heads, int64_t kv_head, int64_t head_dim,
-                                                 int64_t position, float scale, int64_t partition,
-                                                 float* scratch, float* out) {
+                                                 const BlockId* block_table, int64_t block_size, int64_t num_kv_heads,
+                                                 int64_t kv_head, int64_t head_dim, int64_t position, float scale,
+                                                 int64_t partition, float* scratch, float* out) {
   float running_max = 0.0f;
   float running_sum = 0.0f;
   for (int64_t begin = 0; begin <= position; begin += partition) {

@@ -25,9 +25,7 @@ KVP_HOST_DEVICE constexpr int64_t blocks_for_tokens(int64_t num_tokens, int64_t 
 
 // Index into the block table of the block holding `position`.
 // REQUIRES: position >= 0, block_size > 0.
-KVP_HOST_DEVICE constexpr int64_t block_index_of(int64_t position, int64_t block_size) {
-  return position / block_size;
-}
+KVP_HOST_DEVICE constexpr int64_t block_index_of(int64_t position, int64_t block_size) { return position / block_size; }
 
 // Offset of `position` inside its block.
 // REQUIRES: position >= 0, block_size > 0.
@@ -37,23 +35,19 @@ KVP_HOST_DEVICE constexpr int64_t offset_in_block(int64_t position, int64_t bloc
 
 // Slot of (block id, offset): block_id * block_size + offset.
 // REQUIRES: block_id >= 0, 0 <= offset < block_size.
-KVP_HOST_DEVICE constexpr int64_t slot_of_block(int64_t block_id, int64_t offset,
-                                                int64_t block_size) {
+KVP_HOST_DEVICE constexpr int64_t slot_of_block(int64_t block_id, int64_t offset, int64_t block_size) {
   return block_id * block_size + offset;
 }
 
 // Slot of logical `position` of a sequence whose block table is `block_table`.
 // REQUIRES: block_table holds at least blocks_for_tokens(position + 1, block_size) entries.
 template <typename BlockId>
-KVP_HOST_DEVICE constexpr int64_t slot_of(const BlockId* block_table, int64_t position,
-                                          int64_t block_size) {
+KVP_HOST_DEVICE constexpr int64_t slot_of(const BlockId* block_table, int64_t position, int64_t block_size) {
   return slot_of_block(static_cast<int64_t>(block_table[block_index_of(position, block_size)]),
                        offset_in_block(position, block_size), block_size);
 }
 
 // Block id that holds `slot`; the inverse of slot_of_block.
-KVP_HOST_DEVICE constexpr int64_t block_of_slot(int64_t slot, int64_t block_size) {
-  return slot / block_size;
-}
+KVP_HOST_DEVICE constexpr int64_t block_of_slot(int64_t slot, int64_t block_size) { return slot / block_size; }
 
 }  // namespace kvp::kernels

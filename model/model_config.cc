@@ -15,8 +15,7 @@ constexpr int64_t kMaxElements = int64_t{1} << 40;
 Status positive(const char* name, int64_t v, int64_t max = kMaxDim) {
   if (v <= 0) return Status::error(std::string(name) + " must be > 0, got " + std::to_string(v));
   if (v > max)
-    return Status::error(std::string(name) + " is " + std::to_string(v) + ", above the limit " +
-                         std::to_string(max));
+    return Status::error(std::string(name) + " is " + std::to_string(v) + ", above the limit " + std::to_string(max));
   return Status::ok();
 }
 
@@ -36,8 +35,7 @@ Result<int64_t> get_int(const nlohmann::json& j, const char* key, std::optional<
 Result<double> get_number(const nlohmann::json& j, const char* key, double fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_number())
-    return Status::error(std::string("key '") + key + "' must be a number, got " + it->dump());
+  if (!it->is_number()) return Status::error(std::string("key '") + key + "' must be a number, got " + it->dump());
   return it->get<double>();
 }
 
@@ -54,11 +52,9 @@ Status ModelConfig::validate() const {
   KVP_RETURN_IF_ERROR(positive("max_position_embeddings", max_position_embeddings));
   if (num_heads % num_kv_heads != 0)
     return Status::error("num_attention_heads (" + std::to_string(num_heads) +
-                         ") must be a multiple of num_key_value_heads (" +
-                         std::to_string(num_kv_heads) + ")");
+                         ") must be a multiple of num_key_value_heads (" + std::to_string(num_kv_heads) + ")");
   if (head_dim % 2 != 0)
-    return Status::error("head_dim must be even for rotary embeddings, got " +
-                         std::to_string(head_dim));
+    return Status::error("head_dim must be even for rotary embeddings, got " + std::to_string(head_dim));
   if (!(std::isfinite(rope_theta) && rope_theta > 1.0))
     return Status::error("rope_theta must be finite and > 1, got " + std::to_string(rope_theta));
   if (!(std::isfinite(rms_norm_eps) && rms_norm_eps > 0.0 && rms_norm_eps < 1.0))
@@ -67,8 +63,8 @@ Status ModelConfig::validate() const {
   // (vocab x hidden), q/o (q_dim x hidden) and the MLP (intermediate x hidden).
   for (int64_t rows : {vocab_size, q_dim(), intermediate_size}) {
     if (rows > kMaxElements / hidden_size)
-      return Status::error("a weight of " + std::to_string(rows) + " x " +
-                           std::to_string(hidden_size) + " elements is too large");
+      return Status::error("a weight of " + std::to_string(rows) + " x " + std::to_string(hidden_size) +
+                           " elements is too large");
   }
   return Status::ok();
 }

@@ -15,10 +15,10 @@ struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
-  int64_t num_layers = 0;          // config.json: num_hidden_layers
-  int64_t num_heads = 0;           // config.json: num_attention_heads
-  int64_t num_kv_heads = 0;        // config.json: num_key_value_heads (GQA; 1 = MQA)
-  int64_t head_dim = 0;            // config.json: head_dim (defaults to hidden/heads)
+  int64_t num_layers = 0;    // config.json: num_hidden_layers
+  int64_t num_heads = 0;     // config.json: num_attention_heads
+  int64_t num_kv_heads = 0;  // config.json: num_key_value_heads (GQA; 1 = MQA)
+  int64_t head_dim = 0;      // config.json: head_dim (defaults to hidden/heads)
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-5;
   int64_t max_position_embeddings = 0;

@@ -15,15 +15,13 @@ using json = nlohmann::json;
 
 // dtypes defined by the safetensors format that kvproof does not load.
 bool is_known_unsupported_dtype(const std::string& d) {
-  static const std::set<std::string> known = {"BOOL", "U8", "I8", "I16", "U16", "I32", "U32",
-                                              "I64", "U64", "F64", "F8_E4M3", "F8_E5M2",
-                                              "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2"};
+  static const std::set<std::string> known = {"BOOL",    "U8",  "I8",      "I16",    "U16",     "I32",
+                                              "U32",     "I64", "U64",     "F64",    "F8_E4M3", "F8_E5M2",
+                                              "F8_E8M0", "F4",  "F6_E2M3", "F6_E3M2"};
   return known.count(d) > 0;
 }
 
-bool mul_overflows(uint64_t a, uint64_t b, uint64_t& out) {
-  return __builtin_mul_overflow(a, b, &out);
-}
+bool mul_overflows(uint64_t a, uint64_t b, uint64_t& out) { return __builtin_mul_overflow(a, b, &out); }
 
 std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
 
@@ -53,15 +51,16 @@ Result<SafetensorsEntry> parse_entry(const std::string& name, const json& v) {
   if (s->size() > 8) return Status::error(where + "shape has " + std::to_string(s->size()) + " dimensions (at most 8)");
   uint64_t elements = 1;
   for (const auto& dim : *s) {
-    if (!dim.is_number_unsigned()) return Status::error(where + "shape entries must be non-negative integers, got " + dim.dump());
+    if (!dim.is_number_unsigned())
+      return Status::error(where + "shape entries must be non-negative integers, got " + dim.dump());
     uint64_t x = dim.get<uint64_t>();
-    if (x > static_cast<uint64_t>(INT64_MAX)) return Status::error(where + "shape dimension " + dim.dump() + " is too large");
+    if (x > static_cast<uint64_t>(INT64_MAX))
+      return Status::error(where + "shape dimension " + dim.dump() + " is too large");
     if (mul_overflows(elements, x, elements)) return Status::error(where + "shape element count overflows 64 bits");
     e.shape.push_back(static_cast<int64_t>(x));
   }
   uint64_t bytes = 0;
-  if (mul_overflows(elements, dtype_size(e.dtype), bytes))
-    return Status::error(where + "byte size overflows 64 bits");
+  if (mul_overflows(elements, dtype_size(e.dtype), bytes)) return Status::error(where + "byte size overflows 64 bits");
 
   auto o = v.find("data_offsets");
   if (o == v.end() || !o->is_array() || o->size() != 2 || !(*o)[0].is_number_unsigned() ||
@@ -70,10 +69,11 @@ Result<SafetensorsEntry> parse_entry(const std::string& name, const json& v) {
   e.begin = (*o)[0].get<uint64_t>();
   e.end = (*o)[1].get<uint64_t>();
   if (e.end < e.begin)
-    return Status::error(where + "data_offsets end " + std::to_string(e.end) + " is before begin " + std::to_string(e.begin));
+    return Status::error(where + "data_offsets end " + std::to_string(e.end) + " is before begin " +
+                         std::to_string(e.begin));
   if (e.end - e.begin != bytes)
-    return Status::error(where + "data_offsets span " + std::to_string(e.end - e.begin) +
-                         " bytes but dtype " + dname + " x shape needs " + std::to_string(bytes));
+    return Status::error(where + "data_offsets span " + std::to_string(e.end - e.begin) + " bytes but dtype " + dname +
+                         " x shape needs " + std::to_string(bytes));
   return e;
 }
 
@@ -128,7 +128,8 @@ Result<SafetensorsHeader> parse_safetensors_header(std::span<const uint8_t> pref
     if (it.key() == "__metadata__") {
       if (!it->is_object()) return Status::error("'__metadata__' must be an object of strings");
       for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) return Status::error("'__metadata__' value for " + in_quotes(m.key()) + " is not a string");
+        if (!m->is_string())
+          return Status::error("'__metadata__' value for " + in_quotes(m.key()) + " is not a string");
         h.metadata[m.key()] = m->get<std::string>();
       }
       continue;
@@ -148,8 +149,9 @@ Result<SafetensorsHeader> parse_safetensors_header(std::span<const uint8_t> pref
       return Status::error("tensor " + in_quotes(e.name) + " data [" + std::to_string(e.begin) + ", " +
                            std::to_string(e.end) + ") overlaps tensor " + in_quotes(prev->name));
     if (e.begin > expected)
-      return Status::error("gap of " + std::to_string(e.begin - expected) + " bytes before tensor " +
-                           in_quotes(e.name) + (prev ? " (after " + in_quotes(prev->name) + ")" : std::string(" (data must start at offset 0)")));
+      return Status::error(
+          "gap of " + std::to_string(e.begin - expected) + " bytes before tensor " + in_quotes(e.name) +
+          (prev ? " (after " + in_quotes(prev->name) + ")" : std::string(" (data must start at offset 0)")));
     expected = e.end;
     prev = &e;
   }
@@ -157,8 +159,8 @@ Result<SafetensorsHeader> parse_safetensors_header(std::span<const uint8_t> pref
   if (expected < data_bytes)
     return Status::error(std::to_string(data_bytes - expected) + " trailing bytes after the last tensor");
   if (expected > data_bytes)
-    return Status::error("data is truncated: tensors need " + std::to_string(expected) +
-                         " bytes, the file holds " + std::to_string(data_bytes));
+    return Status::error("data is truncated: tensors need " + std::to_string(expected) + " bytes, the file holds " +
+                         std::to_string(data_bytes));
   return h;
 }
 
@@ -174,14 +176,9 @@ void SafetensorsFile::read_f32(const SafetensorsEntry& e, std::span<float> out) 
         out[i] = bits_float(u);
         break;
       }
-      case DType::kF16:
-        out[i] = f16_to_float(static_cast<uint16_t>(src[2 * i] | src[2 * i + 1] << 8));
-        break;
-      case DType::kBF16:
-        out[i] = bf16_to_float(static_cast<uint16_t>(src[2 * i] | src[2 * i + 1] << 8));
-        break;
-      case DType::kF64:
-        KVP_CHECK(false);
+      case DType::kF16: out[i] = f16_to_float(static_cast<uint16_t>(src[2 * i] | src[2 * i + 1] << 8)); break;
+      case DType::kBF16: out[i] = bf16_to_float(static_cast<uint16_t>(src[2 * i] | src[2 * i + 1] << 8)); break;
+      case DType::kF64: KVP_CHECK(false);
     }
   }
 }
@@ -215,9 +212,11 @@ Status write_safetensors(const std::filesystem::path& path, const std::vector<Sa
     if (!names.insert(t.name).second) return Status::error("tensor " + in_quotes(t.name) + " given twice");
     uint64_t elements = 1;
     for (int64_t d : t.shape) elements *= static_cast<uint64_t>(d);
-    if (elements != t.data.size()) return Status::error("tensor " + in_quotes(t.name) + ": shape does not match data size");
+    if (elements != t.data.size())
+      return Status::error("tensor " + in_quotes(t.name) + ": shape does not match data size");
     const uint64_t bytes = elements * dtype_size(dtype);
-    header[t.name] = {{"dtype", std::string(dtype_name(dtype))}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[t.name] = {
+        {"dtype", std::string(dtype_name(dtype))}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();
@@ -243,8 +242,7 @@ Status write_safetensors(const std::filesystem::path& path, const std::vector<Sa
           out.push_back(static_cast<uint8_t>(u >> 8));
           break;
         }
-        case DType::kF64:
-          break;
+        case DType::kF64: break;
       }
     }
   }

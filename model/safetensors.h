@@ -35,8 +35,8 @@ struct SafetensorsEntry {
 };
 
 struct SafetensorsHeader {
-  uint64_t header_bytes = 0;  // N
-  uint64_t data_start = 0;    // 8 + N
+  uint64_t header_bytes = 0;              // N
+  uint64_t data_start = 0;                // 8 + N
   std::vector<SafetensorsEntry> entries;  // in data-offset order
   std::map<std::string, std::string> metadata;
 
@@ -47,8 +47,7 @@ struct SafetensorsHeader {
 // (at least 8 + N of them, or the whole file when shorter) and whose total size is
 // `file_size`. Never reads past `prefix`; errors are plain reasons (the caller adds the
 // file name).
-Result<SafetensorsHeader> parse_safetensors_header(std::span<const uint8_t> prefix,
-                                                   uint64_t file_size);
+Result<SafetensorsHeader> parse_safetensors_header(std::span<const uint8_t> prefix, uint64_t file_size);
 
 // A whole file read into memory and validated.
 struct SafetensorsFile {
@@ -70,8 +69,7 @@ struct SafetensorsTensorToWrite {
 // Writes a file atomically (a temporary file renamed into place): either the complete
 // new file exists afterwards or the old state is untouched. The header is padded with
 // spaces to a multiple of 8 bytes, as the reference implementation does.
-Status write_safetensors(const std::filesystem::path& path,
-                         const std::vector<SafetensorsTensorToWrite>& tensors, DType dtype,
-                         const std::map<std::string, std::string>& metadata = {});
+Status write_safetensors(const std::filesystem::path& path, const std::vector<SafetensorsTensorToWrite>& tensors,
+                         DType dtype, const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace kvp

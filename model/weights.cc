@@ -31,9 +31,7 @@ ModelWeights allocate_weights(const ModelConfig& c) {
 std::vector<NamedTensor> named_tensors(const ModelConfig& c, ModelWeights& w) {
   KVP_CHECK(static_cast<int64_t>(w.layers.size()) == c.num_layers);
   std::vector<NamedTensor> out;
-  auto mat = [&](std::string name, MatrixF& m) {
-    out.push_back({std::move(name), {m.rows(), m.cols()}, m.data()});
-  };
+  auto mat = [&](std::string name, MatrixF& m) { out.push_back({std::move(name), {m.rows(), m.cols()}, m.data()}); };
   auto vec = [&](std::string name, VectorF& v) { out.push_back({std::move(name), {v.size()}, v.data()}); };
   mat("model.embed_tokens.weight", w.embed_tokens);
   for (std::size_t i = 0; i < w.layers.size(); ++i) {

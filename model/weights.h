@@ -31,13 +31,11 @@ struct LayerWeights {
 struct ModelWeights {
   MatrixF embed_tokens;  // [vocab, hidden]
   std::vector<LayerWeights> layers;
-  VectorF norm;      // [hidden]
-  MatrixF lm_head;   // [vocab, hidden]; empty when the config ties it to embed_tokens
+  VectorF norm;     // [hidden]
+  MatrixF lm_head;  // [vocab, hidden]; empty when the config ties it to embed_tokens
 
   // The matrix that maps the final hidden state to logits.
-  const MatrixF& output_embedding(const ModelConfig& c) const {
-    return c.tie_word_embeddings ? embed_tokens : lm_head;
-  }
+  const MatrixF& output_embedding(const ModelConfig& c) const { return c.tie_word_embeddings ? embed_tokens : lm_head; }
 };
 
 struct Model {

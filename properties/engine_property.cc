@@ -12,12 +12,12 @@
 #include <rapidcheck/gtest.h>
 
 #include "kernels/kv_index.h"
+#include "model/presets.h"
 #include "optimized/backends/cpu_backend.h"
 #include "optimized/backends/plan_validation.h"
-#include "optimized/engine/engine.h"
 #include "optimized/checkers/engine_invariants.h"
+#include "optimized/engine/engine.h"
 #include "optimized/engine/workload.h"
-#include "model/presets.h"
 #include "tests/fake_backend.h"
 
 namespace kvp {
@@ -54,8 +54,14 @@ Schedule draw_schedule() {
   const int32_t bs = *rc::gen::element(1, 2, 3, 4, 8);
   // Enough blocks for the longest request (kMaxLen tokens) plus the watermark.
   const auto need = static_cast<int32_t>(kernels::blocks_for_tokens(kMaxLen, bs)) + 1;
-  Schedule s{bs, need + *rc::gen::inRange(0, 10), *rc::gen::inRange(1, 20), *rc::gen::inRange(8, 64),
-             *rc::gen::inRange(1, 8), PreemptionMode::kRecompute, AdmissionRule::kOptimistic, *rc::gen::arbitrary<bool>()};
+  Schedule s{bs,
+             need + *rc::gen::inRange(0, 10),
+             *rc::gen::inRange(1, 20),
+             *rc::gen::inRange(8, 64),
+             *rc::gen::inRange(1, 8),
+             PreemptionMode::kRecompute,
+             AdmissionRule::kOptimistic,
+             *rc::gen::arbitrary<bool>()};
   if (*rc::gen::arbitrary<bool>()) s.mode = PreemptionMode::kSwap;
   if (*rc::gen::arbitrary<bool>()) s.admission = AdmissionRule::kConservative;
   s.speculation.proposer = *rc::gen::element(ProposerKind::kOff, ProposerKind::kNgram, ProposerKind::kDraft);
@@ -162,11 +168,12 @@ RC_GTEST_PROP(EngineProperty, TargetRequestIsBitwiseIndependentOfNeighboursAndSc
   if (!target.spec.sampling.greedy()) target.spec.speculation = target_b.spec.speculation = SpeculationParams{};
 
   auto describe = [](const Schedule& s) {
-    return "bs=" + std::to_string(s.block_size) + " blocks=" + std::to_string(s.num_blocks) + " chunk=" + std::to_string(s.chunk) +
-           " budget=" + std::to_string(s.budget) + " seqs=" + std::to_string(s.max_seqs) +
-           (s.mode == PreemptionMode::kSwap ? " swap" : " recompute") +
-           (s.admission == AdmissionRule::kConservative ? " conservative" : " optimistic") + (s.prefix_caching ? " prefix" : "") +
-           " speculate=" + to_string(s.speculation.proposer) + " k=" + std::to_string(s.speculation.k);
+    return "bs=" + std::to_string(s.block_size) + " blocks=" + std::to_string(s.num_blocks) +
+           " chunk=" + std::to_string(s.chunk) + " budget=" + std::to_string(s.budget) +
+           " seqs=" + std::to_string(s.max_seqs) + (s.mode == PreemptionMode::kSwap ? " swap" : " recompute") +
+           (s.admission == AdmissionRule::kConservative ? " conservative" : " optimistic") +
+           (s.prefix_caching ? " prefix" : "") + " speculate=" + to_string(s.speculation.proposer) +
+           " k=" + std::to_string(s.speculation.k);
   };
   RC_LOG() << "schedule a: " << describe(sa) << ", " << others_a.size() << " others\n"
            << "schedule b: " << describe(sb) << ", " << others_b.size() << " others\n"
@@ -200,7 +207,8 @@ RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmal
   draft_kv.pool.block_size = 4;
   draft_kv.pool.num_device_blocks = 8 * (kMaxLen / 4 + 1);
   draft_kv.pool.num_host_blocks = 0;
-  engine.set_draft_proposer(std::make_unique<DraftModelProposer>(std::make_unique<testing::FakeBackend>(draft_kv.pool, 64), draft_kv, 64));
+  engine.set_draft_proposer(
+      std::make_unique<DraftModelProposer>(std::make_unique<testing::FakeBackend>(draft_kv.pool, 64), draft_kv, 64));
   std::string violation;
   engine.set_plan_observer([&](const Engine& e, const BatchPlan& plan) -> Status {
     if (Status st = check_plan(e, plan); !st && violation.empty()) violation = st.message();

@@ -17,15 +17,14 @@ namespace kvp::testing {
 namespace {
 
 rc::Gen<std::vector<Op>> gen_ops() {
-  return rc::gen::map(
-      rc::gen::container<std::vector<std::tuple<int, int, int, int>>>(rc::gen::tuple(
-          rc::gen::inRange(0, KvHarness::kNumKinds), rc::gen::inRange(0, 1 << 12),
-          rc::gen::inRange(0, 1 << 12), rc::gen::inRange(0, 1 << 12))),
-      [](const std::vector<std::tuple<int, int, int, int>>& v) {
-        std::vector<Op> ops;
-        for (const auto& [k, a, b, c] : v) ops.push_back(Op{k, a, b, c});
-        return ops;
-      });
+  return rc::gen::map(rc::gen::container<std::vector<std::tuple<int, int, int, int>>>(
+                          rc::gen::tuple(rc::gen::inRange(0, KvHarness::kNumKinds), rc::gen::inRange(0, 1 << 12),
+                                         rc::gen::inRange(0, 1 << 12), rc::gen::inRange(0, 1 << 12))),
+                      [](const std::vector<std::tuple<int, int, int, int>>& v) {
+                        std::vector<Op> ops;
+                        for (const auto& [k, a, b, c] : v) ops.push_back(Op{k, a, b, c});
+                        return ops;
+                      });
 }
 
 KvCacheConfig gen_config(bool tiny_pools) {
@@ -77,9 +76,9 @@ RC_GTEST_PROP(KvCacheManagerProperty, TinyHashNeverSharesAForeignBlock, ()) {
 RC_GTEST_PROP(KvCacheManagerProperty, SpeculativeAppendAndRollbackKeepEveryInvariant, ()) {
   KvCacheConfig config = gen_config(/*tiny_pools=*/false);
   config.enable_prefix_caching = *rc::gen::element(true, true, true, false);
-  const auto ops = *rc::gen::container<std::vector<std::tuple<int, int, int, int>>>(rc::gen::tuple(
-      rc::gen::element(0, 1, 2, 3, 4, 6, 7, 10, 10, 10, 10), rc::gen::inRange(0, 1 << 12), rc::gen::inRange(0, 1 << 12),
-      rc::gen::inRange(0, 1 << 12)));
+  const auto ops = *rc::gen::container<std::vector<std::tuple<int, int, int, int>>>(
+      rc::gen::tuple(rc::gen::element(0, 1, 2, 3, 4, 6, 7, 10, 10, 10, 10), rc::gen::inRange(0, 1 << 12),
+                     rc::gen::inRange(0, 1 << 12), rc::gen::inRange(0, 1 << 12)));
   std::vector<Op> v;
   for (const auto& [k, a, b, c] : ops) v.push_back(Op{k, a, b, c});
   run(config, v);

@@ -80,13 +80,12 @@ Status KvHarness::allocate(SeqId s, int64_t n) {
   std::vector<int64_t> slots;
   const Status st = m_.allocate_slots(s, n, slots);
   if (st.is_ok() != (predicted == AllocStatus::kOk)) {
-    return Status::error("can_allocate said " + std::string(to_string(predicted)) +
-                         " but allocate_slots " + (st.is_ok() ? "succeeded" : "failed"));
+    return Status::error("can_allocate said " + std::string(to_string(predicted)) + " but allocate_slots " +
+                         (st.is_ok() ? "succeeded" : "failed"));
   }
   if (!st.is_ok()) {
     if (!before || !(snapshot() == *before) || !slots.empty()) {
-      return Status::error("failed allocate_slots(seq " + str(s) + ", " + str(n) +
-                           ") changed the state");
+      return Status::error("failed allocate_slots(seq " + str(s) + ", " + str(n) + ") changed the state");
     }
     return Status::ok();
   }
@@ -249,8 +248,8 @@ Status KvHarness::check() {
     const SequenceState* s = m_.sequence(id);
     if (s == nullptr) return Status::error("sequence " + str(id) + " is missing");
     if (s->tokens != ms.tokens || s->num_slots != ms.num_slots || s->swapped != ms.swapped) {
-      return Status::error("sequence " + str(id) + " differs from the model (slots " +
-                           str(s->num_slots) + " vs " + str(ms.num_slots) + ")");
+      return Status::error("sequence " + str(id) + " differs from the model (slots " + str(s->num_slots) + " vs " +
+                           str(ms.num_slots) + ")");
     }
     const std::vector<Cell>& pool = ms.swapped ? host_pool_ : device_pool_;
     for (int64_t p = 0; p < ms.num_slots; ++p) {
@@ -258,10 +257,9 @@ Status KvHarness::check() {
       const Cell want{scope_of(ms), p, ms.tokens[static_cast<size_t>(p)]};
       const Cell& got = pool[static_cast<size_t>(slot)];
       if (!(got == want)) {
-        return Status::error("sequence " + str(id) + " position " + str(p) + " reads slot " +
-                             str(slot) + (ms.swapped ? " (host)" : "") + " holding tenant " +
-                             str(got.tenant) + " position " + str(got.position) + " token " +
-                             str(got.token) + ", expected token " + str(want.token));
+        return Status::error("sequence " + str(id) + " position " + str(p) + " reads slot " + str(slot) +
+                             (ms.swapped ? " (host)" : "") + " holding tenant " + str(got.tenant) + " position " +
+                             str(got.position) + " token " + str(got.token) + ", expected token " + str(want.token));
       }
     }
   }

@@ -60,9 +60,7 @@ void check_against_model(int hash_bits) {
   }
 }
 
-RC_GTEST_PROP(PrefixCacheProperty, FindsExactlyTheLongestCachedPrefix, ()) {
-  check_against_model(256);
-}
+RC_GTEST_PROP(PrefixCacheProperty, FindsExactlyTheLongestCachedPrefix, ()) { check_against_model(256); }
 
 RC_GTEST_PROP(PrefixCacheProperty, TinyHashFindsExactlyTheLongestCachedPrefix, ()) {
   check_against_model(*rc::gen::inRange(1, 4));

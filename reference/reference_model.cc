@@ -24,8 +24,8 @@ ReferenceModel<T>::ReferenceModel(const Model& model) : config_(model.config) {
   embed_tokens_ = to<T>(w.embed_tokens);
   for (const LayerWeights& l : w.layers) {
     layers_.push_back(Layer{to<T>(l.input_layernorm), to<T>(l.post_attention_layernorm), to<T>(l.q_proj),
-                            to<T>(l.k_proj), to<T>(l.v_proj), to<T>(l.o_proj), to<T>(l.gate_proj),
-                            to<T>(l.up_proj), to<T>(l.down_proj)});
+                            to<T>(l.k_proj), to<T>(l.v_proj), to<T>(l.o_proj), to<T>(l.gate_proj), to<T>(l.up_proj),
+                            to<T>(l.down_proj)});
   }
   norm_ = to<T>(w.norm);
   lm_head_ = to<T>(w.output_embedding(config_));
@@ -33,7 +33,7 @@ ReferenceModel<T>::ReferenceModel(const Model& model) : config_(model.config) {
 
 template <typename T>
 Result<typename ReferenceModel<T>::Matrix> ReferenceModel<T>::forward(std::span<const int32_t> tokens,
-                                                                       DenseKVCache<T>& cache) const {
+                                                                      DenseKVCache<T>& cache) const {
   if (tokens.empty()) return Status::error("no tokens to run");
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
@@ -43,10 +43,11 @@ Result<typename ReferenceModel<T>::Matrix> ReferenceModel<T>::forward(std::span<
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (cache.num_layers() != config_.num_layers) return Status::error("cache was made for another model");
   if (cache.length() + n > cache.capacity())
-    return Status::error("sequence of " + std::to_string(cache.length() + n) + " positions exceeds the cache capacity " +
-                         std::to_string(cache.capacity()));
+    return Status::error("sequence of " + std::to_string(cache.length() + n) +
+                         " positions exceeds the cache capacity " + std::to_string(cache.capacity()));
   if (cache.length() + n > config_.max_position_embeddings)
-    return Status::error("sequence of " + std::to_string(cache.length() + n) + " positions exceeds max_position_embeddings " +
+    return Status::error("sequence of " + std::to_string(cache.length() + n) +
+                         " positions exceeds max_position_embeddings " +
                          std::to_string(config_.max_position_embeddings));
 
   Matrix logits(n, config_.vocab_size);
@@ -59,7 +60,7 @@ Result<typename ReferenceModel<T>::Matrix> ReferenceModel<T>::forward(std::span<
 
 template <typename T>
 typename ReferenceModel<T>::Vector ReferenceModel<T>::forward_one(int32_t token, int64_t position,
-                                                                    DenseKVCache<T>& cache) const {
+                                                                  DenseKVCache<T>& cache) const {
   const int64_t d = config_.head_dim;
   const T eps = static_cast<T>(config_.rms_norm_eps);
   const T theta = static_cast<T>(config_.rope_theta);
@@ -73,7 +74,8 @@ typename ReferenceModel<T>::Vector ReferenceModel<T>::forward_one(int32_t token,
     Vector q = layer.q_proj * h;
     Vector k = layer.k_proj * h;
     const Vector v = layer.v_proj * h;
-    for (int64_t head = 0; head < config_.num_heads; ++head) ref::apply_rope<T>(q.segment(head * d, d), position, theta);
+    for (int64_t head = 0; head < config_.num_heads; ++head)
+      ref::apply_rope<T>(q.segment(head * d, d), position, theta);
     for (int64_t kvh = 0; kvh < config_.num_kv_heads; ++kvh) {
       ref::apply_rope<T>(k.segment(kvh * d, d), position, theta);
       // K/V of this position go into the cache before attention reads it.

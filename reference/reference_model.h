@@ -9,9 +9,9 @@
 
 #include "common/sampling.h"
 #include "common/status.h"
+#include "model/weights.h"
 #include "reference/dense_kv_cache.h"
 #include "reference/ops.h"
-#include "model/weights.h"
 
 namespace kvp {
 
@@ -56,8 +56,8 @@ extern template class ReferenceModel<double>;
 // Greedy or sampled generation with the reference model: the prompt's logits, then one
 // token at a time until max_tokens. Used by `kvproof generate` and as the engine's oracle.
 struct GenerateResult {
-  std::vector<int32_t> tokens;               // generated tokens only
-  std::vector<std::vector<float>> logits;    // logits that produced each generated token
+  std::vector<int32_t> tokens;             // generated tokens only
+  std::vector<std::vector<float>> logits;  // logits that produced each generated token
 };
 
 Result<GenerateResult> reference_generate(const ReferenceModel<float>& model, std::span<const int32_t> prompt,

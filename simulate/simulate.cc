@@ -28,8 +28,8 @@ const char* to_string(AllocationPolicy p) {
 }
 
 Result<AllocationPolicy> parse_policy(const std::string& s) {
-  for (AllocationPolicy p : {AllocationPolicy::kPaged, AllocationPolicy::kContiguousMax, AllocationPolicy::kContiguousPow2,
-                             AllocationPolicy::kContiguousOracle})
+  for (AllocationPolicy p : {AllocationPolicy::kPaged, AllocationPolicy::kContiguousMax,
+                             AllocationPolicy::kContiguousPow2, AllocationPolicy::kContiguousOracle})
     if (s == to_string(p)) return p;
   return Status::error("unknown policy '" + s + "' (known: paged, contiguous-max, contiguous-pow2, contiguous-oracle)");
 }
@@ -48,8 +48,8 @@ Result<int64_t> to_int(const std::string& key, const std::string& v, int64_t lo,
     used = 0;
   }
   if (used != v.size() || v.empty() || x < lo || x > hi)
-    return Status::error(key + ": expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
-                         v + "'");
+    return Status::error(key + ": expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                         "], got '" + v + "'");
   return static_cast<int64_t>(x);
 }
 
@@ -62,8 +62,8 @@ Result<double> to_double(const std::string& key, const std::string& v, double lo
     used = 0;
   }
   if (used != v.size() || v.empty() || !std::isfinite(x) || x < lo || x > hi)
-    return Status::error(key + ": expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
-                         v + "'");
+    return Status::error(key + ": expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                         "], got '" + v + "'");
   return x;
 }
 
@@ -75,13 +75,19 @@ Status apply_setting(SimOptions& o, const std::string& key, const std::string& v
     if (!v) return v.status();
     o.block_size = static_cast<int32_t>(*v);
   } else if (key == "admission") {
-    if (value == "optimistic") o.admission = AdmissionRule::kOptimistic;
-    else if (value == "conservative") o.admission = AdmissionRule::kConservative;
-    else return Status::error("admission: expected optimistic or conservative, got '" + value + "'");
+    if (value == "optimistic")
+      o.admission = AdmissionRule::kOptimistic;
+    else if (value == "conservative")
+      o.admission = AdmissionRule::kConservative;
+    else
+      return Status::error("admission: expected optimistic or conservative, got '" + value + "'");
   } else if (key == "preemption") {
-    if (value == "recompute") o.preemption = PreemptionMode::kRecompute;
-    else if (value == "swap") o.preemption = PreemptionMode::kSwap;
-    else return Status::error("preemption: expected recompute or swap, got '" + value + "'");
+    if (value == "recompute")
+      o.preemption = PreemptionMode::kRecompute;
+    else if (value == "swap")
+      o.preemption = PreemptionMode::kSwap;
+    else
+      return Status::error("preemption: expected recompute or swap, got '" + value + "'");
   } else if (key == "max-model-len" || key == "max-context") {
     auto v = to_int(key, value, 0, int64_t{1} << 24);
     if (!v) return v.status();
@@ -95,9 +101,12 @@ Status apply_setting(SimOptions& o, const std::string& key, const std::string& v
     if (!p) return p.status();
     o.policy = *p;
   } else if (key == "prefix-sharing") {
-    if (value == "on" || value == "true" || value == "1") o.prefix_sharing = true;
-    else if (value == "off" || value == "false" || value == "0") o.prefix_sharing = false;
-    else return Status::error("prefix-sharing: expected on or off, got '" + value + "'");
+    if (value == "on" || value == "true" || value == "1")
+      o.prefix_sharing = true;
+    else if (value == "off" || value == "false" || value == "0")
+      o.prefix_sharing = false;
+    else
+      return Status::error("prefix-sharing: expected on or off, got '" + value + "'");
   } else if (key == "max-num-seqs") {
     auto v = to_int(key, value, 1, 1 << 20);
     if (!v) return v.status();
@@ -185,8 +194,8 @@ struct Outcome {
 
 // A request in the engine.
 struct Live {
-  std::size_t index = 0;  // into the traffic
-  int64_t final_len = 0;  // prompt + output
+  std::size_t index = 0;                 // into the traffic
+  int64_t final_len = 0;                 // prompt + output
   int64_t res_offset = -1, res_len = 0;  // contiguous reservation
 };
 
@@ -527,8 +536,10 @@ Result<SimReport> Driver::run() {
   while (true) {
     const double now = backend_->clock_s();
     for (; next < n && t_.requests[next].arrival_s <= now; ++next) {
-      if (contiguous()) pending_.push_back(Pending{next, {}, 0});
-      else hand(next, prompt_for(next), t_.requests[next].output_tokens, -1, 0);
+      if (contiguous())
+        pending_.push_back(Pending{next, {}, 0});
+      else
+        hand(next, prompt_for(next), t_.requests[next].output_tokens, -1, 0);
     }
     if (contiguous()) {
       hand_pending();
@@ -548,7 +559,8 @@ Result<SimReport> Driver::run() {
     Status s = engine_->step();
     if (!s) return s.with_context(o_.check ? "simulate --check" : "simulate");
     after_step(t0);
-    if (o_.progress && (++steps & 255) == 0) o_.progress(n > 0 ? static_cast<double>(ended_) / static_cast<double>(n) : 1);
+    if (o_.progress && (++steps & 255) == 0)
+      o_.progress(n > 0 ? static_cast<double>(ended_) / static_cast<double>(n) : 1);
   }
   if (o_.check) {
     KVP_RETURN_IF_ERROR(check_no_leak(engine_->kv()).with_context("simulate --check: at the end"));
@@ -614,8 +626,8 @@ Result<SimReport> Driver::run() {
     rep_.memory.external = sum_external_ / used;
   }
   if (samples_ > 0) {
-    rep_.memory.mean_in_use = (sum_tokens_ + sum_reserved_ + sum_internal_) / static_cast<double>(samples_) /
-                              static_cast<double>(capacity_);
+    rep_.memory.mean_in_use =
+        (sum_tokens_ + sum_reserved_ + sum_internal_) / static_cast<double>(samples_) / static_cast<double>(capacity_);
     rep_.mean_running = sum_running_ / static_cast<double>(samples_);
   }
   rep_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();

@@ -71,9 +71,9 @@ struct SimOptions {
   double rate = 0;                   // > 0: rescale the traffic to this many requests/s
   double ttft_slo_s = 1.0;
   double tpot_slo_s = 0.05;
-  bool check = false;                // every invariant checker after every step
-  double sample_interval_s = 1.0;    // memory and queue samples (<= 0: every step)
-  uint64_t seed = 0;                 // prompt token ids
+  bool check = false;              // every invariant checker after every step
+  double sample_interval_s = 1.0;  // memory and queue samples (<= 0: every step)
+  uint64_t seed = 0;               // prompt token ids
   // Called now and then with the share of the traffic's requests ended, in [0, 1].
   std::function<void(double)> progress;
 };
@@ -97,8 +97,8 @@ struct MemoryShares {
 struct TimelinePoint {
   double t_s = 0;
   int64_t waiting = 0, running = 0, swapped = 0;
-  double kv_in_use = 0;     // held slots / KV capacity
-  double kv_tokens = 0;     // token-state slots / KV capacity
+  double kv_in_use = 0;  // held slots / KV capacity
+  double kv_tokens = 0;  // token-state slots / KV capacity
 };
 
 struct SimReport {
@@ -125,7 +125,7 @@ struct SimReport {
   double mean_running = 0;
   std::vector<TimelinePoint> timeline;
   std::vector<double> ttft_samples, tpot_samples;  // per finished request
-  int64_t checked_steps = 0;  // with check: steps every invariant checker passed after
+  int64_t checked_steps = 0;                       // with check: steps every invariant checker passed after
   double wall_s = 0;
   double token_steps_per_s() const { return wall_s > 0 ? static_cast<double>(token_steps) / wall_s : 0; }
 };

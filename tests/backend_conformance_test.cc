@@ -7,9 +7,9 @@
 // its refusal of malformed plans before anything runs. Only Backend's interface is used.
 #include "tests/backend_conformance.h"
 
+#include "kernels/cuda/model_kernels.h"
 #include "optimized/backends/cpu_backend.h"
 #include "optimized/backends/cuda_backend.h"
-#include "kernels/cuda/model_kernels.h"
 #include "optimized/backends/plan_validation.h"
 
 #include <algorithm>
@@ -62,7 +62,6 @@ std::vector<int32_t> scrambled_table(int64_t count, int32_t num_blocks, uint64_t
   return ids;
 }
 
-
 // ---- plans built by hand, with kernels/kv_index.h's slot formula ----
 
 // One sequence's part of a plan: its new tokens, the position of the first, its block table.
@@ -77,7 +76,8 @@ struct SeqChunk {
 BatchPlan make_plan(const std::vector<SeqChunk>& seqs, int32_t block_size, KvPlanOps ops = {}) {
   BatchPlan p;
   p.query_start.push_back(0);
-  for (const SeqChunk& s : seqs) p.max_blocks_per_seq = std::max(p.max_blocks_per_seq, static_cast<int32_t>(s.table.size()));
+  for (const SeqChunk& s : seqs)
+    p.max_blocks_per_seq = std::max(p.max_blocks_per_seq, static_cast<int32_t>(s.table.size()));
   int64_t id = 0;
   for (const SeqChunk& s : seqs) {
     p.seq_ids.push_back(id++);
@@ -130,7 +130,8 @@ std::vector<Logits> run_schedule(Backend& backend, const std::vector<SeqSchedule
       const int n = seqs[i].chunks[next_chunk[i]++];
       SeqChunk c;
       c.table = seqs[i].table;
-      c.table.resize(static_cast<std::size_t>(kernels::blocks_for_tokens(done[i] + n, backend.pool_shape().block_size)));
+      c.table.resize(
+          static_cast<std::size_t>(kernels::blocks_for_tokens(done[i] + n, backend.pool_shape().block_size)));
       c.tokens.assign(seqs[i].tokens.begin() + done[i], seqs[i].tokens.begin() + done[i] + n);
       c.first_position = done[i];
       done[i] += n;
@@ -284,8 +285,10 @@ TEST_P(BackendConformance, WritesKeysAndValuesIntoTheSlotsOfTheBlockTable) {
       const int64_t slot = kernels::slot_of(table.data(), p, 3);
       for (int64_t h = 0; h < m.config.num_kv_heads; ++h) {
         for (int64_t i = 0; i < d; ++i) {
-          EXPECT_NEAR(kv_at(backend, PoolKind::kDevice, false, l, slot)[h * d + i], cache.keys(l, h)(p, i), 1e-4) << l << " " << p;
-          EXPECT_NEAR(kv_at(backend, PoolKind::kDevice, true, l, slot)[h * d + i], cache.values(l, h)(p, i), 1e-4) << l << " " << p;
+          EXPECT_NEAR(kv_at(backend, PoolKind::kDevice, false, l, slot)[h * d + i], cache.keys(l, h)(p, i), 1e-4)
+              << l << " " << p;
+          EXPECT_NEAR(kv_at(backend, PoolKind::kDevice, true, l, slot)[h * d + i], cache.values(l, h)(p, i), 1e-4)
+              << l << " " << p;
         }
       }
     }
@@ -563,9 +566,9 @@ TEST_P(BackendConformance, ReturnsTheLogitRowsThePlanAsksFor) {
   const auto c = tokens_for(3, tiny().config.vocab_size, 72);
   const auto backend_owned = make_backend(tiny(), 16, bs);
   Backend& backend = *backend_owned;
-  SeqChunk sa{{0, 1, 2}, a, 0, true, false};   // last row only
-  SeqChunk sb{{3, 4}, b, 0, false, false};     // a prefill chunk that is not the last: none
-  SeqChunk sc{{5}, c, 0, true, true};          // every row
+  SeqChunk sa{{0, 1, 2}, a, 0, true, false};  // last row only
+  SeqChunk sb{{3, 4}, b, 0, false, false};    // a prefill chunk that is not the last: none
+  SeqChunk sc{{5}, c, 0, true, true};         // every row
   StepOutput out;
   ASSERT_TRUE(backend.execute(make_plan({sa, sb, sc}, bs), out).is_ok());
   EXPECT_EQ(out.vocab_size, tiny().config.vocab_size);
@@ -608,12 +611,27 @@ TEST_P(BackendConformance, RejectsMalformedPlansWithoutChangingAnything) {
          p.max_blocks_per_seq = 1000;
          p.block_tables.assign(1000, 0);
        }},
-      {"swap_out to a host block past the pool", [](BatchPlan& p) { p.ops.swap_out.push_back({0, 2}); }},
-      {"swap_out from a device block past the pool", [](BatchPlan& p) { p.ops.swap_out.push_back({8, 0}); }},
-      {"block copy to a block past the pool", [](BatchPlan& p) { p.ops.block_copies.push_back({0, 9}); }},
+      {"swap_out to a host block past the pool",
+       [](BatchPlan& p) {
+         p.ops.swap_out.push_back({0, 2});
+       }},
+      {"swap_out from a device block past the pool",
+       [](BatchPlan& p) {
+         p.ops.swap_out.push_back({8, 0});
+       }},
+      {"block copy to a block past the pool",
+       [](BatchPlan& p) {
+         p.ops.block_copies.push_back({0, 9});
+       }},
       {"poison of a negative block", [](BatchPlan& p) { p.ops.poison.push_back(-1); }},
-      {"swap_in from a host block past the pool", [](BatchPlan& p) { p.ops.swap_in.push_back({5, 0}); }},
-      {"swap_in to a device block past the pool", [](BatchPlan& p) { p.ops.swap_in.push_back({0, 100}); }},
+      {"swap_in from a host block past the pool",
+       [](BatchPlan& p) {
+         p.ops.swap_in.push_back({5, 0});
+       }},
+      {"swap_in to a device block past the pool",
+       [](BatchPlan& p) {
+         p.ops.swap_in.push_back({0, 100});
+       }},
   };
   // Written once, so that a rejected plan's ops (poison of block 3) or K/V writes would show.
   StepOutput first;
@@ -647,7 +665,6 @@ TEST_P(BackendConformance, RejectsMalformedPlansWithoutChangingAnything) {
   ASSERT_TRUE(backend.execute(good, again).is_ok());
   EXPECT_TRUE(bitwise_equal(first.logits, again.logits));
 }
-
 
 // ---- one line per backend ----
 

@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "model/presets.h"
-#include "reference/reference_model.h"
 #include "model/safetensors.h"
+#include "reference/reference_model.h"
 
 namespace kvp {
 namespace {
@@ -18,7 +18,8 @@ namespace fs = std::filesystem;
 class TempDir {
  public:
   TempDir() {
-    path_ = fs::temp_directory_path() / ("kvproof-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
+    path_ =
+        fs::temp_directory_path() / ("kvproof-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -123,7 +124,8 @@ TEST(Checkpoint, HalfPrecisionRoundTripsHoldTheRoundedWeights) {
         std::size_t n = 1;
         for (int64_t d : t.shape) n *= static_cast<std::size_t>(d);
         for (std::size_t i = 0; i < n; ++i)
-          t.data[i] = dtype == DType::kF16 ? f16_to_float(float_to_f16(t.data[i])) : bf16_to_float(float_to_bf16(t.data[i]));
+          t.data[i] =
+              dtype == DType::kF16 ? f16_to_float(float_to_f16(t.data[i])) : bf16_to_float(float_to_bf16(t.data[i]));
       }
       EXPECT_TRUE(same_weights(expected, *loaded));
       EXPECT_FALSE(same_weights(m, *loaded));  // rounding really happened
@@ -241,7 +243,8 @@ TEST_F(MalformedCheckpoint, MissingTensorIsNamed) {
   t.erase(t.begin() + 3);
   write_tensors(t);
   const std::string e = load_error();
-  EXPECT_NE(e.find("model.safetensors: tensor 'model.layers.0.self_attn.k_proj.weight': missing"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.safetensors: tensor 'model.layers.0.self_attn.k_proj.weight': missing"), std::string::npos)
+      << e;
 }
 
 TEST_F(MalformedCheckpoint, UnexpectedTensorIsNamed) {
@@ -256,14 +259,18 @@ TEST_F(MalformedCheckpoint, ShapeNotMatchingConfigIsNamed) {
   t[0].second = {16, 9};
   write_tensors(t);
   const std::string e = load_error();
-  EXPECT_NE(e.find("tensor 'model.embed_tokens.weight': shape [16, 9] does not match config.json, which implies [16, 8]"),
-            std::string::npos) << e;
+  EXPECT_NE(
+      e.find("tensor 'model.embed_tokens.weight': shape [16, 9] does not match config.json, which implies [16, 8]"),
+      std::string::npos)
+      << e;
 }
 
 TEST_F(MalformedCheckpoint, BadConfigValueNamesFileAndKey) {
   edit_config([](nlohmann::json& j) { j["num_key_value_heads"] = 3; });
   const std::string e = load_error();
-  EXPECT_NE(e.find("config.json: num_attention_heads (2) must be a multiple of num_key_value_heads (3)"), std::string::npos) << e;
+  EXPECT_NE(e.find("config.json: num_attention_heads (2) must be a multiple of num_key_value_heads (3)"),
+            std::string::npos)
+      << e;
 }
 
 TEST_F(MalformedCheckpoint, ConfigThatIsNotJson) {
@@ -298,7 +305,8 @@ TEST_F(MalformedCheckpoint, TrailingBytesNameTheFile) {
 TEST_F(MalformedCheckpoint, EveryTruncationIsRejectedWithoutCrashing) {
   const auto bytes = read_bytes(dir_.path() / "model.safetensors");
   for (std::size_t len = 0; len < bytes.size(); len += 37) {
-    write_bytes(dir_.path() / "model.safetensors", std::vector<uint8_t>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(len)));
+    write_bytes(dir_.path() / "model.safetensors",
+                std::vector<uint8_t>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(len)));
     EXPECT_NE(load_error(), "<accepted>") << len;
   }
 }

@@ -57,7 +57,8 @@ TEST(DType, BF16RoundsToNearestEven) {
   // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even): up.
   EXPECT_EQ(bf16_to_float(float_to_bf16(1.0f + 3 * 0x1.0p-8f)), 1.0f + 0x1.0p-6f);
   EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
-  EXPECT_EQ(bf16_to_float(float_to_bf16(std::numeric_limits<float>::infinity())), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(bf16_to_float(float_to_bf16(std::numeric_limits<float>::infinity())),
+            std::numeric_limits<float>::infinity());
   // Every bf16 value survives a round trip.
   for (uint32_t h = 0; h <= 0xffff; ++h) {
     const float f = bf16_to_float(static_cast<uint16_t>(h));

@@ -52,7 +52,11 @@ TEST(Engine, RejectsRequestsThatCanNeverRunWithAReasonAndChangesNothingElse) {
   testing::FakeBackend backend(e_config.kv.pool, kVocab);
   Engine e(e_config, backend);
   const RequestId empty = e.add_request(spec(0, 4));
-  const RequestId bad_token = e.add_request([] { auto s = spec(3, 4); s.prompt[1] = kVocab; return s; }());
+  const RequestId bad_token = e.add_request([] {
+    auto s = spec(3, 4);
+    s.prompt[1] = kVocab;
+    return s;
+  }());
   const RequestId too_long = e.add_request(spec(250, 10));
   const RequestId too_big = e.add_request(spec(60, 10));  // 70 tokens = 18 blocks > 16
   const RequestId zero = e.add_request(spec(3, 0));
@@ -229,14 +233,16 @@ TEST(Workload, ParserErrorsNameTheRequestAndField) {
     return w.is_ok() ? std::string("<accepted>") : w.status().message();
   };
   EXPECT_EQ(err(R"({"requests":[{"prompt":[1,2]}]})"), "<accepted>");
-  EXPECT_NE(err(R"({"requests":[{"prompt":[1,2]},{"prompt_len":4,"max_tokens":0}]})").find("requests[1]: max_tokens"), std::string::npos);
+  EXPECT_NE(err(R"({"requests":[{"prompt":[1,2]},{"prompt_len":4,"max_tokens":0}]})").find("requests[1]: max_tokens"),
+            std::string::npos);
   EXPECT_NE(err(R"({"requests":[{"prompt":[1,64]}]})").find("outside the vocabulary"), std::string::npos);
   EXPECT_NE(err(R"({"requests":[{"prompt":[1],"prompt_len":3}]})").find("exactly one of"), std::string::npos);
   EXPECT_NE(err(R"({"requests":[{"prompt":[1],"colour":3}]})").find("unknown field 'colour'"), std::string::npos);
   EXPECT_NE(err(R"({"requests":[{"prompt":[1],"top_p":0}]})").find("top_p"), std::string::npos);
   EXPECT_NE(err(R"({"requests":[]})").find("empty"), std::string::npos);
   EXPECT_NE(err(R"([1])").find("JSON object"), std::string::npos);
-  EXPECT_NE(err(R"({"requests":[{"prompt_len":8,"shared_prefix":{"group":1}}]})").find("shared_prefix"), std::string::npos);
+  EXPECT_NE(err(R"({"requests":[{"prompt_len":8,"shared_prefix":{"group":1}}]})").find("shared_prefix"),
+            std::string::npos);
 }
 
 TEST(Workload, SharedPrefixGroupsShareTheirLeadingTokens) {

@@ -13,10 +13,10 @@ namespace {
 using V = std::vector<int32_t>;
 using Slots = std::vector<int64_t>;
 
-#define EXPECT_INVARIANTS(m)                         \
-  do {                                               \
-    const Status st_ = check_all(m);                 \
-    EXPECT_TRUE(st_.is_ok()) << st_.message();       \
+#define EXPECT_INVARIANTS(m)                   \
+  do {                                         \
+    const Status st_ = check_all(m);           \
+    EXPECT_TRUE(st_.is_ok()) << st_.message(); \
   } while (0)
 
 KvCacheConfig small_config() {
@@ -397,8 +397,8 @@ TEST(KvCacheManager, ACopyDestinationIsNotPoisonedInTheSameStep) {
   c.poison_on_free = true;
   c.enable_prefix_caching = false;
   KvCacheManager m(c);
-  prefill(m, 1, iota(6));   // blocks 0, 1
-  prefill(m, 3, iota(1));   // block 2
+  prefill(m, 1, iota(6));  // blocks 0, 1
+  prefill(m, 3, iota(1));  // block 2
   ASSERT_TRUE(m.fork(1, 2).is_ok());
   m.take_plan_ops();
   ASSERT_TRUE(m.free(3).is_ok());  // poison 2

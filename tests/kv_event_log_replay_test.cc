@@ -13,8 +13,7 @@ namespace {
 using Kind = ReplayResult::Kind;
 using V = std::vector<int32_t>;
 
-constexpr const char* kInit =
-    R"({"ev":"init","device_blocks":4,"host_blocks":2,"block_size":4,"global_prefix":false})";
+constexpr const char* kInit = R"({"ev":"init","device_blocks":4,"host_blocks":2,"block_size":4,"global_prefix":false})";
 
 ReplayResult replay_lines(const std::vector<std::string>& lines) {
   std::string text;
@@ -80,66 +79,54 @@ TEST(EventLogReplay, RejectsMissingAndIllTypedFields) {
                  "line 2: missing field \"tenant\"");
   expect_failure(replay_lines({kInit, R"({"ev":"add","seq":"x","tenant":0})"}), Kind::kMalformed,
                  "field \"seq\" is not an integer");
-  expect_failure(replay_lines({kInit, R"({"ev":"nope"})"}), Kind::kMalformed,
-                 "unknown event \"nope\"");
+  expect_failure(replay_lines({kInit, R"({"ev":"nope"})"}), Kind::kMalformed, "unknown event \"nope\"");
   expect_failure(replay_lines({kInit, "[1,2]"}), Kind::kMalformed, "not a JSON object");
 }
 
 TEST(EventLogReplay, CatchesAllocationOfABlockInUse) {
-  expect_failure(replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":0})",
-                               R"({"ev":"alloc","seq":1,"block":0})",
-                               R"({"ev":"add","seq":2,"tenant":0})",
-                               R"({"ev":"alloc","seq":2,"block":0})"}),
+  expect_failure(replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":0})", R"({"ev":"alloc","seq":1,"block":0})",
+                               R"({"ev":"add","seq":2,"tenant":0})", R"({"ev":"alloc","seq":2,"block":0})"}),
                  Kind::kViolation, "line 5: I1: alloc of device block 0, in use");
 }
 
 TEST(EventLogReplay, CatchesAPrefixHitAcrossTenants) {
-  expect_failure(replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":1})",
-                               R"({"ev":"alloc","seq":1,"block":2})",
-                               R"({"ev":"cache","block":2})",
-                               R"({"ev":"add","seq":2,"tenant":9})",
+  expect_failure(replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":1})", R"({"ev":"alloc","seq":1,"block":2})",
+                               R"({"ev":"cache","block":2})", R"({"ev":"add","seq":2,"tenant":9})",
                                R"({"ev":"share","seq":2,"block":2,"reason":"prefix_hit"})"}),
                  Kind::kViolation, "line 6: I4: prefix hit shares device block 2 of tenant 1");
 }
 
 TEST(EventLogReplay, CatchesAReleaseOutOfTailOrder) {
-  expect_failure(replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":0})",
-                               R"({"ev":"alloc","seq":1,"block":0})",
-                               R"({"ev":"alloc","seq":1,"block":1})",
-                               R"({"ev":"release","seq":1,"block":0})"}),
+  expect_failure(replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":0})", R"({"ev":"alloc","seq":1,"block":0})",
+                               R"({"ev":"alloc","seq":1,"block":1})", R"({"ev":"release","seq":1,"block":0})"}),
                  Kind::kViolation, "line 5: release of block 0, which is not the tail");
 }
 
 TEST(EventLogReplay, CatchesATableThatDisagreesWithTheLength) {
-  expect_failure(replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":0})",
-                               R"({"ev":"alloc","seq":1,"block":0})",
+  expect_failure(replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":0})", R"({"ev":"alloc","seq":1,"block":0})",
                                R"({"ev":"slots","seq":1,"len":5})"}),
                  Kind::kViolation, "line 4: I5: sequence 1 has 1 blocks for length 5");
 }
 
 TEST(EventLogReplay, CatchesAFreeThatLeaksBlocks) {
-  expect_failure(replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":0})",
-                               R"({"ev":"alloc","seq":1,"block":3})",
+  expect_failure(replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":0})", R"({"ev":"alloc","seq":1,"block":3})",
                                R"({"ev":"free","seq":1})"}),
                  Kind::kViolation, "line 4: I6: free of sequence 1 that still holds 1 blocks");
 }
 
 TEST(EventLogReplay, CatchesPoisonOfABlockInUse) {
-  expect_failure(replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":0})",
-                               R"({"ev":"alloc","seq":1,"block":3})",
+  expect_failure(replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":0})", R"({"ev":"alloc","seq":1,"block":3})",
                                R"({"ev":"poison","block":3})"}),
                  Kind::kViolation, "line 4: I7: poison of device block 3, in use");
 }
 
 TEST(EventLogReplay, CatchesBlocksOutsideThePool) {
-  expect_failure(replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":0})",
-                               R"({"ev":"alloc","seq":1,"block":4})"}),
+  expect_failure(replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":0})", R"({"ev":"alloc","seq":1,"block":4})"}),
                  Kind::kViolation, "device block 4 outside the pool of 4");
 }
 
 TEST(EventLogReplay, CatchesAMismatchLeftAtTheEnd) {
-  expect_failure(replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":0})",
-                               R"({"ev":"alloc","seq":1,"block":0})"}),
+  expect_failure(replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":0})", R"({"ev":"alloc","seq":1,"block":0})"}),
                  Kind::kViolation, "end of log");
 }
 

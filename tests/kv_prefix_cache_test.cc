@@ -11,8 +11,8 @@ namespace {
 
 using V = std::vector<int32_t>;
 
-PrefixCacheEntry entry(const BlockHash* parent_hash, BlockHandle parent, int64_t salt,
-                       const V& tokens, int bits = 256) {
+PrefixCacheEntry entry(const BlockHash* parent_hash, BlockHandle parent, int64_t salt, const V& tokens,
+                       int bits = 256) {
   return {chain_hash(parent_hash, salt, tokens, bits), salt, tokens, parent};
 }
 

@@ -52,7 +52,8 @@ TEST(ReferenceModel, PrefillThenDecodeEqualsSingleForwardBitwise) {
   for (std::size_t i = 25; i < t.size(); ++i) split.push_back({t[i]});
   const auto pieces = run(model, split, 64);
   EXPECT_TRUE((whole.array() == pieces.array()).all());
-  const auto chunks = run(model, {{t.begin(), t.begin() + 7}, {t.begin() + 7, t.begin() + 30}, {t.begin() + 30, t.end()}}, 40);
+  const auto chunks =
+      run(model, {{t.begin(), t.begin() + 7}, {t.begin() + 7, t.begin() + 30}, {t.begin() + 30, t.end()}}, 40);
   EXPECT_TRUE((whole.array() == chunks.array()).all());
 }
 

@@ -39,9 +39,9 @@ const std::vector<Shape> kBlocks = {{1}, {33}, {64}, {8, 4, 2}, {257}};
 const std::vector<Shape> kGrids = {{1}, {3}, {2, 1, 2}};
 #else
 constexpr unsigned kMaxHistogramThreads = 1024;
-const std::vector<Shape> kBlocks = {{1},   {2},   {31},       {32},       {33},     {64},  {96},
-                                    {128}, {255}, {256},      {257},      {512},    {1000}, {1024},
-                                    {8, 4, 2},    {7, 3, 5},  {16, 16},   {32, 32}, {5, 1, 9}};
+const std::vector<Shape> kBlocks = {{1},       {2},       {31},     {32},     {33},     {64},   {96},
+                                    {128},     {255},     {256},    {257},    {512},    {1000}, {1024},
+                                    {8, 4, 2}, {7, 3, 5}, {16, 16}, {32, 32}, {5, 1, 9}};
 const std::vector<Shape> kGrids = {{1}, {3}, {2, 3}, {3, 1, 2}};
 #endif
 
@@ -64,8 +64,8 @@ std::vector<float> random_floats(std::size_t n, uint64_t seed) {
 }
 
 std::string describe(Shape grid, Shape block) {
-  return "grid (" + std::to_string(grid.x) + "," + std::to_string(grid.y) + "," + std::to_string(grid.z) +
-         ") block (" + std::to_string(block.x) + "," + std::to_string(block.y) + "," + std::to_string(block.z) + ")";
+  return "grid (" + std::to_string(grid.x) + "," + std::to_string(grid.y) + "," + std::to_string(grid.z) + ") block (" +
+         std::to_string(block.x) + "," + std::to_string(block.y) + "," + std::to_string(block.z) + ")";
 }
 
 // block_reduce_kernel read sequentially: per-thread strided sums, then the tree.
@@ -134,8 +134,10 @@ TEST(SIMT_SUITE, WarpReduceAndVotesEqualSequentialReadingForEveryBlockAndGridSha
           for (int offset = 16; offset > 0; offset >>= 1) {
             std::vector<float> next = v;
             for (int l = 0; l < lanes; ++l) {
-              if (lanes == 32) next[l] = v[l] + v[l ^ offset];
-              else if (l + offset < lanes) next[l] = v[l] + v[l + offset];
+              if (lanes == 32)
+                next[l] = v[l] + v[l ^ offset];
+              else if (l + offset < lanes)
+                next[l] = v[l] + v[l + offset];
             }
             v = next;
           }
@@ -218,8 +220,9 @@ TEST(SIMT_SUITE, DynamicSharedMemoryReversesEachBlock) {
 
 TEST(SIMT_SUITE, HalfAndBfloat16ConversionsAreBitExactWithDtypeH) {
   REQUIRE_DEVICE();
-  std::vector<float> in = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65520.0f, 1e-8f, 5.9604645e-08f, 6.1035156e-05f,
-                           3.3895314e38f, 1.00048828125f, 1.00146484375f, INFINITY, -INFINITY};
+  std::vector<float> in = {0.0f,           -0.0f,          1.0f,           -1.0f,          65504.0f,
+                           65520.0f,       1e-8f,          5.9604645e-08f, 6.1035156e-05f, 3.3895314e38f,
+                           1.00048828125f, 1.00146484375f, INFINITY,       -INFINITY};
   const std::vector<float> random = random_floats(4000, 6000);
   Rng rng(6001);
   for (float x : random) in.push_back(x * static_cast<float>(std::ldexp(1.0, static_cast<int>(rng.below(60)) - 30)));

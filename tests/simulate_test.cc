@@ -188,18 +188,21 @@ TEST(Traffic, AzureCsvErrorsNameLineAndField) {
   const std::string head = "TIMESTAMP,ContextTokens,GeneratedTokens\n";
   EXPECT_EQ(csv_error(head + "2023-11-16 18:15:46.5,374,44\n2023-11-16 18:15:47,12x,3\n"),
             "trace.csv:3: field ContextTokens: not an integer: '12x'");
-  EXPECT_EQ(csv_error(head + "2023-11-16 18:15:46.5,374,-4\n"), "trace.csv:2: field GeneratedTokens: must be >= 0, got -4");
+  EXPECT_EQ(csv_error(head + "2023-11-16 18:15:46.5,374,-4\n"),
+            "trace.csv:2: field GeneratedTokens: must be >= 0, got -4");
   EXPECT_EQ(csv_error(head + "2023-13-16 18:15:46.5,374,4\n").rfind("trace.csv:2: field TIMESTAMP: not a time", 0), 0u);
   EXPECT_EQ(csv_error(head + "1.0,0,4\n"), "trace.csv:2: field ContextTokens: must be >= 1, got 0");
   EXPECT_EQ(csv_error(head + "1.0,3\n"), "trace.csv:2: expected 3 fields, got 2");
   EXPECT_EQ(csv_error(head + "1.0,3,4\n\n1.0,3,x\n"), "trace.csv:4: field GeneratedTokens: not an integer: 'x'");
-  EXPECT_EQ(csv_error("TIMESTAMP,Context,GeneratedTokens\n"), "trace.csv:1: field ContextTokens: missing from the header");
+  EXPECT_EQ(csv_error("TIMESTAMP,Context,GeneratedTokens\n"),
+            "trace.csv:1: field ContextTokens: missing from the header");
   EXPECT_NE(csv_error(""), "");
 }
 
 TEST(Traffic, JsonlParsesAndErrorsNameLineAndField) {
   std::istringstream ok(
-      "{\"arrival_s\": 0.5, \"prompt_tokens\": 100, \"output_tokens\": 20, \"tenant\": 1, \"shared_prefix_tokens\": 64}\n"
+      "{\"arrival_s\": 0.5, \"prompt_tokens\": 100, \"output_tokens\": 20, \"tenant\": 1, \"shared_prefix_tokens\": "
+      "64}\n"
       "\n"
       "{\"arrival_s\": 0.25, \"prompt_tokens\": 10, \"output_tokens\": 2}\n");
   auto t = parse_traffic_jsonl(ok, "t.jsonl");
@@ -214,8 +217,9 @@ TEST(Traffic, JsonlParsesAndErrorsNameLineAndField) {
     auto r = parse_traffic_jsonl(in, "t.jsonl");
     return r.is_ok() ? std::string() : r.status().message();
   };
-  EXPECT_EQ(error("{\"arrival_s\": 0, \"prompt_tokens\": 1, \"output_tokens\": 1}\n{\"arrival_s\": 1, \"output_tokens\": 1}"),
-            "t.jsonl:2: field prompt_tokens: missing");
+  EXPECT_EQ(
+      error("{\"arrival_s\": 0, \"prompt_tokens\": 1, \"output_tokens\": 1}\n{\"arrival_s\": 1, \"output_tokens\": 1}"),
+      "t.jsonl:2: field prompt_tokens: missing");
   EXPECT_EQ(error("{\"arrival_s\": 0, \"prompt_tokens\": 1.5, \"output_tokens\": 1}"),
             "t.jsonl:1: field prompt_tokens: not an integer: 1.5");
   EXPECT_EQ(error("{\"arrival_s\": \"x\", \"prompt_tokens\": 1, \"output_tokens\": 1}"),
@@ -251,7 +255,8 @@ TEST(Traffic, SameSeedSameTrafficAndRateHolds) {
 TEST(Traffic, GammaArrivalsAreBurstierThanPoisson) {
   auto cv_of = [](const Traffic& t) {
     std::vector<double> gaps;
-    for (std::size_t i = 1; i < t.requests.size(); ++i) gaps.push_back(t.requests[i].arrival_s - t.requests[i - 1].arrival_s);
+    for (std::size_t i = 1; i < t.requests.size(); ++i)
+      gaps.push_back(t.requests[i].arrival_s - t.requests[i - 1].arrival_s);
     double mean = 0, var = 0;
     for (double g : gaps) mean += g / static_cast<double>(gaps.size());
     for (double g : gaps) var += (g - mean) * (g - mean) / static_cast<double>(gaps.size());
@@ -451,7 +456,7 @@ TEST(Simulate, InvariantCheckersPassOnTheRealTracesFirstMinutes) {
   // unit run takes the trace's first 15 s; KVPROOF_SIM_CHECK_SECONDS=180 takes 3 minutes.
   const char* env = std::getenv("KVPROOF_SIM_CHECK_SECONDS");
   reshape_traffic(*t, 1, 0, env != nullptr ? std::atof(env) : 15.0, 0);
-  sim::SimOptions o;                   // Llama-3-8B on an H200, the README's setting
+  sim::SimOptions o;  // Llama-3-8B on an H200, the README's setting
   o.check = true;
   auto r = sim::simulate(o, *t);
   ASSERT_TRUE(r.is_ok()) << r.status().message();

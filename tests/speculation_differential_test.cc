@@ -135,7 +135,8 @@ Workload repetitive_workload() {
 
 // Tokens and logits of every request (children by index) equal bitwise; for cancelled
 // requests, up to where the shorter run stopped. Returns the positions compared.
-int64_t expect_same_as_plain(const Engine& spec, const Engine& plain, RequestId a, RequestId b, const std::string& where) {
+int64_t expect_same_as_plain(const Engine& spec, const Engine& plain, RequestId a, RequestId b,
+                             const std::string& where) {
   const Request& x = spec.request(a);
   const Request& y = plain.request(b);
   const bool cancelled = x.finish == FinishReason::kCancelled || y.finish == FinishReason::kCancelled;
@@ -206,9 +207,10 @@ TEST(Speculation, GreedySpeculationIsBitwisePlainDecodingAcrossSchedules) {
       for (int32_t k : {1, 3, 6}) {
         SpecSetup s = plain_setup;
         s.speculation = {kind, k};
-        const std::string where = std::string(to_string(kind)) + " k=" + std::to_string(k) + " bs=" +
-                                  std::to_string(c.block_size) + " blocks=" + std::to_string(c.num_blocks) + " chunk=" +
-                                  std::to_string(c.chunk) + (c.mode == PreemptionMode::kSwap ? " swap" : " recompute");
+        const std::string where = std::string(to_string(kind)) + " k=" + std::to_string(k) +
+                                  " bs=" + std::to_string(c.block_size) + " blocks=" + std::to_string(c.num_blocks) +
+                                  " chunk=" + std::to_string(c.chunk) +
+                                  (c.mode == PreemptionMode::kSwap ? " swap" : " recompute");
         auto spec = run_engine(micro_model(), s, w);
         ASSERT_TRUE(spec->failure.empty()) << where << ": " << spec->failure;
         for (std::size_t i = 0; i < w.requests.size(); ++i)
@@ -228,9 +230,11 @@ TEST(Speculation, GreedySpeculationIsBitwisePlainDecodingAcrossSchedules) {
   EXPECT_GT(swaps, 0);
   EXPECT_GT(prefix_hits, 0);
   EXPECT_GT(compared, 1000);
-  std::printf("[ spec     ] %lld drafts accepted, %lld preemptions, %lld swaps, %lld prefix-hit tokens, %lld positions compared\n",
-              static_cast<long long>(accepted), static_cast<long long>(preemptions), static_cast<long long>(swaps),
-              static_cast<long long>(prefix_hits), static_cast<long long>(compared));
+  std::printf(
+      "[ spec     ] %lld drafts accepted, %lld preemptions, %lld swaps, %lld prefix-hit tokens, %lld positions "
+      "compared\n",
+      static_cast<long long>(accepted), static_cast<long long>(preemptions), static_cast<long long>(swaps),
+      static_cast<long long>(prefix_hits), static_cast<long long>(compared));
 }
 
 TEST(Speculation, FewerTargetForwardsPerTokenOnRepetitiveText) {
@@ -258,7 +262,8 @@ TEST(Speculation, RequestsChooseTheirProposerAndKInTheWorkload) {
   EXPECT_GT(run->engine->request(run->run.ids[0]).spec_steps, 0);
   EXPECT_EQ(run->engine->request(run->run.ids[1]).spec_steps, 0);
   EXPECT_EQ(run->engine->request(run->run.ids[0]).tokens, run->engine->request(run->run.ids[1]).tokens);
-  EXPECT_FALSE(parse_workload(nlohmann::json::parse(R"({"requests": [{"prompt": [1], "speculate": "yes"}]})"), 64, 0).is_ok());
+  EXPECT_FALSE(
+      parse_workload(nlohmann::json::parse(R"({"requests": [{"prompt": [1], "speculate": "yes"}]})"), 64, 0).is_ok());
   EXPECT_FALSE(parse_workload(nlohmann::json::parse(R"({"requests": [{"prompt": [1], "k": 99}]})"), 64, 0).is_ok());
 }
 
@@ -328,7 +333,8 @@ double chi2_ratio(const std::map<int64_t, int64_t>& a, const std::map<int64_t, i
   const double df = static_cast<double>(merged.size()) - 1;
   const double h = 2.0 / (9.0 * df);
   const double threshold = df * std::pow(1 - h + kZ * std::sqrt(h), 3);
-  detail = "X^2 = " + std::to_string(x2) + ", df = " + std::to_string(df) + ", threshold = " + std::to_string(threshold);
+  detail =
+      "X^2 = " + std::to_string(x2) + ", df = " + std::to_string(df) + ", threshold = " + std::to_string(threshold);
   return x2 / threshold;
 }
 

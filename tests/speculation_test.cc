@@ -38,7 +38,8 @@ TEST(NgramProposer, ProposesTheContinuationOfTheLongestEarlierMatch) {
 
 std::vector<float> one_hot_rows(const V& argmaxes, int64_t vocab) {
   std::vector<float> rows(argmaxes.size() * static_cast<std::size_t>(vocab), 0.0f);
-  for (std::size_t j = 0; j < argmaxes.size(); ++j) rows[j * static_cast<std::size_t>(vocab) + static_cast<std::size_t>(argmaxes[j])] = 5.0f;
+  for (std::size_t j = 0; j < argmaxes.size(); ++j)
+    rows[j * static_cast<std::size_t>(vocab) + static_cast<std::size_t>(argmaxes[j])] = 5.0f;
   return rows;
 }
 

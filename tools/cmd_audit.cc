@@ -3,9 +3,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "verify/audit.h"
 #include "tools/commands.h"
 #include "tools/run_inputs.h"
+#include "verify/audit.h"
 
 namespace kvp::tools {
 
@@ -16,13 +16,15 @@ void add_audit_command(CLI::App& app, int& exit_code) {
     verify::VerifyOptions v;
   };
   auto opt = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("audit",
+  CLI::App* cmd = app.add_subcommand(
+      "audit",
       "Cache-isolation evidence: poison-on-free, an ownership check of every block read, the event log re-checked "
       "by the independent replayer; exit 1 on any violation");
   opt->inputs.add_options(*cmd, "multi-tenant");
   add_pool_options(*cmd, opt->v);
   cmd->add_option("--preemption", opt->preemption, "recompute or swap")->check(CLI::IsMember({"recompute", "swap"}));
-  cmd->add_flag("--global-prefix-sharing", opt->v.global_prefix_sharing, "share prefixes across tenants (off by default)");
+  cmd->add_flag("--global-prefix-sharing", opt->v.global_prefix_sharing,
+                "share prefixes across tenants (off by default)");
   cmd->add_option("--event-log", opt->event_log, "write the KV-cache event log (JSON lines) to this file");
   cmd->add_option("--json", opt->json_out, "write the report as JSON to this file");
   cmd->callback([opt, &exit_code] {
@@ -40,8 +42,8 @@ void add_audit_command(CLI::App& app, int& exit_code) {
     a.engine.max_model_len = std::min<int64_t>(a.engine.max_model_len, model.config.max_position_embeddings);
     a.event_log_path = opt->event_log;
     std::printf("kvproof audit: %s, block size %d, %d blocks + %d host, %s sharing, %s\n",
-                opt->inputs.describe(workload).c_str(), a.engine.block_size,
-                a.engine.num_blocks, a.engine.num_host_blocks, a.engine.global_prefix_sharing ? "global" : "tenant-scoped",
+                opt->inputs.describe(workload).c_str(), a.engine.block_size, a.engine.num_blocks,
+                a.engine.num_host_blocks, a.engine.global_prefix_sharing ? "global" : "tenant-scoped",
                 opt->preemption.c_str());
     auto report = verify::run_audit(model, workload, a);
     if (!report) return fail(report.status().message());

@@ -13,10 +13,12 @@ void add_export_command(CLI::App& app, int& exit_code) {
     uint64_t weight_seed = 0;
   };
   auto opt = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("export", "Write a preset as a Hugging Face checkpoint (config.json + model.safetensors)");
+  CLI::App* cmd =
+      app.add_subcommand("export", "Write a preset as a Hugging Face checkpoint (config.json + model.safetensors)");
   cmd->add_option("--preset", opt->preset, "built-in model (tiny, small)")->required();
   cmd->add_option("--out", opt->out, "output directory (created if needed)")->required();
-  cmd->add_option("--dtype", opt->dtype, "tensor dtype: f32, f16 or bf16")->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  cmd->add_option("--dtype", opt->dtype, "tensor dtype: f32, f16 or bf16")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   cmd->add_option("--weight-seed", opt->weight_seed, "seed of the preset's random weights");
   cmd->callback([opt, &exit_code] {
     auto model = make_preset(opt->preset, opt->weight_seed);

@@ -25,9 +25,11 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand("generate", "Generate tokens with the reference model (the oracle)");
   opt->source.add_options(*cmd);
   cmd->add_option("--prompt", opt->prompt, "prompt token ids, comma-separated: 1,2,3")->required();
-  cmd->add_option("--max-tokens", opt->max_tokens, "tokens to generate")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  cmd->add_option("--max-tokens", opt->max_tokens, "tokens to generate")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   cmd->add_option("--temperature", opt->sampling.temperature, "0 = greedy")->check(CLI::Range(0.0f, 100.0f));
-  cmd->add_option("--top-k", opt->sampling.top_k, "keep the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-k", opt->sampling.top_k, "keep the k most likely tokens (0 = all)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-p", opt->sampling.top_p, "nucleus mass in (0, 1]")->check(CLI::Range(0.0f, 1.0f));
   cmd->add_option("--seed", opt->sampling.seed, "sampling seed");
   cmd->add_option("--top-logits", opt->top_logits, "with --json: top logits per step")->check(CLI::Range(1, 100));
@@ -56,8 +58,10 @@ void add_generate_command(CLI::App& app, int& exit_code) {
     j["model"] = opt->source.describe();
     j["prompt"] = *prompt;
     j["tokens"] = out->tokens;
-    j["sampling"] = {{"temperature", opt->sampling.temperature}, {"top_k", opt->sampling.top_k},
-                     {"top_p", opt->sampling.top_p}, {"seed", opt->sampling.seed}};
+    j["sampling"] = {{"temperature", opt->sampling.temperature},
+                     {"top_k", opt->sampling.top_k},
+                     {"top_p", opt->sampling.top_p},
+                     {"seed", opt->sampling.seed}};
     nlohmann::json steps = nlohmann::json::array();
     for (std::size_t i = 0; i < out->tokens.size(); ++i) {
       const std::vector<float>& logits = out->logits[i];

@@ -32,7 +32,8 @@ void add_info_command(CLI::App& app, int& exit_code) {
                                {"f16", c.kv_bytes_per_token(DType::kF16)},
                                {"bf16", c.kv_bytes_per_token(DType::kBF16)}};
     nlohmann::json tensors = nlohmann::json::array();
-    for (const auto& t : named_tensors(model->config, model->weights)) tensors.push_back({{"name", t.name}, {"shape", t.shape}});
+    for (const auto& t : named_tensors(model->config, model->weights))
+      tensors.push_back({{"name", t.name}, {"shape", t.shape}});
     j["tensors"] = tensors;
     if (opt->json) {
       std::printf("%s\n", j.dump(2).c_str());
@@ -50,11 +51,13 @@ void add_info_command(CLI::App& app, int& exit_code) {
     std::printf("  rope_theta / eps    %g / %g\n", c.rope_theta, c.rms_norm_eps);
     std::printf("  max positions       %lld\n", static_cast<long long>(c.max_position_embeddings));
     std::printf("  lm_head             %s\n", c.tie_word_embeddings ? "tied to embed_tokens" : "separate");
-    std::printf("  KV bytes per token  f32 %lld, f16 %lld, bf16 %lld\n", static_cast<long long>(c.kv_bytes_per_token(DType::kF32)),
+    std::printf("  KV bytes per token  f32 %lld, f16 %lld, bf16 %lld\n",
+                static_cast<long long>(c.kv_bytes_per_token(DType::kF32)),
                 static_cast<long long>(c.kv_bytes_per_token(DType::kF16)),
                 static_cast<long long>(c.kv_bytes_per_token(DType::kBF16)));
     std::printf("tensors:\n");
-    for (const auto& t : tensors) std::printf("  %-48s %s\n", t["name"].get<std::string>().c_str(), t["shape"].dump().c_str());
+    for (const auto& t : tensors)
+      std::printf("  %-48s %s\n", t["name"].get<std::string>().c_str(), t["shape"].dump().c_str());
   });
 }
 

@@ -21,10 +21,8 @@ void add_replay_command(CLI::App& app, int& exit_code) {
     bool json = false;
   };
   auto opt = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand(
-      "replay", "Re-check a KV-cache event log (I1-I5) with the independent replayer");
-  cmd->add_option("LOG", opt->path, "event log, one JSON object per line ('-' for stdin)")
-      ->required();
+  CLI::App* cmd = app.add_subcommand("replay", "Re-check a KV-cache event log (I1-I5) with the independent replayer");
+  cmd->add_option("LOG", opt->path, "event log, one JSON object per line ('-' for stdin)")->required();
   cmd->add_flag("--json", opt->json, "print the verdict as JSON");
   cmd->callback([opt, &exit_code] {
     ReplayResult r;
@@ -43,23 +41,25 @@ void add_replay_command(CLI::App& app, int& exit_code) {
                           : r.kind == ReplayResult::Kind::kMalformed ? "malformed"
                                                                      : "violation";
     if (opt->json) {
-      nlohmann::json j = {{"log", opt->path},       {"verdict", verdict},
-                          {"lines", r.lines},       {"sequences", r.sequences},
+      nlohmann::json j = {{"log", opt->path},
+                          {"verdict", verdict},
+                          {"lines", r.lines},
+                          {"sequences", r.sequences},
                           {"device_in_use", r.device_in_use},
                           {"device_cached", r.device_cached},
                           {"host_in_use", r.host_in_use}};
       if (!r.ok()) j["error"] = r.message;
       std::printf("%s\n", j.dump(2).c_str());
     } else if (r.ok()) {
-      std::printf("%s: ok: %lld lines; at the end %lld sequences, %lld device blocks in use, "
-                  "%lld cached, %lld host blocks in use\n",
-                  opt->path.c_str(), static_cast<long long>(r.lines),
-                  static_cast<long long>(r.sequences), static_cast<long long>(r.device_in_use),
-                  static_cast<long long>(r.device_cached), static_cast<long long>(r.host_in_use));
+      std::printf(
+          "%s: ok: %lld lines; at the end %lld sequences, %lld device blocks in use, "
+          "%lld cached, %lld host blocks in use\n",
+          opt->path.c_str(), static_cast<long long>(r.lines), static_cast<long long>(r.sequences),
+          static_cast<long long>(r.device_in_use), static_cast<long long>(r.device_cached),
+          static_cast<long long>(r.host_in_use));
     }
     if (!r.ok()) {
-      std::fprintf(stderr, "kvproof replay: %s: %s: %s\n", opt->path.c_str(), verdict,
-                   r.message.c_str());
+      std::fprintf(stderr, "kvproof replay: %s: %s: %s\n", opt->path.c_str(), verdict, r.message.c_str());
     }
     exit_code = r.kind == ReplayResult::Kind::kOk          ? kExitOk
                 : r.kind == ReplayResult::Kind::kMalformed ? kExitBadInput

@@ -36,7 +36,8 @@ class ProgressBar {
     if (elapsed < 1.0 && !drawn_) return;
     const int width = 40;
     const int filled = static_cast<int>(fraction * width);
-    std::fprintf(stderr, "\r%s [%s%s] %3.0f%% %.1f s", title_.c_str(), std::string(static_cast<std::size_t>(filled), '#').c_str(),
+    std::fprintf(stderr, "\r%s [%s%s] %3.0f%% %.1f s", title_.c_str(),
+                 std::string(static_cast<std::size_t>(filled), '#').c_str(),
                  std::string(static_cast<std::size_t>(width - filled), '.').c_str(), 100 * fraction, elapsed);
     drawn_ = true;
   }
@@ -71,7 +72,8 @@ void add_simulate_command(CLI::App& app, int& exit_code) {
   };
   auto opt = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
-      "simulate", "Capacity decisions: the engine's scheduler and KV-cache manager on a GPU cost model, on real traffic");
+      "simulate",
+      "Capacity decisions: the engine's scheduler and KV-cache manager on a GPU cost model, on real traffic");
   cmd->add_option("--model", opt->sim.model, "llama-2-7b, llama-2-13b, llama-3-8b, mistral-7b, qwen2.5-7b")
       ->capture_default_str();
   cmd->add_option("--gpu", opt->sim.gpu, "a100-40gb, a100-80gb, h100-80gb, h200-141gb")->capture_default_str();
@@ -133,8 +135,10 @@ void add_simulate_command(CLI::App& app, int& exit_code) {
       if (std::filesystem::exists(azure)) {
         trace = azure.string();
       } else {
-        std::fprintf(stderr, "kvproof simulate: the Azure conversation trace is absent (%s); using the synthetic "
-                             "'chat' shape instead\n", azure.string().c_str());
+        std::fprintf(stderr,
+                     "kvproof simulate: the Azure conversation trace is absent (%s); using the synthetic "
+                     "'chat' shape instead\n",
+                     azure.string().c_str());
         opt->shape = "chat";
       }
     }
@@ -156,8 +160,9 @@ void add_simulate_command(CLI::App& app, int& exit_code) {
     std::vector<sim::SimRun> runs;
     for (std::size_t k = 0; k < points->size(); ++k) {
       sim::SweepPoint& p = (*points)[k];
-      const std::string title = points->size() > 1 ? "run " + std::to_string(k + 1) + "/" + std::to_string(points->size())
-                                                   : std::string("simulate");
+      const std::string title = points->size() > 1
+                                    ? "run " + std::to_string(k + 1) + "/" + std::to_string(points->size())
+                                    : std::string("simulate");
       auto bar = std::make_shared<ProgressBar>(title);
       p.options.progress = [bar](double f) { bar->update(f); };
       auto report = sim::simulate(p.options, traffic);
@@ -173,12 +178,14 @@ void add_simulate_command(CLI::App& app, int& exit_code) {
       token_steps += r.report.token_steps;
     }
     std::printf("%zu run(s): %lld token-steps simulated in %.2f s (%.2f M token-steps/s)%s\n\n", runs.size(),
-                static_cast<long long>(token_steps), wall, wall > 0 ? static_cast<double>(token_steps) / wall / 1e6 : 0.0,
+                static_cast<long long>(token_steps), wall,
+                wall > 0 ? static_cast<double>(token_steps) / wall / 1e6 : 0.0,
                 base.check ? ", every invariant checker after every step" : "");
     std::printf("%s", sim::format_table(runs).c_str());
     if (!opt->json_path.empty() && !write_file(opt->json_path, sim::to_json(runs).dump(1) + "\n"))
       return fail(opt->json_path + ": cannot write");
-    if (!opt->csv_path.empty() && !write_file(opt->csv_path, sim::to_csv(runs))) return fail(opt->csv_path + ": cannot write");
+    if (!opt->csv_path.empty() && !write_file(opt->csv_path, sim::to_csv(runs)))
+      return fail(opt->csv_path + ": cannot write");
   });
 }
 

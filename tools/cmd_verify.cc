@@ -19,18 +19,24 @@ void add_verify_command(CLI::App& app, int& exit_code) {
     verify::VerifyOptions v;
   };
   auto opt = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("verify",
+  CLI::App* cmd = app.add_subcommand(
+      "verify",
       "Run a workload through the paged engine and check it against the reference model; exit 1 on any failure");
   opt->inputs.add_options(*cmd, "mixed");
   add_pool_options(*cmd, opt->v);
-  cmd->add_option("--chunk", opt->v.prefill_chunk_size, "prefill chunk size per request per step")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--max-batched-tokens", opt->v.max_num_batched_tokens, "token budget per step")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--chunk", opt->v.prefill_chunk_size, "prefill chunk size per request per step")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-batched-tokens", opt->v.max_num_batched_tokens, "token budget per step")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-num-seqs", opt->v.max_num_seqs, "running requests at most")->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--max-model-len", opt->v.max_model_len, "longest context")->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--max-model-len", opt->v.max_model_len, "longest context")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   cmd->add_option("--preemption", opt->preemption, "recompute, swap or both (one run each)")
       ->check(CLI::IsMember({"recompute", "swap", "both"}));
-  cmd->add_option("--admission", opt->admission, "optimistic or conservative")->check(CLI::IsMember({"optimistic", "conservative"}));
-  cmd->add_option("--backend", opt->backend, "model executor: cpu, cuda-emu (CUDA kernels emulated on the CPU) or cuda (GPU)")
+  cmd->add_option("--admission", opt->admission, "optimistic or conservative")
+      ->check(CLI::IsMember({"optimistic", "conservative"}));
+  cmd->add_option("--backend", opt->backend,
+                  "model executor: cpu, cuda-emu (CUDA kernels emulated on the CPU) or cuda (GPU)")
       ->check(CLI::IsMember({"cpu", "cuda-emu", "cuda"}));
   cmd->add_option("--threads", opt->v.num_threads, "CPU backend threads")->check(CLI::Range(1, 256));
   cmd->add_option("--tolerance", opt->v.tolerance, "logit tolerance relative to the row's largest reference logit")
@@ -68,10 +74,11 @@ void add_verify_command(CLI::App& app, int& exit_code) {
                                                          : ProposerKind::kOff;
 
     std::printf("kvproof verify: %s, backend %s, block size %d, %d blocks + %d host, chunk %d\n",
-                opt->inputs.describe(workload).c_str(), opt->backend.c_str(),
-                v.block_size, v.num_blocks, v.num_host_blocks, v.prefill_chunk_size);
+                opt->inputs.describe(workload).c_str(), opt->backend.c_str(), v.block_size, v.num_blocks,
+                v.num_host_blocks, v.prefill_chunk_size);
     if (v.speculation.enabled())
-      std::printf("speculative decoding: %s, k = %d, against plain decoding\n", to_string(v.speculation.proposer), v.speculation.k);
+      std::printf("speculative decoding: %s, k = %d, against plain decoding\n", to_string(v.speculation.proposer),
+                  v.speculation.k);
     auto report = verify::run_verify(model, workload, v);
     if (!report) return fail(report.status().message());
     std::printf("%s", report->table().c_str());

@@ -7,7 +7,8 @@ namespace kvp::tools {
 
 void ModelSource::add_options(CLI::App& cmd) {
   auto* p = cmd.add_option("--preset", preset, "built-in model with seeded random weights (tiny, small)");
-  auto* c = cmd.add_option("--checkpoint", checkpoint, "Hugging Face layout directory: config.json + model.safetensors");
+  auto* c =
+      cmd.add_option("--checkpoint", checkpoint, "Hugging Face layout directory: config.json + model.safetensors");
   p->excludes(c);
   c->excludes(p);
   cmd.add_option("--weight-seed", weight_seed, "seed of a preset's random weights")->needs(p);

@@ -8,9 +8,10 @@ void RunInputs::add_options(CLI::App& cmd, const std::string& default_shape) {
   cmd.add_option("--preset", source.preset, "built-in model (default tiny)");
   cmd.add_option("--checkpoint", source.checkpoint, "Hugging Face checkpoint directory (instead of --preset)");
   cmd.add_option("--workload", workload_file, "JSON workload file (instead of --shape)");
-  cmd.add_option("--shape", shape,
-                 "built-in traffic shape: short-chat, long-docs, many-users, shared-prefix, mixed, multi-tenant (default " +
-                     default_shape + ")");
+  cmd.add_option(
+      "--shape", shape,
+      "built-in traffic shape: short-chat, long-docs, many-users, shared-prefix, mixed, multi-tenant (default " +
+          default_shape + ")");
   cmd.add_option("--seed", seed, "seed of the workload's generated tokens");
 }
 

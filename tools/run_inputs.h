@@ -9,8 +9,8 @@
 #include <CLI/CLI.hpp>
 
 #include "common/status.h"
-#include "optimized/engine/workload.h"
 #include "model/weights.h"
+#include "optimized/engine/workload.h"
 #include "tools/model_source.h"
 #include "verify/verify.h"
 

@@ -23,9 +23,12 @@ inline Result<std::vector<int32_t>> parse_token_list(std::string_view text) {
     if (item.empty()) return Status::error("item " + std::to_string(index) + " is empty");
     int64_t v = 0;
     for (char ch : item) {
-      if (ch < '0' || ch > '9') return Status::error("item " + std::to_string(index) + " ('" + std::string(item) + "') is not a non-negative integer");
+      if (ch < '0' || ch > '9')
+        return Status::error("item " + std::to_string(index) + " ('" + std::string(item) +
+                             "') is not a non-negative integer");
       v = v * 10 + (ch - '0');
-      if (v > INT32_MAX) return Status::error("item " + std::to_string(index) + " ('" + std::string(item) + "') is too large");
+      if (v > INT32_MAX)
+        return Status::error("item " + std::to_string(index) + " ('" + std::string(item) + "') is too large");
     }
     out.push_back(static_cast<int32_t>(v));
     ++index;

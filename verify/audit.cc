@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/kv_index.h"
-#include "optimized/kv/event_log.h"
-#include "optimized/checkers/event_log_replay.h"
 #include "optimized/checkers/engine_invariants.h"
+#include "optimized/checkers/event_log_replay.h"
 #include "optimized/checkers/invariants.h"
+#include "optimized/kv/event_log.h"
 
 namespace kvp::verify {
 
@@ -37,8 +37,9 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
 
   AuditReport report;
   report.tenants = static_cast<int64_t>(tenants.size());
-  CheckResult inv("invariants-every-step"), reads("ownership-of-every-read"), scope("backend-read-scope"), stale("no-stale-read (NaN scan)"),
-      replay("event-log-replay"), logits("logits-vs-reference"), greedy("greedy-tokens"), terminal("terminal-states");
+  CheckResult inv("invariants-every-step"), reads("ownership-of-every-read"), scope("backend-read-scope"),
+      stale("no-stale-read (NaN scan)"), replay("event-log-replay"), logits("logits-vs-reference"),
+      greedy("greedy-tokens"), terminal("terminal-states");
 
   auto live = make_engine(model, o, {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
   if (!live) return live.status();
@@ -108,7 +109,8 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
   std::map<int64_t, int64_t> allocs;
   for (const std::string& line : log.lines()) {
     auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.value("ev", "") == "alloc" && j.contains("block") && ++allocs[j["block"].get<int64_t>()] > 1)
+    if (!j.is_discarded() && j.value("ev", "") == "alloc" && j.contains("block") &&
+        ++allocs[j["block"].get<int64_t>()] > 1)
       ++report.block_reuses;
   }
   report.event_log_lines = static_cast<int64_t>(log.lines().size());
@@ -150,11 +152,16 @@ nlohmann::json AuditReport::to_json() const {
   j["passed"] = passed();
   for (const CheckResult& c : checks)
     j["checks"].push_back({{"name", c.name}, {"passed", c.passed}, {"count", c.count}, {"detail", c.detail}});
-  j["covered"] = {{"tenants", tenants},           {"plans", plans},
-                  {"block_reads", block_reads},   {"kv_position_reads", kv_reads},
-                  {"distinct_blocks", blocks_checked}, {"block_reuses", block_reuses},
-                  {"prefix_hit_tokens", prefix_hit_tokens}, {"poisoned_blocks", poisoned_blocks},
-                  {"logits_scanned", logits_scanned}, {"event_log_lines", event_log_lines}};
+  j["covered"] = {{"tenants", tenants},
+                  {"plans", plans},
+                  {"block_reads", block_reads},
+                  {"kv_position_reads", kv_reads},
+                  {"distinct_blocks", blocks_checked},
+                  {"block_reuses", block_reuses},
+                  {"prefix_hit_tokens", prefix_hit_tokens},
+                  {"poisoned_blocks", poisoned_blocks},
+                  {"logits_scanned", logits_scanned},
+                  {"event_log_lines", event_log_lines}};
   return j;
 }
 

@@ -21,8 +21,8 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "common/status.h"
-#include "optimized/engine/workload.h"
 #include "model/weights.h"
+#include "optimized/engine/workload.h"
 #include "verify/verify.h"
 
 namespace kvp::verify {
@@ -35,10 +35,10 @@ struct AuditOptions {
 struct AuditReport {
   std::vector<CheckResult> checks;
   int64_t plans = 0;
-  int64_t block_reads = 0;      // (sequence, block) pairs attention read, summed over plans
-  int64_t kv_reads = 0;         // K/V slot reads: per token, context positions x layers x KV heads
-  int64_t blocks_checked = 0;   // distinct blocks read
-  int64_t block_reuses = 0;     // allocations of a block that had held other state before
+  int64_t block_reads = 0;     // (sequence, block) pairs attention read, summed over plans
+  int64_t kv_reads = 0;        // K/V slot reads: per token, context positions x layers x KV heads
+  int64_t blocks_checked = 0;  // distinct blocks read
+  int64_t block_reuses = 0;    // allocations of a block that had held other state before
   int64_t prefix_hit_tokens = 0;
   int64_t poisoned_blocks = 0;
   int64_t tenants = 0;

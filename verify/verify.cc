@@ -9,15 +9,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/cuda/model_kernels.h"
+#include "model/presets.h"
 #include "optimized/backends/cpu_backend.h"
 #include "optimized/backends/cuda_backend.h"
-#include "kernels/cuda/model_kernels.h"
 #include "optimized/backends/plan_validation.h"
-#include "optimized/engine/engine.h"
 #include "optimized/checkers/engine_invariants.h"
 #include "optimized/checkers/invariants.h"
+#include "optimized/engine/engine.h"
 #include "reference/reference_model.h"
-#include "model/presets.h"
 
 namespace kvp::verify {
 
@@ -28,7 +28,8 @@ const char* mode_name(PreemptionMode m) { return m == PreemptionMode::kSwap ? "s
 std::unique_ptr<Proposer> make_draft_proposer(const Model& draft, int64_t max_num_seqs, int64_t max_model_len,
                                               int num_threads) {
   constexpr int32_t kDraftBlockSize = 16;
-  const auto blocks = static_cast<int32_t>(max_num_seqs * ((max_model_len + kDraftBlockSize - 1) / kDraftBlockSize + 1));
+  const auto blocks =
+      static_cast<int32_t>(max_num_seqs * ((max_model_len + kDraftBlockSize - 1) / kDraftBlockSize + 1));
   KvCacheConfig kv;
   kv.pool = pool_shape_for(draft.config, kDraftBlockSize, blocks, 0);
   CpuBackendConfig bc;
@@ -72,7 +73,8 @@ Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const
     live.backend = std::move(*backend);
   } else if (o.backend == "cuda" || o.backend == "cuda-emu") {
     // One program links one CUDA flavour (kernels/cuda/model_kernels.h).
-    return Status::error("backend " + o.backend + " is not in this program: it has cpu and " KVP_CUDA_FLAVOUR_NAME
+    return Status::error("backend " + o.backend +
+                         " is not in this program: it has cpu and " KVP_CUDA_FLAVOUR_NAME
                          " (the nvcc flavour, --backend cuda, is the kvproof-cuda program, built when CMake finds "
                          "nvcc; without a CUDA device it fails with 'no CUDA device')");
   } else {
@@ -83,8 +85,8 @@ Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const
   live.engine = std::move(*engine);
   if (o.speculation.enabled() && o.speculation.proposer == ProposerKind::kDraft) {
     const int32_t layers = o.draft_layers > 0 ? o.draft_layers : default_draft_layers(model.config);
-    live.engine->set_draft_proposer(make_draft_proposer(make_draft_model(model, layers), o.max_num_seqs, o.max_model_len,
-                                                        o.num_threads));
+    live.engine->set_draft_proposer(
+        make_draft_proposer(make_draft_model(model, layers), o.max_num_seqs, o.max_model_len, o.num_threads));
   }
   return live;
 }
@@ -114,7 +116,8 @@ void compare_runs(const Engine& spec, const Engine& plain, RequestId a, RequestI
   for (std::size_t p = 0; p + 1 <= agree && p < x.logits.size() && p < y.logits.size(); ++p) {
     if (x.logits[p].empty() || y.logits[p].empty()) continue;
     ++check.count;
-    if (x.logits[p] != y.logits[p]) fail("logits at position " + std::to_string(p) + " differ bitwise from plain decoding");
+    if (x.logits[p] != y.logits[p])
+      fail("logits at position " + std::to_string(p) + " differ bitwise from plain decoding");
   }
   for (std::size_t c = 0; c < x.children.size() && c < y.children.size(); ++c)
     compare_runs(spec, plain, x.children[c], y.children[c], check);
@@ -188,8 +191,7 @@ void check_against_reference(const ReferenceModel<double>& oracle, const Request
     }
     // Greedy tokens: the token generated from position p's logits.
     const int64_t k = p + 1 - r.num_prompt();
-    const bool sampled_here = k >= 0 && k < r.num_generated() &&
-                              k >= static_cast<int64_t>(r.spec.forced_tokens.size());
+    const bool sampled_here = k >= 0 && k < r.num_generated() && k >= static_cast<int64_t>(r.spec.forced_tokens.size());
     if (!sampled_here || !r.spec.sampling.greedy()) continue;
     Eigen::Index best = 0;
     ref->row(p).maxCoeff(&best);
@@ -293,18 +295,22 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
     std::stable_sort(sample.begin(), sample.end(), [&](std::size_t a, std::size_t b) {
       return engine.request(ids[a]).num_preemptions > engine.request(ids[b]).num_preemptions;
     });
-    auto first_fork = std::find_if(sample.begin(), sample.end(), [&](std::size_t i) { return engine.request(ids[i]).parent >= 0; });
+    auto first_fork =
+        std::find_if(sample.begin(), sample.end(), [&](std::size_t i) { return engine.request(ids[i]).parent >= 0; });
     const auto keep = static_cast<std::size_t>(std::max(0, o.isolation_samples - 1));
     if (first_fork != sample.end() && static_cast<std::size_t>(first_fork - sample.begin()) >= keep) {
-      std::rotate(sample.begin() + static_cast<std::ptrdiff_t>(std::min(keep, sample.size())), first_fork, first_fork + 1);
+      std::rotate(sample.begin() + static_cast<std::ptrdiff_t>(std::min(keep, sample.size())), first_fork,
+                  first_fork + 1);
     }
     sample.resize(std::min<std::size_t>(sample.size(), static_cast<std::size_t>(o.isolation_samples)));
     for (std::size_t i : sample) {
       const Request& original = engine.request(ids[i]);
       const int32_t alt_block = o.block_size == 16 ? 8 : 16;
       const int32_t blocks = static_cast<int32_t>((o.max_model_len + alt_block - 1) / alt_block) + 2;
-      const PreemptionMode alt_mode = mode == PreemptionMode::kSwap ? PreemptionMode::kRecompute : PreemptionMode::kSwap;
-      auto alone = make_engine(model, o, {alt_block, blocks, blocks, std::max(1, o.prefill_chunk_size / 2 - 1), alt_mode});
+      const PreemptionMode alt_mode =
+          mode == PreemptionMode::kSwap ? PreemptionMode::kRecompute : PreemptionMode::kSwap;
+      auto alone =
+          make_engine(model, o, {alt_block, blocks, blocks, std::max(1, o.prefill_chunk_size / 2 - 1), alt_mode});
       if (!alone) return alone.status();
       // The request as the engine ran it (a parallel sample is a plain request with its seed).
       WorkloadRequest wr;
@@ -319,9 +325,11 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       }
       const Request& again = alone->engine->request(solo->ids[0]);
       std::string diff;
-      if (again.tokens != original.tokens) diff = "tokens differ";
+      if (again.tokens != original.tokens)
+        diff = "tokens differ";
       else if (again.logits.size() != original.logits.size())
-        diff = "logits for " + std::to_string(again.logits.size()) + " vs " + std::to_string(original.logits.size()) + " positions";
+        diff = "logits for " + std::to_string(again.logits.size()) + " vs " + std::to_string(original.logits.size()) +
+               " positions";
       // Positions served from the prefix cache in one run have no logits there: compare the rest.
       for (std::size_t p = 0; diff.empty() && p < again.logits.size(); ++p)
         if (!again.logits[p].empty() && !original.logits[p].empty() && again.logits[p] != original.logits[p])
@@ -329,8 +337,8 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       if (!diff.empty() && isolation.passed) {
         isolation.passed = false;
         isolation.detail = "request " + std::to_string(ids[i]) + ": " + diff + " when run alone (block size " +
-                           std::to_string(alt_block) + ", chunk " + std::to_string(std::max(1, o.prefill_chunk_size / 2 - 1)) +
-                           ", " + mode_name(alt_mode) + ")";
+                           std::to_string(alt_block) + ", chunk " +
+                           std::to_string(std::max(1, o.prefill_chunk_size / 2 - 1)) + ", " + mode_name(alt_mode) + ")";
       }
     }
     if (isolation.count == 0 && isolation.passed) isolation.detail = "no finished request to sample";
@@ -354,7 +362,8 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       cancellation.detail = s.message();
     } else {
       for (const auto& [state, n] : cancelled_in)
-        cancellation.detail += (cancellation.detail.empty() ? "cancelled while " : ", ") + state + " " + std::to_string(n);
+        cancellation.detail +=
+            (cancellation.detail.empty() ? "cancelled while " : ", ") + state + " " + std::to_string(n);
     }
     cancellation.applies = std::any_of(workload.requests.begin(), workload.requests.end(),
                                        [](const WorkloadRequest& w) { return w.cancel_step.has_value(); });
@@ -374,7 +383,8 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
     recompute.applies = recompute.count > 0;
     if (!recompute.applies && recompute.detail.empty()) recompute.detail = "no preemption happened";
     isolation.applies = finished_normally > 0;
-    if (run && finished_normally == 0) report.nothing_verified.push_back("finished requests[" + m + "] (none finished normally)");
+    if (run && finished_normally == 0)
+      report.nothing_verified.push_back("finished requests[" + m + "] (none finished normally)");
     for (CheckResult* c : {&inv, &terminal, &leak, &logits, &greedy, &recompute, &isolation, &cancellation}) {
       if (run && c->applies && c->count == 0) report.nothing_verified.push_back(c->name);
       report.checks.push_back(*c);
@@ -383,20 +393,22 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       CheckResult same("speculative-vs-plain[" + m + "]");
       VerifyOptions plain_options = o;
       plain_options.speculation = SpeculationParams{};
-      auto plain = make_engine(model, plain_options, {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
+      auto plain = make_engine(model, plain_options,
+                               {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
       if (!plain) return plain.status();
       auto plain_run = run_workload(*plain->engine, workload, o.max_steps);
       if (!run || !plain_run) {
         same.passed = false;
         same.detail = "a run failed";
       } else {
-        for (std::size_t i = 0; i < run->ids.size(); ++i) compare_runs(engine, *plain->engine, run->ids[i], plain_run->ids[i], same);
+        for (std::size_t i = 0; i < run->ids.size(); ++i)
+          compare_runs(engine, *plain->engine, run->ids[i], plain_run->ids[i], same);
         const EngineMetrics sm = engine.metrics();
         if (same.passed)
           same.detail = std::string(to_string(o.speculation.proposer)) + " k=" + std::to_string(o.speculation.k) +
-                        ": acceptance " + percent(sm.acceptance_rate) + ", mean accepted " + fmt(sm.mean_accepted_length) +
-                        ", target forwards/token " + fmt(sm.forwards_per_token) + " (plain " +
-                        fmt(plain->engine->metrics().forwards_per_token) + ")";
+                        ": acceptance " + percent(sm.acceptance_rate) + ", mean accepted " +
+                        fmt(sm.mean_accepted_length) + ", target forwards/token " + fmt(sm.forwards_per_token) +
+                        " (plain " + fmt(plain->engine->metrics().forwards_per_token) + ")";
       }
       report.checks.push_back(same);
     }
@@ -430,12 +442,13 @@ std::string VerifyReport::table() const {
                   static_cast<long long>(k.poisoned_blocks), m.kv_utilization, 100 * k.peak_pool_occupancy);
     out << line;
     if (k.spec_steps > 0) {
-      std::snprintf(line, sizeof line,
-                    "speculation[%s]: %lld verification rows, %lld drafts, %lld accepted (%.1f%%), mean accepted length "
-                    "%.2f, target forwards per generated token %.3f\n",
-                    mode.c_str(), static_cast<long long>(k.spec_steps), static_cast<long long>(k.spec_proposed),
-                    static_cast<long long>(k.spec_accepted), 100 * m.acceptance_rate, m.mean_accepted_length,
-                    m.forwards_per_token);
+      std::snprintf(
+          line, sizeof line,
+          "speculation[%s]: %lld verification rows, %lld drafts, %lld accepted (%.1f%%), mean accepted length "
+          "%.2f, target forwards per generated token %.3f\n",
+          mode.c_str(), static_cast<long long>(k.spec_steps), static_cast<long long>(k.spec_proposed),
+          static_cast<long long>(k.spec_accepted), 100 * m.acceptance_rate, m.mean_accepted_length,
+          m.forwards_per_token);
       out << line;
     }
   }
@@ -452,7 +465,11 @@ nlohmann::json VerifyReport::to_json() const {
   nlohmann::json j;
   j["passed"] = passed();
   for (const CheckResult& c : checks)
-    j["checks"].push_back({{"name", c.name}, {"passed", c.passed}, {"count", c.count}, {"worst_error", c.worst_error}, {"detail", c.detail}});
+    j["checks"].push_back({{"name", c.name},
+                           {"passed", c.passed},
+                           {"count", c.count},
+                           {"worst_error", c.worst_error},
+                           {"detail", c.detail}});
   for (const auto& [mode, m] : runs) j["runs"][mode] = m.to_json();
   j["nothing_verified"] = nothing_verified;
   j["allow_empty"] = allow_empty;
@@ -488,7 +505,8 @@ std::string VerifyReport::to_junit() const {
   for (const CheckResult& c : checks) {
     out << "  <testcase classname=\"kvproof.verify\" name=\"" << escape(c.name) << "\">";
     if (!c.passed) out << "<failure message=\"" << escape(c.detail) << "\"/>";
-    out << "<system-out>" << escape("count " + std::to_string(c.count) + ", worst " + fmt(c.worst_error) + "; " + c.detail)
+    out << "<system-out>"
+        << escape("count " + std::to_string(c.count) + ", worst " + fmt(c.worst_error) + "; " + c.detail)
         << "</system-out></testcase>\n";
   }
   out << "</testsuite>\n";

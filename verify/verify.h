@@ -36,13 +36,13 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "common/status.h"
+#include "model/weights.h"
 #include "optimized/backends/cpu_backend.h"
 #include "optimized/engine/engine.h"
 #include "optimized/engine/metrics.h"
 #include "optimized/engine/scheduler.h"
 #include "optimized/engine/workload.h"
 #include "reference/reference_model.h"
-#include "model/weights.h"
 
 namespace kvp::verify {
 
@@ -78,9 +78,9 @@ struct CheckResult {
   explicit CheckResult(std::string n) : name(std::move(n)) {}
   std::string name;
   bool passed = true;
-  int64_t count = 0;         // things checked (steps, positions, requests)
-  double worst_error = 0;    // where it applies
-  std::string detail;        // first failure, or a summary
+  int64_t count = 0;       // things checked (steps, positions, requests)
+  double worst_error = 0;  // where it applies
+  std::string detail;      // first failure, or a summary
   // Whether the run gave this check something to see (a greedy check on a workload with
   // no greedy request does not apply). A check that applies and saw nothing is vacuous.
   bool applies = true;
@@ -129,8 +129,8 @@ Status check_state(const Engine& e, const BatchPlan& plan, CheckResult& result);
 void install_step_checks(Engine& engine, CheckResult& result);
 // The request's captured logits at every position against the fp64 reference (into
 // `logits`), and its greedy tokens against the reference's arg-max (into `greedy`).
-void check_against_reference(const ReferenceModel<double>& oracle, const Request& r, double tolerance, CheckResult& logits,
-                             CheckResult& greedy, const std::string& label);
+void check_against_reference(const ReferenceModel<double>& oracle, const Request& r, double tolerance,
+                             CheckResult& logits, CheckResult& greedy, const std::string& label);
 
 // Errors are for bad options or a backend/engine that could not run at all; a failing check
 // is a VerifyReport with passed() == false.

@@ -22,9 +22,7 @@ namespace {
 
 constexpr int kThreads = 128;
 
-std::string fail(const char* what, cudaError_t e) {
-  return std::string(what) + ": " + kvp::simt::error_message(e);
-}
+std::string fail(const char* what, cudaError_t e) { return std::string(what) + ": " + kvp::simt::error_message(e); }
 
 // The launch's own error (configuration, or under emulation the kernel's fault).
 std::string launched(const char* kernel) {
@@ -110,9 +108,9 @@ __global__ void attention_kernel(const float* q, const float* k_pool, const floa
   const int64_t group = num_heads / num_kv_heads;
   const int32_t* table = block_tables + static_cast<int64_t>(seq_of_token[t]) * max_blocks_per_seq;
   float scratch[kMaxHeadDim];
-  kvp::kernels::paged_attention_head(q + i * head_dim, k_pool, v_pool, table, block_size, num_kv_heads,
-                                     head / group, head_dim, static_cast<int64_t>(positions[t]), scale, partition,
-                                     scratch, out + i * head_dim);
+  kvp::kernels::paged_attention_head(q + i * head_dim, k_pool, v_pool, table, block_size, num_kv_heads, head / group,
+                                     head_dim, static_cast<int64_t>(positions[t]), scale, partition, scratch,
+                                     out + i * head_dim);
 }
 
 __global__ void silu_mul_kernel(float* gate, const float* up, int64_t n) {
@@ -196,29 +194,29 @@ std::string rope(float* d_x, int64_t n, int64_t heads, int64_t head_dim, const i
                  const float* d_inv_freq) {
   if (n <= 0) return {};
   if (head_dim > kMaxHeadDim) return "rope: head_dim " + std::to_string(head_dim) + " > " + std::to_string(kMaxHeadDim);
-  KVP_LAUNCH(rope_kernel, grid_for(n * heads), dim3(kThreads), 0, nullptr)(d_x, n, heads, head_dim, d_positions,
-                                                                          d_inv_freq);
+  KVP_LAUNCH(rope_kernel, grid_for(n * heads), dim3(kThreads), 0, nullptr)
+  (d_x, n, heads, head_dim, d_positions, d_inv_freq);
   return launched("rope_kernel");
 }
 
 std::string write_kv(const float* d_k, const float* d_v, const int64_t* d_slots, int64_t n, int64_t kv_dim,
                      float* d_k_pool, float* d_v_pool) {
   if (n <= 0) return {};
-  KVP_LAUNCH(write_kv_kernel, grid_for(n * kv_dim), dim3(kThreads), 0, nullptr)(d_k, d_v, d_slots, n, kv_dim,
-                                                                               d_k_pool, d_v_pool);
+  KVP_LAUNCH(write_kv_kernel, grid_for(n * kv_dim), dim3(kThreads), 0, nullptr)
+  (d_k, d_v, d_slots, n, kv_dim, d_k_pool, d_v_pool);
   return launched("write_kv_kernel");
 }
 
 std::string attention(const float* d_q, const float* d_k_pool, const float* d_v_pool, const int32_t* d_block_tables,
-                      int64_t max_blocks_per_seq, const int32_t* d_seq_of_token, const int32_t* d_positions,
-                      int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                      float scale, int64_t partition, float* d_out) {
+                      int64_t max_blocks_per_seq, const int32_t* d_seq_of_token, const int32_t* d_positions, int64_t n,
+                      int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
+                      int64_t partition, float* d_out) {
   if (n <= 0) return {};
   if (head_dim > kMaxHeadDim)
     return "attention: head_dim " + std::to_string(head_dim) + " > " + std::to_string(kMaxHeadDim);
-  KVP_LAUNCH(attention_kernel, grid_for(n * num_heads), dim3(kThreads), 0, nullptr)(
-      d_q, d_k_pool, d_v_pool, d_block_tables, max_blocks_per_seq, d_seq_of_token, d_positions, n, num_heads,
-      num_kv_heads, head_dim, block_size, scale, partition, d_out);
+  KVP_LAUNCH(attention_kernel, grid_for(n * num_heads), dim3(kThreads), 0, nullptr)
+  (d_q, d_k_pool, d_v_pool, d_block_tables, max_blocks_per_seq, d_seq_of_token, d_positions, n, num_heads, num_kv_heads,
+   head_dim, block_size, scale, partition, d_out);
   return launched("attention_kernel");
 }
 

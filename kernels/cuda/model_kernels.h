@@ -67,9 +67,9 @@ std::string write_kv(const float* d_k, const float* d_v, const int64_t* d_slots,
 // through its block table row, with partitions of `partition` positions merged in order.
 // Query head h reads KV head h / (num_heads / num_kv_heads).
 std::string attention(const float* d_q, const float* d_k_pool, const float* d_v_pool, const int32_t* d_block_tables,
-                      int64_t max_blocks_per_seq, const int32_t* d_seq_of_token, const int32_t* d_positions,
-                      int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                      float scale, int64_t partition, float* d_out);
+                      int64_t max_blocks_per_seq, const int32_t* d_seq_of_token, const int32_t* d_positions, int64_t n,
+                      int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
+                      int64_t partition, float* d_out);
 // d_gate[i] = silu(d_gate[i]) * d_up[i], i < n.
 std::string silu_mul(float* d_gate, const float* d_up, int64_t n);
 // d_x[i] += d_y[i], i < n.

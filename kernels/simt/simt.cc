@@ -163,10 +163,10 @@ void fiber_switch(FiberContext& from, const FiberContext& to) { kvp_simt_switch(
 void fiber_init(FiberContext& c, void* stack, std::size_t bytes) {
   auto top = (reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t{15};
   auto* sp = reinterpret_cast<uint64_t*>(top);
-  *--sp = 0;                                      // fiber_main's return address: none
+  *--sp = 0;                                        // fiber_main's return address: none
   *--sp = reinterpret_cast<uint64_t>(&fiber_main);  // where kvp_simt_switch returns to
-  for (int i = 0; i < 6; ++i) *--sp = 0;          // rbp rbx r12 r13 r14 r15
-  *--sp = uint64_t{0x037F} << 32 | 0x1F80;        // default x87 control word, MXCSR
+  for (int i = 0; i < 6; ++i) *--sp = 0;            // rbp rbx r12 r13 r14 r15
+  *--sp = uint64_t{0x037F} << 32 | 0x1F80;          // default x87 control word, MXCSR
   c.sp = sp;
 }
 #else
@@ -250,10 +250,7 @@ struct Block {
 
 thread_local Thread* tls_thread = nullptr;
 
-
-std::string where(const Block& b) {
-  return format("kernel %s, block (%u,%u,%u)", b.kernel, b.idx.x, b.idx.y, b.idx.z);
-}
+std::string where(const Block& b) { return format("kernel %s, block (%u,%u,%u)", b.kernel, b.idx.x, b.idx.y, b.idx.z); }
 std::string who(const Thread& t) {
   return format("thread (%u,%u,%u) [warp %d lane %d]", t.idx.x, t.idx.y, t.idx.z, t.tid / 32, t.tid % 32);
 }
@@ -266,8 +263,7 @@ std::string waits_at(const Thread& t) {
     case State::kRunning: return "is running";
     case State::kDone: return "has exited";
     case State::kBarrier: return "waits at __syncthreads (" + site(t.file, t.line) + ")";
-    case State::kWarp:
-      return format("waits at %s(mask=0x%08x) (", op_name(t.op), t.mask) + site(t.file, t.line) + ")";
+    case State::kWarp: return format("waits at %s(mask=0x%08x) (", op_name(t.op), t.mask) + site(t.file, t.line) + ")";
   }
   return "?";
 }
@@ -316,8 +312,7 @@ void diagnose_deadlock(Block& b) {
           u.mask != warp_waiter->mask) {
         fail(b, format("%s mask 0x%08x names lane %d, which does not take part: ", op_name(warp_waiter->op),
                        warp_waiter->mask, lane) +
-                    who(*warp_waiter) + " " + waits_at(*warp_waiter) + " while " + who(u) + " " +
-                    waits_at(u));
+                    who(*warp_waiter) + " " + waits_at(*warp_waiter) + " while " + who(u) + " " + waits_at(u));
         return;
       }
     }
@@ -345,16 +340,16 @@ void arrive_barrier(Block& b, Thread& t, const char* file, int line) {
     const Thread* exited = nullptr;
     for (int i = 0; i < b.nthreads && !exited; ++i)
       if (b.threads[i].state == State::kDone) exited = &b.threads[i];
-    fail(b, "divergent barrier: " + who(t) + " waits at __syncthreads (" + site(file, line) + ") but " +
-                who(*exited) + " has exited and will never reach it");
+    fail(b, "divergent barrier: " + who(t) + " waits at __syncthreads (" + site(file, line) + ") but " + who(*exited) +
+                " has exited and will never reach it");
     return;
   }
   if (b.at_barrier == b.nthreads) {
     for (int i = 0; i < b.nthreads; ++i) {
       const Thread& u = b.threads[i];
       if (!same_site(u.file, u.line, file, line)) {
-        fail(b, "divergent barrier: threads wait at different __syncthreads: " + who(t) + " at " +
-                    site(file, line) + ", " + who(u) + " at " + site(u.file, u.line));
+        fail(b, "divergent barrier: threads wait at different __syncthreads: " + who(t) + " at " + site(file, line) +
+                    ", " + who(u) + " at " + site(u.file, u.line));
         return;
       }
     }
@@ -420,7 +415,7 @@ void arrive_warp(Block& b, Thread& t) {
   }
   if (lanes_in_warp < 32 && (t.mask >> lanes_in_warp) != 0) {
     fail(b, call() + format(" mask 0x%08x names lanes beyond the block: warp %d has only %d threads", t.mask,
-                          t.tid / 32, lanes_in_warp));
+                            t.tid / 32, lanes_in_warp));
     return;
   }
   if (const unsigned exited = t.mask & b.warp_done[t.tid / 32]) {
@@ -465,9 +460,9 @@ void finish(Block& b, Thread& t) {
   for (int l = 0; l < 32 && base + l < b.nthreads; ++l) {
     const Thread& u = b.threads[base + l];
     if (u.state == State::kWarp && (u.mask >> lane & 1u)) {
-      fail(b, std::string(op_name(u.op)) + format(" mask 0x%08x names lane %d, which does not take part: ", u.mask,
-                                                  lane) +
-                  who(t) + " exited while " + who(u) + " " + waits_at(u));
+      fail(b, std::string(op_name(u.op)) +
+                  format(" mask 0x%08x names lane %d, which does not take part: ", u.mask, lane) + who(t) +
+                  " exited while " + who(u) + " " + waits_at(u));
       return;
     }
   }
@@ -723,8 +718,7 @@ void run_block_fibers(Block& b) {
 #endif
 
 // Runs one block to completion; returns its error ("" when it succeeded).
-std::string run_block(const char* kernel, dim3 grid, dim3 dim, uint3 idx, std::size_t shmem_bytes,
-                      KernelBody body) {
+std::string run_block(const char* kernel, dim3 grid, dim3 dim, uint3 idx, std::size_t shmem_bytes, KernelBody body) {
   Block b;
   b.kernel = kernel;
   b.idx = idx;
@@ -791,8 +785,7 @@ void sync_block(const char* file, int line) {
 #endif
 }
 
-uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width, const char* file,
-                         int line) {
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line) {
   Thread& t = *tls_thread;
   Block& b = *t.block;
 #if defined(KVP_SIMT_THREADS)

@@ -72,11 +72,10 @@
 #include <string>
 
 #define KVP_SHARED(T, name, count) __shared__ T name[count]
-#define KVP_DYNAMIC_SHARED(T, name)                                  \
+#define KVP_DYNAMIC_SHARED(T, name)                                    \
   extern __shared__ __align__(16) unsigned char kvp_dynamic_shared_[]; \
   T* const name = reinterpret_cast<T*>(kvp_dynamic_shared_)
-#define KVP_LAUNCH(kernel, grid, block, shmem_bytes, stream) \
-  kernel<<<(grid), (block), (shmem_bytes), (stream)>>>
+#define KVP_LAUNCH(kernel, grid, block, shmem_bytes, stream) kernel<<<(grid), (block), (shmem_bytes), (stream)>>>
 
 namespace kvp::simt {
 // What went wrong in the last failed call, for test messages.
@@ -107,8 +106,7 @@ inline bool device_available() {
 #define __host__
 #define __forceinline__ inline
 
-#define KVP_SHARED(T, name, count) \
-  T* const name = ::kvp::simt::static_shared<T>(static_cast<std::size_t>(count))
+#define KVP_SHARED(T, name, count) T* const name = ::kvp::simt::static_shared<T>(static_cast<std::size_t>(count))
 #define KVP_DYNAMIC_SHARED(T, name) T* const name = ::kvp::simt::dynamic_shared<T>()
 #define KVP_LAUNCH(kernel, grid, block, shmem_bytes, stream) \
   ::kvp::simt::Launch(#kernel, kernel, (grid), (block), (shmem_bytes), (stream))
@@ -134,8 +132,7 @@ enum class WarpOp : uint8_t { kSyncWarp, kShfl, kShflUp, kShflDown, kShflXor, kB
 void sync_block(const char* file, int line);
 // One warp collective: waits until every lane named in `mask` arrives at the same call
 // site, then returns this lane's result (for shuffles, the source lane's `value` bits).
-uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
-                         const char* file, int line);
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line);
 void* static_shared(std::size_t bytes, std::size_t align);
 void* dynamic_shared();
 
@@ -143,8 +140,7 @@ struct KernelBody {
   void (*run)(const void* context);
   const void* context;
 };
-void launch(const char* kernel, dim3 grid, dim3 block, std::size_t shmem_bytes,
-            cudaStream_t stream, KernelBody body);
+void launch(const char* kernel, dim3 grid, dim3 block, std::size_t shmem_bytes, cudaStream_t stream, KernelBody body);
 
 template <class T>
 uint64_t to_bits(T v) {
@@ -183,8 +179,7 @@ inline bool device_available() { return true; }
 template <class... P>
 class Launch {
  public:
-  Launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shmem_bytes,
-         cudaStream_t stream)
+  Launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shmem_bytes, cudaStream_t stream)
       : name_(name), kernel_(kernel), grid_(grid), block_(block), shmem_(shmem_bytes), stream_(stream) {}
 
   template <class... A>
@@ -217,51 +212,45 @@ class Launch {
 inline void __syncthreads(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   kvp::simt::detail::sync_block(file, line);
 }
-inline void __syncwarp(unsigned mask = 0xffffffffu, const char* file = __builtin_FILE(),
-                       int line = __builtin_LINE()) {
-  kvp::simt::detail::warp_collective(kvp::simt::detail::WarpOp::kSyncWarp, mask, 0, 0, warpSize,
-                                     file, line);
+inline void __syncwarp(unsigned mask = 0xffffffffu, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  kvp::simt::detail::warp_collective(kvp::simt::detail::WarpOp::kSyncWarp, mask, 0, 0, warpSize, file, line);
 }
 
 template <class T>
-T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize,
-              const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize, const char* file = __builtin_FILE(),
+              int line = __builtin_LINE()) {
   using namespace kvp::simt::detail;
   return from_bits<T>(warp_collective(WarpOp::kShfl, mask, to_bits(var), src_lane, width, file, line));
 }
 template <class T>
-T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize,
-                 const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize, const char* file = __builtin_FILE(),
+                 int line = __builtin_LINE()) {
   using namespace kvp::simt::detail;
-  return from_bits<T>(warp_collective(WarpOp::kShflUp, mask, to_bits(var), static_cast<int>(delta),
-                                      width, file, line));
+  return from_bits<T>(warp_collective(WarpOp::kShflUp, mask, to_bits(var), static_cast<int>(delta), width, file, line));
 }
 template <class T>
-T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize,
-                   const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize, const char* file = __builtin_FILE(),
+                   int line = __builtin_LINE()) {
   using namespace kvp::simt::detail;
-  return from_bits<T>(warp_collective(WarpOp::kShflDown, mask, to_bits(var), static_cast<int>(delta),
-                                      width, file, line));
+  return from_bits<T>(
+      warp_collective(WarpOp::kShflDown, mask, to_bits(var), static_cast<int>(delta), width, file, line));
 }
 template <class T>
-T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize,
-                  const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize, const char* file = __builtin_FILE(),
+                  int line = __builtin_LINE()) {
   using namespace kvp::simt::detail;
   return from_bits<T>(warp_collective(WarpOp::kShflXor, mask, to_bits(var), lane_mask, width, file, line));
 }
 inline unsigned __ballot_sync(unsigned mask, int predicate, const char* file = __builtin_FILE(),
                               int line = __builtin_LINE()) {
   using namespace kvp::simt::detail;
-  return static_cast<unsigned>(
-      warp_collective(WarpOp::kBallot, mask, predicate != 0, 0, warpSize, file, line));
+  return static_cast<unsigned>(warp_collective(WarpOp::kBallot, mask, predicate != 0, 0, warpSize, file, line));
 }
-inline int __any_sync(unsigned mask, int predicate, const char* file = __builtin_FILE(),
-                      int line = __builtin_LINE()) {
+inline int __any_sync(unsigned mask, int predicate, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   using namespace kvp::simt::detail;
   return static_cast<int>(warp_collective(WarpOp::kAny, mask, predicate != 0, 0, warpSize, file, line));
 }
-inline int __all_sync(unsigned mask, int predicate, const char* file = __builtin_FILE(),
-                      int line = __builtin_LINE()) {
+inline int __all_sync(unsigned mask, int predicate, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   using namespace kvp::simt::detail;
   return static_cast<int>(warp_collective(WarpOp::kAll, mask, predicate != 0, 0, warpSize, file, line));
 }
@@ -270,9 +259,8 @@ inline int __all_sync(unsigned mask, int predicate, const char* file = __builtin
 
 template <class T>
 T atomicAdd(T* address, T value) {
-  static_assert(std::is_same_v<T, int> || std::is_same_v<T, unsigned> ||
-                std::is_same_v<T, unsigned long long> || std::is_same_v<T, float> ||
-                std::is_same_v<T, double>);
+  static_assert(std::is_same_v<T, int> || std::is_same_v<T, unsigned> || std::is_same_v<T, unsigned long long> ||
+                std::is_same_v<T, float> || std::is_same_v<T, double>);
   return std::atomic_ref<T>(*address).fetch_add(value);
 }
 template <class T>
@@ -282,8 +270,8 @@ T atomicSub(T* address, T value) {
 }
 template <class T>
 T atomicMax(T* address, T value) {
-  static_assert(std::is_same_v<T, int> || std::is_same_v<T, unsigned> ||
-                std::is_same_v<T, long long> || std::is_same_v<T, unsigned long long>);
+  static_assert(std::is_same_v<T, int> || std::is_same_v<T, unsigned> || std::is_same_v<T, long long> ||
+                std::is_same_v<T, unsigned long long>);
   std::atomic_ref<T> a(*address);
   T old = a.load();
   while (old < value && !a.compare_exchange_weak(old, value)) {
@@ -292,8 +280,8 @@ T atomicMax(T* address, T value) {
 }
 template <class T>
 T atomicMin(T* address, T value) {
-  static_assert(std::is_same_v<T, int> || std::is_same_v<T, unsigned> ||
-                std::is_same_v<T, long long> || std::is_same_v<T, unsigned long long>);
+  static_assert(std::is_same_v<T, int> || std::is_same_v<T, unsigned> || std::is_same_v<T, long long> ||
+                std::is_same_v<T, unsigned long long>);
   std::atomic_ref<T> a(*address);
   T old = a.load();
   while (value < old && !a.compare_exchange_weak(old, value)) {
@@ -302,8 +290,8 @@ T atomicMin(T* address, T value) {
 }
 template <class T>
 T atomicCAS(T* address, T compare, T value) {
-  static_assert(std::is_same_v<T, int> || std::is_same_v<T, unsigned> ||
-                std::is_same_v<T, unsigned long long> || std::is_same_v<T, unsigned short>);
+  static_assert(std::is_same_v<T, int> || std::is_same_v<T, unsigned> || std::is_same_v<T, unsigned long long> ||
+                std::is_same_v<T, unsigned short>);
   std::atomic_ref<T>(*address).compare_exchange_strong(compare, value);
   return compare;
 }

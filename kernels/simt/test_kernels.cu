@@ -217,7 +217,9 @@ class DeviceArray {
   cudaError_t status_;
 };
 
-KernelRun failed(const char* what, cudaError_t e) { return KernelRun{false, std::string(what) + ": " + error_message(e)}; }
+KernelRun failed(const char* what, cudaError_t e) {
+  return KernelRun{false, std::string(what) + ": " + error_message(e)};
+}
 
 // The launch's error, if any: configuration errors at once, execution errors at the sync.
 KernelRun finish_launch(const char* kernel) {
@@ -227,9 +229,9 @@ KernelRun finish_launch(const char* kernel) {
   return KernelRun{};
 }
 
-#define KVP_TEST_CHECK(call)                                        \
-  do {                                                              \
-    const cudaError_t kvp_test_error = (call);                      \
+#define KVP_TEST_CHECK(call)                                                 \
+  do {                                                                       \
+    const cudaError_t kvp_test_error = (call);                               \
     if (kvp_test_error != cudaSuccess) return failed(#call, kvp_test_error); \
   } while (0)
 

@@ -18,15 +18,15 @@ struct Shape {
 
 enum class Bug {
   kNone,
-  kOobGlobalRead,          // block_reverse: the last thread reads one element past `in`
-  kOobDynamicSharedRead,   // block_reverse: thread 0 reads one element past the dynamic buffer
-  kOobSharedWrite,         // histogram: bin 63 is counted one past the static shared array
-  kMissingBarrier,         // block_reduce: no __syncthreads between storing partials and the tree
-  kBarrierInBranch,        // block_reduce: the tree's __syncthreads sits inside `if (t < s)`
-  kEarlyReturn,            // block_reduce: the last thread returns before the first barrier
-  kShuffleSkipped,         // warp_reduce: lane 3 skips the shuffles that name it in their mask
-  kVoteMaskBeyondWarp,     // warp_reduce: __ballot_sync(0xffffffff) in a partial warp
-  kUninitialisedInput,     // block_reduce: the host copies all but the last input element
+  kOobGlobalRead,         // block_reverse: the last thread reads one element past `in`
+  kOobDynamicSharedRead,  // block_reverse: thread 0 reads one element past the dynamic buffer
+  kOobSharedWrite,        // histogram: bin 63 is counted one past the static shared array
+  kMissingBarrier,        // block_reduce: no __syncthreads between storing partials and the tree
+  kBarrierInBranch,       // block_reduce: the tree's __syncthreads sits inside `if (t < s)`
+  kEarlyReturn,           // block_reduce: the last thread returns before the first barrier
+  kShuffleSkipped,        // warp_reduce: lane 3 skips the shuffles that name it in their mask
+  kVoteMaskBeyondWarp,    // warp_reduce: __ballot_sync(0xffffffff) in a partial warp
+  kUninitialisedInput,    // block_reduce: the host copies all but the last input element
 };
 
 // A kernel run: ok, or the error the launch reported (for the emulation: naming kernel and block).

@@ -13,7 +13,7 @@ std::string lower(std::string s) {
   return s;
 }
 
-constexpr double kGB = 1e9;     // datasheets quote decimal gigabytes
+constexpr double kGB = 1e9;  // datasheets quote decimal gigabytes
 constexpr double kTFLOPS = 1e12;
 
 }  // namespace
@@ -84,7 +84,8 @@ Status CostModelConfig::validate() const {
   if (!positive(gpu.memory_bytes)) return Status::error("gpu '" + gpu.name + "': memory_bytes must be > 0");
   if (!positive(gpu.memory_bandwidth)) return Status::error("gpu '" + gpu.name + "': memory_bandwidth must be > 0");
   if (!positive(gpu.peak_bf16_flops)) return Status::error("gpu '" + gpu.name + "': peak_bf16_flops must be > 0");
-  if (!positive(gpu.host_link_bandwidth)) return Status::error("gpu '" + gpu.name + "': host_link_bandwidth must be > 0");
+  if (!positive(gpu.host_link_bandwidth))
+    return Status::error("gpu '" + gpu.name + "': host_link_bandwidth must be > 0");
   if (!positive(weight_bytes_per_param)) return Status::error("weight_bytes_per_param must be > 0");
   if (!positive(kv_bytes_per_element)) return Status::error("kv_bytes_per_element must be > 0");
   if (!fraction(compute_efficiency)) return Status::error("compute_efficiency must be in (0, 1]");
@@ -116,8 +117,8 @@ StepCost step_cost(const CostModelConfig& c, const BatchPlan& plan, int32_t bloc
   const ModelSpec& m = c.model;
   const double kv_token = c.kv_bytes_per_token();
   if (tokens > 0) {
-    s.flops = 2.0 * m.num_parameters * tokens +
-              4.0 * static_cast<double>(m.num_layers * m.num_heads * m.head_dim) * attended;
+    s.flops =
+        2.0 * m.num_parameters * tokens + 4.0 * static_cast<double>(m.num_layers * m.num_heads * m.head_dim) * attended;
     s.bytes = c.weight_bytes() + kv_token * (context + tokens);
     s.compute_s = s.flops / (c.gpu.peak_bf16_flops * c.compute_efficiency);
     s.memory_s = s.bytes / (c.gpu.memory_bandwidth * c.bandwidth_efficiency);

@@ -106,7 +106,6 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-
 }  // namespace
 
 Status CpuBackendConfig::validate() const {
@@ -221,7 +220,8 @@ Status CpuBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std::
                               std::vector<float>& v) const {
   const bool host = pool == PoolKind::kHost;
   const int32_t blocks = host ? config_.pool.num_host_blocks : config_.pool.num_device_blocks;
-  if (layer < 0 || layer >= model_.config.num_layers) return Status::error("read_block: layer " + str(layer) + " out of range");
+  if (layer < 0 || layer >= model_.config.num_layers)
+    return Status::error("read_block: layer " + str(layer) + " out of range");
   if (block < 0 || block >= blocks) return Status::error("read_block: block " + str(block) + " out of range");
   const auto& kp = host ? host_k_ : device_k_;
   const auto& vp = host ? host_v_ : device_v_;
@@ -233,7 +233,8 @@ Status CpuBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std::
 }
 
 Status CpuBackend::execute(const BatchPlan& plan, StepOutput& out) {
-  KVP_RETURN_IF_ERROR(validate_plan(plan, config_.pool, {model_.config.vocab_size, model_.config.max_position_embeddings}));
+  KVP_RETURN_IF_ERROR(
+      validate_plan(plan, config_.pool, {model_.config.vocab_size, model_.config.max_position_embeddings}));
   auto reads = check_plan_read_scope(plan, config_.pool);
   if (!reads) return reads.status();
   audited_block_reads_ += *reads;
@@ -281,9 +282,8 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
       // GQA: query head `head` reads KV head head / group_size.
       kernels::paged_attention_head(q + t * c.q_dim() + head * d, k_pool, v_pool, table, config_.pool.block_size,
                                     c.num_kv_heads, head / c.group_size(), d,
-                                    plan.positions[static_cast<std::size_t>(t)], scale,
-                                    config_.attention_partition, partition_acc.data(),
-                                    out + t * c.q_dim() + head * d);
+                                    plan.positions[static_cast<std::size_t>(t)], scale, config_.attention_partition,
+                                    partition_acc.data(), out + t * c.q_dim() + head * d);
     }
   });
 }
@@ -346,8 +346,10 @@ void CpuBackend::run_model(const BatchPlan& plan, StepOutput& out) {
     for (int64_t t = 0; t < n; ++t) {
       const float* cs = cos_table.data() + t * half;
       const float* sn = sin_table.data() + t * half;
-      for (int64_t head = 0; head < c.num_heads; ++head) kernels::apply_rope(s.q.data() + t * c.q_dim() + head * d, cs, sn, half);
-      for (int64_t kvh = 0; kvh < c.num_kv_heads; ++kvh) kernels::apply_rope(s.k.data() + t * c.kv_dim() + kvh * d, cs, sn, half);
+      for (int64_t head = 0; head < c.num_heads; ++head)
+        kernels::apply_rope(s.q.data() + t * c.q_dim() + head * d, cs, sn, half);
+      for (int64_t kvh = 0; kvh < c.num_kv_heads; ++kvh)
+        kernels::apply_rope(s.k.data() + t * c.kv_dim() + kvh * d, cs, sn, half);
     }
     // Every new token's K/V goes into its slot before any attention reads (a token attends
     // to the tokens of its own chunk).

@@ -22,8 +22,8 @@
 
 #include "common/status.h"
 #include "kernels/cpu_attention.h"
-#include "optimized/backends/backend.h"
 #include "model/weights.h"
+#include "optimized/backends/backend.h"
 
 namespace kvp {
 
@@ -31,7 +31,7 @@ struct CpuBackendConfig {
   // The pools: its layers, KV heads and head dim must be the model's, kv_dtype f32;
   // num_device_blocks > 0.
   KvPoolShape pool;
-  int num_threads = 1;            // >= 1; results are bitwise independent of it
+  int num_threads = 1;  // >= 1; results are bitwise independent of it
   // Positions per attention partition. N1 (bitwise equality across schedules) holds for
   // a fixed value; the CUDA backend's split-KV size plays the same role.
   int64_t attention_partition = kernels::kDefaultAttentionPartition;

@@ -223,8 +223,10 @@ Status CudaBackend::run_ops(const KvPlanOps& ops) {
   // Swaps go through the pinned host pool.
   for (const BlockCopy& s : ops.swap_out) {
     for (std::size_t l = 0; l < layers; ++l) {
-      KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_host(d.host_k[l] + s.dst * per_block, d.k_pool[l] + s.src * per_block, bytes));
-      KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_host(d.host_v[l] + s.dst * per_block, d.v_pool[l] + s.src * per_block, bytes));
+      KVP_CUDA_RETURN_IF_ERROR(
+          ck::copy_to_host(d.host_k[l] + s.dst * per_block, d.k_pool[l] + s.src * per_block, bytes));
+      KVP_CUDA_RETURN_IF_ERROR(
+          ck::copy_to_host(d.host_v[l] + s.dst * per_block, d.v_pool[l] + s.src * per_block, bytes));
     }
   }
   for (const BlockCopy& s : ops.block_copies) {
@@ -243,8 +245,10 @@ Status CudaBackend::run_ops(const KvPlanOps& ops) {
   }
   for (const BlockCopy& s : ops.swap_in) {
     for (std::size_t l = 0; l < layers; ++l) {
-      KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_device(d.k_pool[l] + s.dst * per_block, d.host_k[l] + s.src * per_block, bytes));
-      KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_device(d.v_pool[l] + s.dst * per_block, d.host_v[l] + s.src * per_block, bytes));
+      KVP_CUDA_RETURN_IF_ERROR(
+          ck::copy_to_device(d.k_pool[l] + s.dst * per_block, d.host_k[l] + s.src * per_block, bytes));
+      KVP_CUDA_RETURN_IF_ERROR(
+          ck::copy_to_device(d.v_pool[l] + s.dst * per_block, d.host_v[l] + s.src * per_block, bytes));
     }
   }
   return Status::ok();

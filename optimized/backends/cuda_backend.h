@@ -21,8 +21,8 @@
 
 #include "common/status.h"
 #include "kernels/cpu_attention.h"
-#include "optimized/backends/backend.h"
 #include "model/weights.h"
+#include "optimized/backends/backend.h"
 
 namespace kvp {
 

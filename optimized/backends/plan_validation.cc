@@ -83,9 +83,9 @@ Status validate_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanL
                          " entries");
   if (plan.max_blocks_per_seq < 0) return Status::error("plan: max_blocks_per_seq must be >= 0");
   if (plan.block_tables.size() != n_seqs * static_cast<std::size_t>(plan.max_blocks_per_seq))
-    return Status::error("plan: block_tables has " + str(static_cast<int64_t>(plan.block_tables.size())) +
-                         " entries, expected num_seqs * max_blocks_per_seq = " +
-                         str(num_seqs * plan.max_blocks_per_seq));
+    return Status::error(
+        "plan: block_tables has " + str(static_cast<int64_t>(plan.block_tables.size())) +
+        " entries, expected num_seqs * max_blocks_per_seq = " + str(num_seqs * plan.max_blocks_per_seq));
   if (plan.positions.size() != n_tokens || plan.slot_mapping.size() != n_tokens)
     return Status::error("plan: positions and slot_mapping must each have num_tokens = " + str(num_tokens) +
                          " entries");
@@ -93,9 +93,10 @@ Status validate_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanL
   const bool audit = !plan.seq_tenants.empty() || !plan.block_tenants.empty();
   if (audit && (plan.seq_tenants.size() != n_seqs ||
                 plan.block_tenants.size() != static_cast<std::size_t>(pool.num_device_blocks)))
-    return Status::error("plan: audit arrays must have num_seqs = " + str(num_seqs) + " and num_device_blocks = " +
-                         str(pool.num_device_blocks) + " entries, have " + str(static_cast<int64_t>(plan.seq_tenants.size())) +
-                         " and " + str(static_cast<int64_t>(plan.block_tenants.size())));
+    return Status::error("plan: audit arrays must have num_seqs = " + str(num_seqs) +
+                         " and num_device_blocks = " + str(pool.num_device_blocks) + " entries, have " +
+                         str(static_cast<int64_t>(plan.seq_tenants.size())) + " and " +
+                         str(static_cast<int64_t>(plan.block_tenants.size())));
 
   const int64_t device_slots = pool.num_device_slots();
   for (std::size_t t = 0; t < n_tokens; ++t) {
@@ -139,9 +140,9 @@ Status validate_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanL
     for (int64_t t = start; t < end; ++t) {
       const int64_t expected = context_len - (end - t);
       if (plan.positions[static_cast<std::size_t>(t)] != expected)
-        return Status::error(where() + ": positions[" + str(t) + "] = " + str(plan.positions[static_cast<std::size_t>(t)]) +
-                             ", expected " + str(expected) + " (new tokens are the last of context_len " +
-                             str(context_len) + ")");
+        return Status::error(where() + ": positions[" + str(t) +
+                             "] = " + str(plan.positions[static_cast<std::size_t>(t)]) + ", expected " + str(expected) +
+                             " (new tokens are the last of context_len " + str(context_len) + ")");
     }
   }
   return validate_ops(plan.ops, pool);

@@ -6,16 +6,16 @@
 #include <cstdint>
 
 #include "common/status.h"
-#include "optimized/backends/batch_plan.h"
 #include "model/model_config.h"
+#include "optimized/backends/batch_plan.h"
 #include "optimized/kv/kv_pool_shape.h"
 
 namespace kvp {
 
 // What a backend's model accepts, beside its pool.
 struct PlanLimits {
-  int64_t vocab_size = 0;              // token ids in [0, vocab_size)
-  int64_t max_position_embeddings = 0; // context_len <= this
+  int64_t vocab_size = 0;               // token ids in [0, vocab_size)
+  int64_t max_position_embeddings = 0;  // context_len <= this
 };
 
 // A pool for `model`'s layers, KV heads and head dim.

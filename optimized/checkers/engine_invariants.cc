@@ -6,8 +6,7 @@ namespace kvp {
 
 Status check_plan(const Engine& e, const BatchPlan& plan, PlanReadStats* stats) {
   const SchedulerConfig& sc = e.config().scheduler;
-  const PlanBounds bounds{sc.max_num_batched_tokens, sc.max_num_seqs, sc.max_model_len,
-                          e.scheduler().num_running()};
+  const PlanBounds bounds{sc.max_num_batched_tokens, sc.max_num_seqs, sc.max_model_len, e.scheduler().num_running()};
   return check_plan(e.kv(), plan, bounds, stats);
 }
 
@@ -36,12 +35,11 @@ Status check_cancellations(const Engine& e) {
   for (const auto& [id, r] : e.requests()) {
     // Pending: cancelled since the last step ran.
     if (!r->cancel_requested || (!r->finished() && r->cancel_step >= e.steps_done())) continue;
-    const std::string who = "request " + std::to_string(id) + " (cancelled before step " +
-                            std::to_string(r->cancel_step) + ")";
+    const std::string who =
+        "request " + std::to_string(id) + " (cancelled before step " + std::to_string(r->cancel_step) + ")";
     if (r->finish != FinishReason::kCancelled || r->time.finish_step != r->cancel_step)
-      return Status::error(who + ": ended " + to_string(r->finish) + " at step " +
-                           std::to_string(r->time.finish_step) + ", expected cancelled at step " +
-                           std::to_string(r->cancel_step));
+      return Status::error(who + ": ended " + to_string(r->finish) + " at step " + std::to_string(r->time.finish_step) +
+                           ", expected cancelled at step " + std::to_string(r->cancel_step));
     if (r->in_kv || e.kv().sequence(id) != nullptr)
       return Status::error(who + ": still holds a KV-cache sequence (blocks not released)");
   }

@@ -82,13 +82,11 @@ std::optional<Failure> Model::get_int(const Json& j, const char* key, int64_t& o
   return malformed(std::string("field \"") + key + "\" is not an integer");
 }
 
-std::optional<Failure> Model::get_block(const Json& j, const char* key, bool host,
-                                        int64_t& out) const {
+std::optional<Failure> Model::get_block(const Json& j, const char* key, bool host, int64_t& out) const {
   if (auto f = get_int(j, key, out)) return f;
   const int64_t n = host ? static_cast<int64_t>(host_.size()) : static_cast<int64_t>(device_.size());
   if (out < 0 || out >= n) {
-    return violation(std::string(host ? "host" : "device") + " block " + str(out) +
-                     " outside the pool of " + str(n));
+    return violation(std::string(host ? "host" : "device") + " block " + str(out) + " outside the pool of " + str(n));
   }
   return std::nullopt;
 }
@@ -102,14 +100,12 @@ std::optional<Failure> Model::get_seq(const Json& j, const char* key, Seq*& out)
   return std::nullopt;
 }
 
-std::optional<Failure> Model::get_pairs(const Json& j,
-                                        std::vector<std::pair<int64_t, int64_t>>& out) const {
+std::optional<Failure> Model::get_pairs(const Json& j, std::vector<std::pair<int64_t, int64_t>>& out) const {
   auto it = j.find("pairs");
   if (it == j.end()) return malformed("missing field \"pairs\"");
   if (!it->is_array()) return malformed("field \"pairs\" is not an array");
   for (const Json& p : *it) {
-    if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() ||
-        !p[1].is_number_integer()) {
+    if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() || !p[1].is_number_integer()) {
       return malformed("field \"pairs\" holds an element that is not [int, int]");
     }
     out.emplace_back(p[0].get<int64_t>(), p[1].get<int64_t>());
@@ -131,16 +127,15 @@ std::optional<Failure> Model::check_blocks(const std::vector<int64_t>& device_bl
   for (int64_t b : device_blocks) {
     const int64_t o = owners(b, false);
     if (device_[static_cast<size_t>(b)].refcount != o) {
-      return violation("I2: device block " + str(b) + " has refcount " +
-                       str(device_[static_cast<size_t>(b)].refcount) + " but " + str(o) +
-                       " table entries");
+      return violation("I2: device block " + str(b) + " has refcount " + str(device_[static_cast<size_t>(b)].refcount) +
+                       " but " + str(o) + " table entries");
     }
   }
   for (int64_t b : host_blocks) {
     const int64_t o = owners(b, true);
     if (host_[static_cast<size_t>(b)] != o) {
-      return violation("I2: host block " + str(b) + " has refcount " +
-                       str(host_[static_cast<size_t>(b)]) + " but " + str(o) + " table entries");
+      return violation("I2: host block " + str(b) + " has refcount " + str(host_[static_cast<size_t>(b)]) + " but " +
+                       str(o) + " table entries");
     }
   }
   return std::nullopt;
@@ -223,7 +218,8 @@ std::optional<Failure> Model::apply(const Json& j) {
     if (auto f = get_block(j, "block", false, b)) return f;
     Block& blk = device_[static_cast<size_t>(b)];
     if (s->on_host) return violation("alloc of a device block to a swapped-out sequence");
-    if (blk.refcount != 0) return violation("I1: alloc of device block " + str(b) + ", in use (refcount " + str(blk.refcount) + ")");
+    if (blk.refcount != 0)
+      return violation("I1: alloc of device block " + str(b) + ", in use (refcount " + str(blk.refcount) + ")");
     if (blk.cached) return violation("I1: alloc of device block " + str(b) + ", still cached (no evict first)");
     blk.refcount = 1;
     blk.tenant = s->tenant;
@@ -244,8 +240,8 @@ std::optional<Failure> Model::apply(const Json& j) {
     if (reason == "prefix_hit") {
       if (!blk.cached) return violation("I4: prefix hit on device block " + str(b) + ", which is not cached");
       if (!global_ && blk.tenant != s->tenant) {
-        return violation("I4: prefix hit shares device block " + str(b) + " of tenant " +
-                         str(blk.tenant) + " with tenant " + str(s->tenant));
+        return violation("I4: prefix hit shares device block " + str(b) + " of tenant " + str(blk.tenant) +
+                         " with tenant " + str(s->tenant));
       }
     } else if (reason == "fork") {
       if (blk.refcount == 0) return violation("I4: fork shares device block " + str(b) + ", which is not in use");
@@ -265,16 +261,17 @@ std::optional<Failure> Model::apply(const Json& j) {
     if (auto f = get_block(j, "src", false, src)) return f;
     if (auto f = get_block(j, "dst", false, dst)) return f;
     if (s->on_host) return violation("copy-on-write in a swapped-out sequence");
-    if (index < 0 || index >= static_cast<int64_t>(s->table.size()) ||
-        s->table[static_cast<size_t>(index)] != src) {
+    if (index < 0 || index >= static_cast<int64_t>(s->table.size()) || s->table[static_cast<size_t>(index)] != src) {
       return violation("copy-on-write of block " + str(src) + " at index " + str(index) +
                        ", which the table does not hold there");
     }
     Block& d = device_[static_cast<size_t>(dst)];
     Block& sb = device_[static_cast<size_t>(src)];
-    if (d.refcount != 0 || d.cached) return violation("I1: copy-on-write into device block " + str(dst) + ", which is not free");
+    if (d.refcount != 0 || d.cached)
+      return violation("I1: copy-on-write into device block " + str(dst) + ", which is not free");
     if (sb.refcount <= 1 && !sb.cached) {
-      return violation("copy-on-write of device block " + str(src) + ", which is private (refcount " + str(sb.refcount) + ", not cached)");
+      return violation("copy-on-write of device block " + str(src) + ", which is private (refcount " +
+                       str(sb.refcount) + ", not cached)");
     }
     d.refcount = 1;
     d.tenant = s->tenant;
@@ -311,8 +308,8 @@ std::optional<Failure> Model::apply(const Json& j) {
     const int64_t want = (len + block_size_ - 1) / block_size_;
     if (static_cast<int64_t>(s->table.size()) != want) {
       return violation("I5: sequence " + str(j["seq"].get<int64_t>()) + " has " +
-                       str(static_cast<int64_t>(s->table.size())) + " blocks for length " +
-                       str(len) + " (expected " + str(want) + ")");
+                       str(static_cast<int64_t>(s->table.size())) + " blocks for length " + str(len) + " (expected " +
+                       str(want) + ")");
     }
     return std::nullopt;
   }
@@ -337,7 +334,8 @@ std::optional<Failure> Model::apply(const Json& j) {
     int64_t b = 0;
     if (auto f = get_block(j, "block", false, b)) return f;
     const Block& blk = device_[static_cast<size_t>(b)];
-    if (blk.refcount != 0) return violation("I7: poison of device block " + str(b) + ", in use (refcount " + str(blk.refcount) + ")");
+    if (blk.refcount != 0)
+      return violation("I7: poison of device block " + str(b) + ", in use (refcount " + str(blk.refcount) + ")");
     if (blk.cached) return violation("I7: poison of device block " + str(b) + ", which is cached");
     return std::nullopt;
   }
@@ -358,17 +356,22 @@ std::optional<Failure> Model::apply(const Json& j) {
       const int64_t nd = static_cast<int64_t>(device_.size()), nh = static_cast<int64_t>(host_.size());
       const bool src_ok = out ? (src >= 0 && src < nd) : (src >= 0 && src < nh);
       const bool dst_ok = out ? (dst >= 0 && dst < nh) : (dst >= 0 && dst < nd);
-      if (!src_ok || !dst_ok) return violation(ev + " pair " + str(static_cast<int64_t>(i)) + " names a block outside its pool");
-      if (s->table[i] != src) return violation(ev + " pair " + str(static_cast<int64_t>(i)) + " source " + str(src) + " is not table entry " + str(s->table[i]));
+      if (!src_ok || !dst_ok)
+        return violation(ev + " pair " + str(static_cast<int64_t>(i)) + " names a block outside its pool");
+      if (s->table[i] != src)
+        return violation(ev + " pair " + str(static_cast<int64_t>(i)) + " source " + str(src) + " is not table entry " +
+                         str(s->table[i]));
       if (out) {
-        if (host_[static_cast<size_t>(dst)] != 0) return violation("I1: swap_out into host block " + str(dst) + ", in use");
+        if (host_[static_cast<size_t>(dst)] != 0)
+          return violation("I1: swap_out into host block " + str(dst) + ", in use");
         host_[static_cast<size_t>(dst)] = 1;
         --device_[static_cast<size_t>(src)].refcount;
         touched_device.push_back(src);
         touched_host.push_back(dst);
       } else {
         Block& d = device_[static_cast<size_t>(dst)];
-        if (d.refcount != 0 || d.cached) return violation("I1: swap_in into device block " + str(dst) + ", which is not free");
+        if (d.refcount != 0 || d.cached)
+          return violation("I1: swap_in into device block " + str(dst) + ", which is not free");
         d.refcount = 1;
         d.tenant = s->tenant;
         --host_[static_cast<size_t>(src)];

@@ -27,11 +27,11 @@ namespace kvp {
 struct ReplayResult {
   enum class Kind { kOk, kMalformed, kViolation };
   Kind kind = Kind::kOk;
-  std::string message;  // "line N: reason" unless kOk
-  int64_t lines = 0;    // lines read
-  int64_t sequences = 0;        // sequences alive at the end
-  int64_t device_in_use = 0;    // device blocks with refcount > 0 at the end
-  int64_t device_cached = 0;    // device blocks cached at the end
+  std::string message;        // "line N: reason" unless kOk
+  int64_t lines = 0;          // lines read
+  int64_t sequences = 0;      // sequences alive at the end
+  int64_t device_in_use = 0;  // device blocks with refcount > 0 at the end
+  int64_t device_cached = 0;  // device blocks cached at the end
   int64_t host_in_use = 0;
 
   bool ok() const { return kind == Kind::kOk; }

@@ -26,9 +26,8 @@ Status check_pool_conservation(const BlockAllocator& a, const char* pool) {
       return Status::error(where() + "block " + str(b) + " appears twice in the free lists");
     }
     if (a.refcount(b) != 0 || a.is_cached(b) || !a.in_fresh_list(b)) {
-      return Status::error(where() + "block " + str(b) + " is in the free list but has refcount " +
-                           str(a.refcount(b)) + (a.is_cached(b) ? ", cached" : ", not cached") +
-                           " (expected refcount 0, not cached)");
+      return Status::error(where() + "block " + str(b) + " is in the free list but has refcount " + str(a.refcount(b)) +
+                           (a.is_cached(b) ? ", cached" : ", not cached") + " (expected refcount 0, not cached)");
     }
   }
   for (int32_t b : evictable) {
@@ -52,8 +51,8 @@ Status check_pool_conservation(const BlockAllocator& a, const char* pool) {
     if (a.refcount(b) > 0) {
       ++in_use;
       if (seen[static_cast<size_t>(b)] || a.in_fresh_list(b) || a.in_evictable_list(b)) {
-        return Status::error(where() + "block " + str(b) + " is in use (refcount " +
-                             str(a.refcount(b)) + ") but in a free list");
+        return Status::error(where() + "block " + str(b) + " is in use (refcount " + str(a.refcount(b)) +
+                             ") but in a free list");
       }
     } else if (!seen[static_cast<size_t>(b)]) {
       return Status::error(where() + "block " + str(b) +
@@ -67,8 +66,8 @@ Status check_pool_conservation(const BlockAllocator& a, const char* pool) {
                          str(a.num_evictable()) + "; the lists hold " + str(nf) + ", " + str(ne));
   }
   if (nf + ne + in_use != n) {
-    return Status::error(where() + "free " + str(nf) + " + evictable " + str(ne) + " + in use " +
-                         str(in_use) + " != pool size " + str(n));
+    return Status::error(where() + "free " + str(nf) + " + evictable " + str(ne) + " + in use " + str(in_use) +
+                         " != pool size " + str(n));
   }
   return Status::ok();
 }
@@ -104,14 +103,13 @@ Status check_pool_refcounts(const KvCacheManager& m, bool host) {
       std::string who;
       for (const auto& [id, s] : m.sequences()) {
         if (s.swapped == host &&
-            std::find(s.table.blocks().begin(), s.table.blocks().end(), b) !=
-                s.table.blocks().end()) {
+            std::find(s.table.blocks().begin(), s.table.blocks().end(), b) != s.table.blocks().end()) {
           who += (who.empty() ? "" : ", ") + str(id);
         }
       }
-      return Status::error(std::string(where) + "block " + str(b) + " has refcount " + str(a.refcount(b)) +
-                           " but " + str(owners[static_cast<size_t>(b)]) +
-                           " table entries name it" + (who.empty() ? "" : " (sequences " + who + ")"));
+      return Status::error(std::string(where) + "block " + str(b) + " has refcount " + str(a.refcount(b)) + " but " +
+                           str(owners[static_cast<size_t>(b)]) + " table entries name it" +
+                           (who.empty() ? "" : " (sequences " + who + ")"));
     }
   }
   return Status::ok();
@@ -135,8 +133,7 @@ Status check_refcounts(const KvCacheManager& m) {
   return check_pool_refcounts(m, /*host=*/true);
 }
 
-Status check_exclusive_write(const KvCacheManager& m, SeqId seq,
-                             std::span<const int64_t> slot_mapping) {
+Status check_exclusive_write(const KvCacheManager& m, SeqId seq, std::span<const int64_t> slot_mapping) {
   const SequenceState* s = m.sequence(seq);
   if (s == nullptr) return Status::error("I3: unknown sequence " + str(seq));
   if (s->swapped && !slot_mapping.empty()) {
@@ -147,19 +144,16 @@ Status check_exclusive_write(const KvCacheManager& m, SeqId seq,
     if (slot == kernels::kSkipSlot) continue;
     const int64_t b = kernels::block_of_slot(slot, m.block_size());
     if (b < 0 || b >= a.num_blocks()) {
-      return Status::error("I3: sequence " + str(seq) + " writes slot " + str(slot) +
-                           " outside the device pool");
+      return Status::error("I3: sequence " + str(seq) + " writes slot " + str(slot) + " outside the device pool");
     }
     const auto block = static_cast<int32_t>(b);
-    if (std::find(s->table.blocks().begin(), s->table.blocks().end(), block) ==
-        s->table.blocks().end()) {
-      return Status::error("I3: sequence " + str(seq) + " writes slot " + str(slot) +
-                           " in block " + str(b) + ", which is not in its table");
+    if (std::find(s->table.blocks().begin(), s->table.blocks().end(), block) == s->table.blocks().end()) {
+      return Status::error("I3: sequence " + str(seq) + " writes slot " + str(slot) + " in block " + str(b) +
+                           ", which is not in its table");
     }
     if (a.refcount(block) != 1 || a.is_cached(block)) {
-      return Status::error("I3: sequence " + str(seq) + " writes slot " + str(slot) +
-                           " in block " + str(b) + " with refcount " + str(a.refcount(block)) +
-                           (a.is_cached(block) ? ", cached" : "") +
+      return Status::error("I3: sequence " + str(seq) + " writes slot " + str(slot) + " in block " + str(b) +
+                           " with refcount " + str(a.refcount(block)) + (a.is_cached(block) ? ", cached" : "") +
                            " (expected refcount 1, not cached)");
     }
   }
@@ -199,18 +193,17 @@ Status check_isolation(const KvCacheManager& m) {
         return "block " + str(b) + " shared by sequences " + str(first.s->id) + " and " + str(h.s->id);
       };
       if (h.index != first.index) {
-        return Status::error("I4: " + pair() + " at different table indices " + str(first.index) +
-                             " and " + str(h.index));
+        return Status::error("I4: " + pair() + " at different table indices " + str(first.index) + " and " +
+                             str(h.index));
       }
       if (!m.config().global_prefix_sharing && h.s->tenant != first.s->tenant) {
-        return Status::error("I4: " + pair() + " across tenants " + str(first.s->tenant) + " and " +
-                             str(h.s->tenant));
+        return Status::error("I4: " + pair() + " across tenants " + str(first.s->tenant) + " and " + str(h.s->tenant));
       }
       const int64_t upto = std::min({(h.index + 1) * bs, h.s->num_slots, first.s->num_slots});
       for (int64_t p = 0; p < upto; ++p) {
         if (h.s->tokens[static_cast<size_t>(p)] != first.s->tokens[static_cast<size_t>(p)]) {
-          return Status::error("I4: " + pair() + " whose tokens differ at position " + str(p) +
-                               " (" + str(first.s->tokens[static_cast<size_t>(p)]) + " vs " +
+          return Status::error("I4: " + pair() + " whose tokens differ at position " + str(p) + " (" +
+                               str(first.s->tokens[static_cast<size_t>(p)]) + " vs " +
                                str(h.s->tokens[static_cast<size_t>(p)]) + ")");
         }
       }
@@ -235,9 +228,8 @@ Status check_isolation(const KvCacheManager& m) {
         }
         const BlockHandle want = h.index == 0 ? BlockHandle{} : a.handle(h.s->table[h.index - 1]);
         if (!(e.parent == want)) {
-          return Status::error(who() + " at index " + str(h.index) + " names parent block " +
-                               str(e.parent.block) + " gen " + str(e.parent.generation) +
-                               ", the table has " + str(want.block) + " gen " +
+          return Status::error(who() + " at index " + str(h.index) + " names parent block " + str(e.parent.block) +
+                               " gen " + str(e.parent.generation) + ", the table has " + str(want.block) + " gen " +
                                str(want.generation));
         }
       }
@@ -259,17 +251,15 @@ Status check_mapping(const KvCacheManager& m) {
     const auto who = [id] { return "I5: sequence " + str(id); };
     const auto ntok = static_cast<int64_t>(s->tokens.size());
     if (s->num_final < 0 || s->num_final > s->num_slots || s->num_slots > ntok) {
-      return Status::error(who() + " has num_final " + str(s->num_final) + ", num_slots " +
-                           str(s->num_slots) + ", tokens " + str(ntok) +
-                           " (expected num_final <= num_slots <= tokens)");
+      return Status::error(who() + " has num_final " + str(s->num_final) + ", num_slots " + str(s->num_slots) +
+                           ", tokens " + str(ntok) + " (expected num_final <= num_slots <= tokens)");
     }
     const int64_t want = kernels::blocks_for_tokens(s->num_slots, bs);
     if (s->table.size() != want) {
-      return Status::error(who() + " has " + str(s->table.size()) + " blocks for " +
-                           str(s->num_slots) + " slots (expected " + str(want) + ")");
+      return Status::error(who() + " has " + str(s->table.size()) + " blocks for " + str(s->num_slots) +
+                           " slots (expected " + str(want) + ")");
     }
-    const int32_t pool = s->swapped ? m.host_allocator().num_blocks()
-                                    : m.device_allocator().num_blocks();
+    const int32_t pool = s->swapped ? m.host_allocator().num_blocks() : m.device_allocator().num_blocks();
     Status found = Status::ok();
     for (int64_t i = 0; i < s->table.size() && found.is_ok(); ++i) {
       const int32_t b = s->table[i];
@@ -283,8 +273,8 @@ Status check_mapping(const KvCacheManager& m) {
     for (int64_t p = 0; p < s->num_slots && found.is_ok(); ++p) {
       const int64_t slot = kernels::slot_of(s->table.data(), p, bs);
       if (slot_seen[static_cast<size_t>(slot)]++) {
-        found = Status::error(who() + " maps two positions to slot " + str(slot) +
-                              " (second at position " + str(p) + ")");
+        found =
+            Status::error(who() + " maps two positions to slot " + str(slot) + " (second at position " + str(p) + ")");
       }
     }
     for (int32_t b : s->table.blocks()) {
@@ -297,23 +287,20 @@ Status check_mapping(const KvCacheManager& m) {
   return Status::ok();
 }
 
-Status check_slot_mapping(const KvCacheManager& m, SeqId seq, int64_t start,
-                          std::span<const int64_t> slot_mapping) {
+Status check_slot_mapping(const KvCacheManager& m, SeqId seq, int64_t start, std::span<const int64_t> slot_mapping) {
   const SequenceState* s = m.sequence(seq);
   if (s == nullptr) return Status::error("I5: unknown sequence " + str(seq));
   const int64_t bs = m.block_size();
   const auto n = static_cast<int64_t>(slot_mapping.size());
   if (start < 0 || start + n > s->num_slots) {
-    return Status::error("I5: sequence " + str(seq) + " slot mapping covers positions [" +
-                         str(start) + ", " + str(start + n) + ") beyond its " +
-                         str(s->num_slots) + " slots");
+    return Status::error("I5: sequence " + str(seq) + " slot mapping covers positions [" + str(start) + ", " +
+                         str(start + n) + ") beyond its " + str(s->num_slots) + " slots");
   }
   for (int64_t k = 0; k < n; ++k) {
     const int64_t want = kernels::slot_of(s->table.data(), start + k, bs);
     if (slot_mapping[static_cast<size_t>(k)] != want) {
-      return Status::error("I5: sequence " + str(seq) + " position " + str(start + k) +
-                           " mapped to slot " + str(slot_mapping[static_cast<size_t>(k)]) +
-                           ", the table gives " + str(want));
+      return Status::error("I5: sequence " + str(seq) + " position " + str(start + k) + " mapped to slot " +
+                           str(slot_mapping[static_cast<size_t>(k)]) + ", the table gives " + str(want));
     }
   }
   return Status::ok();
@@ -325,9 +312,8 @@ Status check_prefix_cache(const KvCacheManager& m, ChainHashMemo* memo) {
   const int64_t bs = m.block_size();
   for (int32_t b = 0; b < a.num_blocks(); ++b) {
     if (a.is_cached(b) != cache.contains(b)) {
-      return Status::error("prefix cache: block " + str(b) + " is " +
-                           (a.is_cached(b) ? "" : "not ") + "marked cached but " +
-                           (cache.contains(b) ? "has" : "has no") + " cache entry");
+      return Status::error("prefix cache: block " + str(b) + " is " + (a.is_cached(b) ? "" : "not ") +
+                           "marked cached but " + (cache.contains(b) ? "has" : "has no") + " cache entry");
     }
   }
   std::vector<int> indexed(static_cast<size_t>(a.num_blocks()), 0);
@@ -336,7 +322,8 @@ Status check_prefix_cache(const KvCacheManager& m, ChainHashMemo* memo) {
       return Status::error("prefix cache: index names block " + str(b) + " with no entry");
     }
     if (cache.entry(b).hash != h) {
-      return Status::error("prefix cache: block " + str(b) + " is indexed under a hash "
+      return Status::error("prefix cache: block " + str(b) +
+                           " is indexed under a hash "
                            "that is not its entry's");
     }
     ++indexed[static_cast<size_t>(b)];
@@ -358,7 +345,8 @@ Status check_prefix_cache(const KvCacheManager& m, ChainHashMemo* memo) {
     }
     ChainHashMemo::Verified* seen = nullptr;
     if (memo != nullptr) {
-      if (memo->by_block.size() < static_cast<size_t>(a.num_blocks())) memo->by_block.resize(static_cast<size_t>(a.num_blocks()));
+      if (memo->by_block.size() < static_cast<size_t>(a.num_blocks()))
+        memo->by_block.resize(static_cast<size_t>(a.num_blocks()));
       seen = &memo->by_block[static_cast<size_t>(b)];
       if (seen->valid && seen->has_parent == (parent != nullptr) && (parent == nullptr || seen->parent == *parent) &&
           seen->salt == e.salt && seen->tokens == e.tokens && seen->hash == e.hash)
@@ -368,7 +356,8 @@ Status check_prefix_cache(const KvCacheManager& m, ChainHashMemo* memo) {
       return Status::error("prefix cache: block " + str(b) +
                            " entry hash is not the chain hash of its parent, salt and tokens");
     }
-    if (seen != nullptr) *seen = {true, parent != nullptr, parent != nullptr ? *parent : BlockHash{}, e.salt, e.tokens, e.hash};
+    if (seen != nullptr)
+      *seen = {true, parent != nullptr, parent != nullptr ? *parent : BlockHash{}, e.salt, e.tokens, e.hash};
   }
   return Status::ok();
 }
@@ -379,9 +368,8 @@ Status check_no_leak(const KvCacheManager& m) {
     const BlockAllocator& a = host ? m.host_allocator() : m.device_allocator();
     for (int32_t b = 0; b < a.num_blocks(); ++b) {
       if (a.refcount(b) != 0) {
-        return Status::error(std::string("I6: no sequences remain but ") +
-                             (host ? "host" : "device") + " block " + str(b) + " has refcount " +
-                             str(a.refcount(b)));
+        return Status::error(std::string("I6: no sequences remain but ") + (host ? "host" : "device") + " block " +
+                             str(b) + " has refcount " + str(a.refcount(b)));
       }
     }
     if (a.num_in_use() != 0) {
@@ -403,8 +391,8 @@ Status check_all_free(const KvCacheManager& m) {
   for (bool host : {false, true}) {
     const BlockAllocator& a = host ? m.host_allocator() : m.device_allocator();
     if (a.num_free() != a.num_blocks()) {
-      return Status::error(std::string("I6: ") + (host ? "host" : "device") + " pool has " +
-                           str(a.num_free()) + " of " + str(a.num_blocks()) + " blocks free");
+      return Status::error(std::string("I6: ") + (host ? "host" : "device") + " pool has " + str(a.num_free()) +
+                           " of " + str(a.num_blocks()) + " blocks free");
     }
   }
   return Status::ok();
@@ -442,8 +430,7 @@ Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBoun
     return Status::error(at + "I8: " + str(plan.num_tokens()) + " tokens scheduled, budget " +
                          str(bounds.max_num_batched_tokens));
   if (bounds.num_running > bounds.max_num_seqs)
-    return Status::error(at + "I8: " + str(bounds.num_running) + " running, max_num_seqs " +
-                         str(bounds.max_num_seqs));
+    return Status::error(at + "I8: " + str(bounds.num_running) + " running, max_num_seqs " + str(bounds.max_num_seqs));
   const bool global = m.config().global_prefix_sharing;
   std::unordered_map<int32_t, std::vector<const SequenceState*>> holders;
   for (const auto& [id, s] : m.sequences())

@@ -25,8 +25,7 @@ Status check_refcounts(const KvCacheManager& m);
 
 // I3 exclusive write: every slot in `slot_mapping` (just returned by allocate_slots for
 // `seq`) lies in a device block of seq's table with refcount 1 that is not cached.
-Status check_exclusive_write(const KvCacheManager& m, SeqId seq,
-                             std::span<const int64_t> slot_mapping);
+Status check_exclusive_write(const KvCacheManager& m, SeqId seq, std::span<const int64_t> slot_mapping);
 
 // I4 isolation: all holders of a device block hold it at the same table index, in the same
 // tenant scope, and agree on every token before the block's end (up to their slots); a
@@ -40,8 +39,7 @@ Status check_mapping(const KvCacheManager& m);
 
 // I5 for a plan: `slot_mapping` holds the slots of positions start, start+1, ... of `seq`
 // as the table formula (kernels/kv_index.h) gives them.
-Status check_slot_mapping(const KvCacheManager& m, SeqId seq, int64_t start,
-                          std::span<const int64_t> slot_mapping);
+Status check_slot_mapping(const KvCacheManager& m, SeqId seq, int64_t start, std::span<const int64_t> slot_mapping);
 
 // Prefix-cache consistency: a device block is marked cached iff the cache has an entry for
 // it; each entry is indexed once under its hash; the hash is the chain hash of its parent's

@@ -30,9 +30,7 @@ struct VerifyRows {
   const float* data = nullptr;
   int64_t vocab = 0;
   int64_t num_rows = 0;  // k + 1
-  std::span<const float> row(int64_t j) const {
-    return {data + j * vocab, static_cast<std::size_t>(vocab)};
-  }
+  std::span<const float> row(int64_t j) const { return {data + j * vocab, static_cast<std::size_t>(vocab)}; }
 };
 
 struct AcceptResult {

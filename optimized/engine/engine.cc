@@ -53,9 +53,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config, Backe
   return std::make_unique<Engine>(config, backend);
 }
 
-double Engine::now() const {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-}
+double Engine::now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
 
 RequestId Engine::add_request(RequestSpec spec) {
   const RequestId id = next_id_++;
@@ -103,7 +101,8 @@ RequestId Engine::add_request(RequestSpec spec) {
   if (r.spec.speculation) {
     const SpeculationParams& sp = *r.spec.speculation;
     if (sp.k < 0 || sp.k > kMaxSpeculativeTokens) {
-      reject(r, "speculation k must be in [0, " + std::to_string(kMaxSpeculativeTokens) + "], got " + std::to_string(sp.k));
+      reject(r, "speculation k must be in [0, " + std::to_string(kMaxSpeculativeTokens) + "], got " +
+                    std::to_string(sp.k));
       return id;
     }
   }
@@ -327,8 +326,9 @@ void Engine::verify_drafts(Request& r, const StepOutput& out, int32_t row0, Step
     a = accept_greedy(drafts, rows);
   } else {
     auto probs = draft_probs_.find(r.id);
-    const std::span<const std::vector<double>> q =
-        probs == draft_probs_.end() ? std::span<const std::vector<double>>() : std::span<const std::vector<double>>(probs->second);
+    const std::span<const std::vector<double>> q = probs == draft_probs_.end()
+                                                       ? std::span<const std::vector<double>>()
+                                                       : std::span<const std::vector<double>>(probs->second);
     a = accept_sampled(drafts, q.subspan(0, q.empty() ? 0 : static_cast<std::size_t>(k)), rows, r.spec.sampling, r.rng,
                        config_.acceptance_rule);
   }
@@ -448,7 +448,8 @@ EngineMetrics Engine::metrics() const {
     e2e_s.push_back(t.finish_s - t.arrival_s);
     queue_s.push_back(t.first_scheduled_s - t.arrival_s);
     if (r->num_generated() > 1) {
-      tpot.push_back(static_cast<double>(t.finish_step - t.first_token_step) / static_cast<double>(r->num_generated() - 1));
+      tpot.push_back(static_cast<double>(t.finish_step - t.first_token_step) /
+                     static_cast<double>(r->num_generated() - 1));
       tpot_s.push_back((t.finish_s - t.first_token_s) / static_cast<double>(r->num_generated() - 1));
     }
   }
@@ -461,7 +462,8 @@ EngineMetrics Engine::metrics() const {
   m.e2e_s = percentiles(e2e_s);
   m.queue_s = percentiles(queue_s);
   m.tokens_per_s = counters_.elapsed_s > 0 ? static_cast<double>(counters_.scheduled_tokens) / counters_.elapsed_s : 0;
-  m.kv_utilization = counters_.kv_allocated_slots_sum > 0 ? counters_.kv_used_slots_sum / counters_.kv_allocated_slots_sum : 0;
+  m.kv_utilization =
+      counters_.kv_allocated_slots_sum > 0 ? counters_.kv_used_slots_sum / counters_.kv_allocated_slots_sum : 0;
   m.internal_fragmentation = counters_.kv_allocated_slots_sum > 0 ? 1.0 - m.kv_utilization : 0;
   m.mean_pool_occupancy = counters_.steps > 0 ? counters_.pool_occupancy_sum / static_cast<double>(counters_.steps) : 0;
   m.prefix_hit_rate = counters_.prefix_lookup_tokens > 0 ? static_cast<double>(counters_.prefix_hit_tokens) /

@@ -7,19 +7,19 @@
 #include <chrono>
 #include <functional>
 #include <map>
-#include <unordered_map>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
 #include "optimized/backends/backend.h"
-#include "optimized/kv/kv_cache_manager.h"
 #include "optimized/engine/acceptance.h"
 #include "optimized/engine/metrics.h"
 #include "optimized/engine/request.h"
 #include "optimized/engine/scheduler.h"
 #include "optimized/engine/speculation.h"
+#include "optimized/kv/kv_cache_manager.h"
 
 namespace kvp {
 

@@ -56,10 +56,14 @@ nlohmann::json EngineMetrics::to_json() const {
       {"mean_accepted_length", mean_accepted_length},
       {"forwards_per_token", forwards_per_token},
       {"elapsed_s", c.elapsed_s},
-      {"ttft_steps", pj(ttft_steps)}, {"tpot_steps", pj(tpot_steps)},
-      {"e2e_steps", pj(e2e_steps)},   {"queue_steps", pj(queue_steps)},
-      {"ttft_s", pj(ttft_s)},         {"tpot_s", pj(tpot_s)},
-      {"e2e_s", pj(e2e_s)},           {"queue_s", pj(queue_s)},
+      {"ttft_steps", pj(ttft_steps)},
+      {"tpot_steps", pj(tpot_steps)},
+      {"e2e_steps", pj(e2e_steps)},
+      {"queue_steps", pj(queue_steps)},
+      {"ttft_s", pj(ttft_s)},
+      {"tpot_s", pj(tpot_s)},
+      {"e2e_s", pj(e2e_s)},
+      {"queue_s", pj(queue_s)},
   };
 }
 

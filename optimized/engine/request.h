@@ -71,8 +71,8 @@ struct Request {
   // accepted.
   std::vector<int32_t> tokens;
   int32_t num_drafts = 0;
-  Rng rng{0};                   // the sampling stream: one draw per sampled token
-  bool in_kv = false;           // holds a KvCacheManager sequence (running or swapped)
+  Rng rng{0};          // the sampling stream: one draw per sampled token
+  bool in_kv = false;  // holds a KvCacheManager sequence (running or swapped)
   bool cancel_requested = false;
   // The step at whose start a requested cancellation takes effect (the next step after
   // Engine::cancel), and what the request was doing then: "waiting", "prefill" (running,

@@ -213,7 +213,8 @@ void Scheduler::finish_plan(BatchPlan& plan) {
   plan.block_tables.assign(plan.seq_ids.size() * static_cast<std::size_t>(max_blocks), -1);
   for (std::size_t i = 0; i < plan.seq_ids.size(); ++i) {
     const BlockTable& t = kv_.sequence(plan.seq_ids[i])->table;
-    std::copy(t.blocks().begin(), t.blocks().end(), plan.block_tables.begin() + static_cast<std::ptrdiff_t>(i * static_cast<std::size_t>(max_blocks)));
+    std::copy(t.blocks().begin(), t.blocks().end(),
+              plan.block_tables.begin() + static_cast<std::ptrdiff_t>(i * static_cast<std::size_t>(max_blocks)));
   }
   plan.ops = kv_.take_plan_ops();
 }

@@ -38,8 +38,8 @@
 
 #include "common/status.h"
 #include "optimized/backends/batch_plan.h"
-#include "optimized/kv/kv_cache_manager.h"
 #include "optimized/engine/request.h"
+#include "optimized/kv/kv_cache_manager.h"
 
 namespace kvp {
 
@@ -162,8 +162,8 @@ class Scheduler {
   SchedulerConfig config_;
   KvCacheManager& kv_;
   std::deque<Request*> waiting_;
-  std::vector<Request*> running_;  // oldest first
-  std::deque<Request*> swapped_;   // oldest first
+  std::vector<Request*> running_;        // oldest first
+  std::deque<Request*> swapped_;         // oldest first
   const DraftTokens* drafts_ = nullptr;  // during schedule() only
 };
 

@@ -69,7 +69,8 @@ bool DraftModelProposer::sync(const ProposalRequest& r, int64_t& reserved_blocks
   const SequenceState* s = kv_.sequence(r.id);
   int64_t common = 0;
   const int64_t limit = std::min<int64_t>(len - 1, static_cast<int64_t>(s->tokens.size()));
-  while (common < limit && s->tokens[static_cast<std::size_t>(common)] == r.tokens[static_cast<std::size_t>(common)]) ++common;
+  while (common < limit && s->tokens[static_cast<std::size_t>(common)] == r.tokens[static_cast<std::size_t>(common)])
+    ++common;
   common = std::min(common, s->num_slots);
   KVP_CHECK(kv_.truncate(r.id, common).is_ok());  // rollback in step with the target
   KVP_CHECK(kv_.append_tokens(r.id, r.tokens.subspan(static_cast<std::size_t>(common))).is_ok());
@@ -104,7 +105,8 @@ Status DraftModelProposer::forward(const std::vector<std::size_t>& rows, std::sp
     plan.logits_all.push_back(0);
   }
   int32_t max_blocks = 0;
-  for (int64_t id : plan.seq_ids) max_blocks = std::max(max_blocks, static_cast<int32_t>(kv_.sequence(id)->table.size()));
+  for (int64_t id : plan.seq_ids)
+    max_blocks = std::max(max_blocks, static_cast<int32_t>(kv_.sequence(id)->table.size()));
   plan.max_blocks_per_seq = max_blocks;
   plan.block_tables.assign(plan.seq_ids.size() * static_cast<std::size_t>(max_blocks), -1);
   for (std::size_t i = 0; i < plan.seq_ids.size(); ++i) {

@@ -96,8 +96,7 @@ class DraftModelProposer final : public Proposer {
   bool sync(const ProposalRequest& r, int64_t& reserved_blocks);
   // Runs one forward over `rows` (request index, tokens to feed) and returns each row's
   // last logits. Every row's sequence already holds the fed tokens.
-  Status forward(const std::vector<std::size_t>& rows, std::span<const ProposalRequest> requests,
-                 StepOutput& out);
+  Status forward(const std::vector<std::size_t>& rows, std::span<const ProposalRequest> requests, StepOutput& out);
 
   std::unique_ptr<Backend> backend_;
   KvCacheManager kv_;

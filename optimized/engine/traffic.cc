@@ -64,15 +64,18 @@ bool parse_timestamp(std::string_view s, double& out) {
     return false;
   double sec;
   if (!parse_double(s.substr(17), sec)) return false;
-  if (mo < 1 || mo > 12 || d < 1 || d > 31 || h < 0 || h > 23 || mi < 0 || mi > 59 || sec < 0 || sec >= 61) return false;
+  if (mo < 1 || mo > 12 || d < 1 || d > 31 || h < 0 || h > 23 || mi < 0 || mi > 59 || sec < 0 || sec >= 61)
+    return false;
   out = static_cast<double>(days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60) + sec;
   return true;
 }
 
 Status check_lengths(const std::string& source, int64_t line, const char* prompt_field, const char* output_field,
                      TrafficRequest& r) {
-  if (r.prompt_tokens < 1) return field_error(source, line, prompt_field, "must be >= 1, got " + std::to_string(r.prompt_tokens));
-  if (r.output_tokens < 0) return field_error(source, line, output_field, "must be >= 0, got " + std::to_string(r.output_tokens));
+  if (r.prompt_tokens < 1)
+    return field_error(source, line, prompt_field, "must be >= 1, got " + std::to_string(r.prompt_tokens));
+  if (r.output_tokens < 0)
+    return field_error(source, line, output_field, "must be >= 0, got " + std::to_string(r.output_tokens));
   if (r.prompt_tokens > (int64_t{1} << 30)) return field_error(source, line, prompt_field, "too large");
   if (r.output_tokens > (int64_t{1} << 30)) return field_error(source, line, output_field, "too large");
   r.output_tokens = std::max<int64_t>(r.output_tokens, 1);
@@ -128,7 +131,8 @@ Result<Traffic> parse_azure_csv(std::istream& in, const std::string& source) {
     const std::string_view ctx = cols[static_cast<std::size_t>(col_ctx)];
     const std::string_view gen = cols[static_cast<std::size_t>(col_gen)];
     if (!parse_timestamp(ts, r.arrival_s))
-      return field_error(source, lineno, "TIMESTAMP", "not a time (YYYY-MM-DD HH:MM:SS[.f] or seconds): '" + std::string(ts) + "'");
+      return field_error(source, lineno, "TIMESTAMP",
+                         "not a time (YYYY-MM-DD HH:MM:SS[.f] or seconds): '" + std::string(ts) + "'");
     if (!parse_int(ctx, r.prompt_tokens))
       return field_error(source, lineno, "ContextTokens", "not an integer: '" + std::string(ctx) + "'");
     if (!parse_int(gen, r.output_tokens))
@@ -136,7 +140,8 @@ Result<Traffic> parse_azure_csv(std::istream& in, const std::string& source) {
     KVP_RETURN_IF_ERROR(check_lengths(source, lineno, "ContextTokens", "GeneratedTokens", r));
     t.requests.push_back(r);
   }
-  if (num_cols == 0) return Status::error(source + ": empty (expected a header TIMESTAMP,ContextTokens,GeneratedTokens)");
+  if (num_cols == 0)
+    return Status::error(source + ": empty (expected a header TIMESTAMP,ContextTokens,GeneratedTokens)");
   finish_traffic(t);
   return t;
 }
@@ -271,8 +276,8 @@ Traffic generate_traffic(const SyntheticTrafficSpec& spec) {
 
 std::vector<std::string> builtin_traffic_names() { return {"chat", "long-docs", "shared-prefix", "bursty", "max-len"}; }
 
-Result<SyntheticTrafficSpec> builtin_traffic(const std::string& name, double rate, int64_t num_requests, int64_t max_len,
-                                             uint64_t seed) {
+Result<SyntheticTrafficSpec> builtin_traffic(const std::string& name, double rate, int64_t num_requests,
+                                             int64_t max_len, uint64_t seed) {
   SyntheticTrafficSpec s;
   s.name = name;
   s.seed = seed;

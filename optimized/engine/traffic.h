@@ -54,8 +54,8 @@ enum class LengthDistribution { kFixed, kLognormal };
 
 struct LengthSpec {
   LengthDistribution dist = LengthDistribution::kLognormal;
-  double mean = 512;    // of the lengths (for lognormal, the distribution's mean)
-  double sigma = 0.8;   // lognormal shape (standard deviation of log length)
+  double mean = 512;   // of the lengths (for lognormal, the distribution's mean)
+  double sigma = 0.8;  // lognormal shape (standard deviation of log length)
   int64_t min = 1;
   int64_t max = 8192;
 };
@@ -63,8 +63,8 @@ struct LengthSpec {
 struct SyntheticTrafficSpec {
   std::string name = "synthetic";
   ArrivalProcess arrivals = ArrivalProcess::kPoisson;
-  double rate = 4;               // requests per second
-  double burstiness_cv = 2;      // gamma arrivals: coefficient of variation of the gaps
+  double rate = 4;           // requests per second
+  double burstiness_cv = 2;  // gamma arrivals: coefficient of variation of the gaps
   int64_t num_requests = 1000;
   LengthSpec prompt;
   LengthSpec output{LengthDistribution::kLognormal, 128, 0.8, 1, 2048};

@@ -35,10 +35,12 @@ Result<int64_t> int_field(const json& r, const char* key, int64_t fallback, int6
   if (it == r.end()) return fallback;
   if (!it->is_number_integer()) return Status::error(std::string(key) + ": must be an integer, got " + it->dump());
   if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi))
-    return Status::error(std::string(key) + ": " + it->dump() + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return Status::error(std::string(key) + ": " + it->dump() + " is out of range [" + std::to_string(lo) + ", " +
+                         std::to_string(hi) + "]");
   const int64_t v = it->get<int64_t>();
   if (v < lo || v > hi)
-    return Status::error(std::string(key) + ": " + std::to_string(v) + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return Status::error(std::string(key) + ": " + std::to_string(v) + " is out of range [" + std::to_string(lo) +
+                         ", " + std::to_string(hi) + "]");
   return v;
 }
 
@@ -51,9 +53,9 @@ Result<double> number_field(const json& r, const char* key, double fallback) {
 
 Result<WorkloadRequest> parse_request(const json& r, int64_t vocab, uint64_t seed, int64_t index) {
   if (!r.is_object()) return Status::error("must be an object");
-  static const std::set<std::string> known = {"prompt", "prompt_len", "shared_prefix", "max_tokens", "temperature",
-                                              "top_k", "top_p", "seed", "tenant", "stop_token", "arrival_step",
-                                              "cancel_step", "n", "speculate", "k"};
+  static const std::set<std::string> known = {
+      "prompt", "prompt_len", "shared_prefix", "max_tokens",  "temperature", "top_k",     "top_p", "seed",
+      "tenant", "stop_token", "arrival_step",  "cancel_step", "n",           "speculate", "k"};
   for (auto it = r.begin(); it != r.end(); ++it)
     if (!known.count(it.key())) return Status::error("unknown field '" + it.key() + "'");
   WorkloadRequest w;
@@ -76,7 +78,8 @@ Result<WorkloadRequest> parse_request(const json& r, int64_t vocab, uint64_t see
       if (!t.is_number_integer()) return Status::error("prompt: token " + t.dump() + " is not an integer");
       const int64_t v = t.get<int64_t>();
       if (v < 0 || v >= vocab)
-        return Status::error("prompt: token " + std::to_string(v) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+        return Status::error("prompt: token " + std::to_string(v) + " is outside the vocabulary [0, " +
+                             std::to_string(vocab) + ")");
       w.spec.prompt.push_back(static_cast<int32_t>(v));
     }
   } else {
@@ -116,10 +119,14 @@ Result<WorkloadRequest> parse_request(const json& r, int64_t vocab, uint64_t see
     SpeculationParams sp;
     if (auto it = r.find("speculate"); it != r.end()) {
       const std::string kind = it->is_string() ? it->get<std::string>() : "";
-      if (kind == "off") sp.proposer = ProposerKind::kOff;
-      else if (kind == "ngram") sp.proposer = ProposerKind::kNgram;
-      else if (kind == "draft") sp.proposer = ProposerKind::kDraft;
-      else return Status::error("speculate: must be \"off\", \"ngram\" or \"draft\"");
+      if (kind == "off")
+        sp.proposer = ProposerKind::kOff;
+      else if (kind == "ngram")
+        sp.proposer = ProposerKind::kNgram;
+      else if (kind == "draft")
+        sp.proposer = ProposerKind::kDraft;
+      else
+        return Status::error("speculate: must be \"off\", \"ngram\" or \"draft\"");
     } else {
       sp.proposer = ProposerKind::kNgram;
     }
@@ -176,7 +183,9 @@ std::vector<std::string> builtin_workload_names() {
 Result<Workload> builtin_workload(const std::string& name, int64_t vocab, uint64_t seed) {
   Rng rng(mix_seed(seed, name_seed(name)));
   json reqs = json::array();
-  auto between = [&](int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(rng.below(static_cast<uint64_t>(hi - lo + 1))); };
+  auto between = [&](int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(rng.below(static_cast<uint64_t>(hi - lo + 1)));
+  };
   if (name == "short-chat") {
     for (int i = 0; i < 12; ++i)
       reqs.push_back({{"prompt_len", between(4, 24)}, {"max_tokens", between(4, 16)}, {"arrival_step", i / 2}});
@@ -187,11 +196,15 @@ Result<Workload> builtin_workload(const std::string& name, int64_t vocab, uint64
       reqs.push_back({{"prompt_len", between(4, 12)}, {"max_tokens", 12}, {"arrival_step", i}});
   } else if (name == "many-users") {
     for (int i = 0; i < 24; ++i)
-      reqs.push_back({{"prompt_len", between(8, 40)}, {"max_tokens", between(8, 24)}, {"arrival_step", 0}, {"tenant", i % 3}});
+      reqs.push_back(
+          {{"prompt_len", between(8, 40)}, {"max_tokens", between(8, 24)}, {"arrival_step", 0}, {"tenant", i % 3}});
   } else if (name == "shared-prefix") {
     for (int i = 0; i < 10; ++i)
-      reqs.push_back({{"prompt_len", between(40, 64)}, {"shared_prefix", {{"group", "system"}, {"len", 32}}},
-                      {"max_tokens", between(4, 12)}, {"arrival_step", i}, {"tenant", i % 2}});
+      reqs.push_back({{"prompt_len", between(40, 64)},
+                      {"shared_prefix", {{"group", "system"}, {"len", 32}}},
+                      {"max_tokens", between(4, 12)},
+                      {"arrival_step", i},
+                      {"tenant", i % 2}});
   } else if (name == "mixed") {
     for (int i = 0; i < 20; ++i) {
       json r = {{"max_tokens", between(6, 20)}, {"arrival_step", between(0, 12)}, {"tenant", i % 2}};
@@ -222,10 +235,14 @@ Result<Workload> builtin_workload(const std::string& name, int64_t vocab, uint64
     // prefix; some requests have no shared prefix at all.
     for (int i = 0; i < 18; ++i) {
       const int tenant = i % 3;
-      json r = {{"max_tokens", between(4, 12)}, {"arrival_step", between(0, 10)}, {"tenant", tenant},
+      json r = {{"max_tokens", between(4, 12)},
+                {"arrival_step", between(0, 10)},
+                {"tenant", tenant},
                 {"prompt_len", between(40, 60)}};
-      if (i % 6 < 3) r["shared_prefix"] = {{"group", "public-system"}, {"len", 32}};
-      else if (i % 6 < 5) r["shared_prefix"] = {{"group", "private-" + std::to_string(tenant)}, {"len", 24}};
+      if (i % 6 < 3)
+        r["shared_prefix"] = {{"group", "public-system"}, {"len", 32}};
+      else if (i % 6 < 5)
+        r["shared_prefix"] = {{"group", "private-" + std::to_string(tenant)}, {"len", 24}};
       if (i % 5 == 4) r["cancel_step"] = r["arrival_step"].get<int64_t>() + between(1, 6);
       reqs.push_back(r);
     }
@@ -248,7 +265,8 @@ Result<WorkloadRun> run_workload(Engine& engine, const Workload& w, int64_t max_
     if (w.requests[i].cancel_step) cancels.emplace(*w.requests[i].cancel_step, i);
   }
   for (int64_t s = 0;; ++s) {
-    for (auto [a, b] = arrivals.equal_range(s); a != b; ++a) run.ids[a->second] = engine.add_request(w.requests[a->second].spec);
+    for (auto [a, b] = arrivals.equal_range(s); a != b; ++a)
+      run.ids[a->second] = engine.add_request(w.requests[a->second].spec);
     for (auto [a, b] = cancels.equal_range(s); a != b; ++a)
       if (run.ids[a->second] >= 0) engine.cancel(run.ids[a->second]);
     const bool more_arrivals = arrivals.upper_bound(s) != arrivals.end();

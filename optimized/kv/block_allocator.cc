@@ -50,8 +50,7 @@ void BlockAllocator::remove(List& list, int32_t block) {
 std::vector<int32_t> BlockAllocator::list_items(const List& list) const {
   std::vector<int32_t> out;
   out.reserve(static_cast<size_t>(list.size));
-  for (int32_t b = list.head; b != kNil && out.size() <= blocks_.size();
-       b = blocks_[static_cast<size_t>(b)].next) {
+  for (int32_t b = list.head; b != kNil && out.size() <= blocks_.size(); b = blocks_[static_cast<size_t>(b)].next) {
     out.push_back(b);
   }
   return out;
@@ -108,9 +107,7 @@ void BlockAllocator::clear_cached(int32_t block) {
   }
 }
 
-int32_t BlockAllocator::next_victim() const {
-  return fresh_.head != kNil ? fresh_.head : evictable_.head;
-}
+int32_t BlockAllocator::next_victim() const { return fresh_.head != kNil ? fresh_.head : evictable_.head; }
 
 BlockState BlockAllocator::state(int32_t block) const {
   const Block& b = blocks_[idx(block)];

@@ -93,9 +93,7 @@ class BlockAllocator {
   // Debug access for the invariant checkers: whether the block's links say it is in the
   // fresh list / evictable list.
   bool in_fresh_list(int32_t block) const { return blocks_[idx(block)].list == kFreshList; }
-  bool in_evictable_list(int32_t block) const {
-    return blocks_[idx(block)].list == kEvictableList;
-  }
+  bool in_evictable_list(int32_t block) const { return blocks_[idx(block)].list == kEvictableList; }
 
  private:
   static constexpr int32_t kNil = -1;

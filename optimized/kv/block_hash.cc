@@ -39,8 +39,7 @@ class Sha256 {
 
 }  // namespace
 
-BlockHash chain_hash(const BlockHash* parent, int64_t salt, std::span<const int32_t> tokens,
-                     int hash_bits) {
+BlockHash chain_hash(const BlockHash* parent, int64_t salt, std::span<const int32_t> tokens, int hash_bits) {
   KVP_CHECK(hash_bits >= 1 && hash_bits <= 256);
   // Layout (little-endian): parent digest (32 zero bytes for the first block), a presence
   // byte for the parent, the salt (8 bytes), then the tokens (4 bytes each).

@@ -16,8 +16,7 @@ namespace kvp {
 using BlockHash = std::array<uint8_t, 32>;
 
 // REQUIRES: 1 <= hash_bits <= 256. `parent` is nullptr for a sequence's first block.
-BlockHash chain_hash(const BlockHash* parent, int64_t salt, std::span<const int32_t> tokens,
-                     int hash_bits);
+BlockHash chain_hash(const BlockHash* parent, int64_t salt, std::span<const int32_t> tokens, int hash_bits);
 
 struct BlockHashHasher {
   size_t operator()(const BlockHash& h) const {

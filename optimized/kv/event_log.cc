@@ -90,8 +90,12 @@ struct ToLine {
   std::string operator()(const kv_event::Slots& e) const {
     return Line("slots").field("seq", e.seq).field("len", e.len).done();
   }
-  std::string operator()(const kv_event::Cache& e) const { return Line("cache").field("block", int64_t{e.block}).done(); }
-  std::string operator()(const kv_event::Evict& e) const { return Line("evict").field("block", int64_t{e.block}).done(); }
+  std::string operator()(const kv_event::Cache& e) const {
+    return Line("cache").field("block", int64_t{e.block}).done();
+  }
+  std::string operator()(const kv_event::Evict& e) const {
+    return Line("evict").field("block", int64_t{e.block}).done();
+  }
   std::string operator()(const kv_event::SwapOut& e) const {
     return Line("swap_out").field("seq", e.seq).pairs(e.pairs).done();
   }

@@ -45,17 +45,14 @@ void KvCacheManager::set_event_log(EventLog* event_log) {
   log_ = event_log;
   if (log_ == nullptr) return;
   // The replayer starts from an empty state, so a log must start from one.
-  KVP_CHECK(seqs_.empty() && device_.num_free() == device_.num_blocks() &&
-            host_.num_free() == host_.num_blocks());
+  KVP_CHECK(seqs_.empty() && device_.num_free() == device_.num_blocks() && host_.num_free() == host_.num_blocks());
   log(kv_event::Init{config_.pool.num_device_blocks, config_.pool.num_host_blocks, config_.pool.block_size,
                      config_.global_prefix_sharing});
 }
 
 void KvCacheManager::log(const KvEvent& event) { log_->record(event); }
 
-SequenceState* KvCacheManager::find(SeqId seq) {
-  return const_cast<SequenceState*>(sequence(seq));
-}
+SequenceState* KvCacheManager::find(SeqId seq) { return const_cast<SequenceState*>(sequence(seq)); }
 
 const SequenceState* KvCacheManager::sequence(SeqId seq) const {
   // A decode step looks the same sequence up several times in a row (append_tokens,
@@ -74,9 +71,8 @@ const BlockHash& KvCacheManager::block_hash(const SequenceState& s, int64_t i) c
   while (static_cast<int64_t>(s.block_hashes.size()) <= i) {
     const int64_t j = static_cast<int64_t>(s.block_hashes.size());
     const BlockHash* parent = j == 0 ? nullptr : &s.block_hashes.back();
-    s.block_hashes.push_back(chain_hash(
-        parent, salt_of(s), std::span<const int32_t>(s.tokens).subspan(j * bs, bs),
-        config_.hash_bits));
+    s.block_hashes.push_back(
+        chain_hash(parent, salt_of(s), std::span<const int32_t>(s.tokens).subspan(j * bs, bs), config_.hash_bits));
   }
   return s.block_hashes[static_cast<size_t>(i)];
 }
@@ -108,8 +104,7 @@ Status KvCacheManager::mark_final(SeqId seq, int64_t num_final) {
   if (num_final < s->num_final || num_final > s->num_slots) {
     return Status::error(seq_error("mark_final", seq,
                                    "num_final " + std::to_string(num_final) + " outside [" +
-                                       std::to_string(s->num_final) + ", " +
-                                       std::to_string(s->num_slots) + "]"));
+                                       std::to_string(s->num_final) + ", " + std::to_string(s->num_slots) + "]"));
   }
   s->num_final = num_final;
   register_final_blocks(*s);
@@ -135,10 +130,8 @@ void KvCacheManager::register_final_blocks(SequenceState& s) {
     if (cache_.find(h, salt_of(s), block_tokens, parent) >= 0) continue;  // a duplicate
     device_.mark_cached(b);
     rolled_back_generation_[static_cast<size_t>(b)] = -1;  // registered again, with final tokens
-    cache_.insert(b, PrefixCacheEntry{h, salt_of(s),
-                                      std::vector<int32_t>(block_tokens.begin(),
-                                                           block_tokens.end()),
-                                      parent});
+    cache_.insert(
+        b, PrefixCacheEntry{h, salt_of(s), std::vector<int32_t>(block_tokens.begin(), block_tokens.end()), parent});
     if (logging()) log(kv_event::Cache{b});
   }
   s.num_registered_blocks = std::max(s.num_registered_blocks, full);
@@ -148,8 +141,7 @@ void KvCacheManager::register_final_blocks(SequenceState& s) {
 
 KvCacheManager::PrefixHit KvCacheManager::find_prefix(const SequenceState& s) const {
   PrefixHit hit;
-  if (!config_.enable_prefix_caching || s.swapped || !s.table.empty() || s.num_slots != 0 ||
-      s.tokens.empty()) {
+  if (!config_.enable_prefix_caching || s.swapped || !s.table.empty() || s.num_slots != 0 || s.tokens.empty()) {
     return hit;
   }
   const int64_t bs = config_.pool.block_size;
@@ -157,8 +149,8 @@ KvCacheManager::PrefixHit KvCacheManager::find_prefix(const SequenceState& s) co
   const int64_t max_blocks = (static_cast<int64_t>(s.tokens.size()) - 1) / bs;
   BlockHandle parent;
   for (int64_t i = 0; i < max_blocks; ++i) {
-    const int32_t b = cache_.find(block_hash(s, i), salt_of(s),
-                                  std::span<const int32_t>(s.tokens).subspan(i * bs, bs), parent);
+    const int32_t b =
+        cache_.find(block_hash(s, i), salt_of(s), std::span<const int32_t>(s.tokens).subspan(i * bs, bs), parent);
     if (b < 0) break;
     hit.blocks.push_back(b);
     if (device_.refcount(b) == 0) ++hit.num_evictable;
@@ -180,8 +172,7 @@ bool KvCacheManager::needs_copy_on_write(const SequenceState& s, int64_t n_new_t
   return device_.refcount(last) > 1 || device_.is_cached(last);
 }
 
-AllocStatus KvCacheManager::can_allocate(const SequenceState& s, int64_t n_new_tokens,
-                                         const PrefixHit& hit) const {
+AllocStatus KvCacheManager::can_allocate(const SequenceState& s, int64_t n_new_tokens, const PrefixHit& hit) const {
   if (s.swapped || n_new_tokens < 0) return AllocStatus::kNever;
   const int64_t bs = config_.pool.block_size;
   const auto num_hit = static_cast<int64_t>(hit.blocks.size());
@@ -192,8 +183,7 @@ AllocStatus KvCacheManager::can_allocate(const SequenceState& s, int64_t n_new_t
   const int64_t watermark = admitting ? config_.watermark_blocks : 0;
   const int64_t total = blocks_for_tokens(end, bs);
   if (total > config_.pool.num_device_blocks - watermark) return AllocStatus::kNever;
-  const int64_t need =
-      total - (s.table.size() + num_hit) + (needs_copy_on_write(s, n_new_tokens) ? 1 : 0);
+  const int64_t need = total - (s.table.size() + num_hit) + (needs_copy_on_write(s, n_new_tokens) ? 1 : 0);
   if (need <= 0) return AllocStatus::kOk;
   const int64_t available = device_.num_available() - hit.num_evictable;
   return available - need >= watermark ? AllocStatus::kOk : AllocStatus::kLater;
@@ -205,16 +195,14 @@ AllocStatus KvCacheManager::can_allocate(SeqId seq, int64_t n_new_tokens) const 
   return can_allocate(*s, n_new_tokens, find_prefix(*s));
 }
 
-Status KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens,
-                                      std::vector<int64_t>& slot_mapping) {
+Status KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens, std::vector<int64_t>& slot_mapping) {
   SequenceState* s = find(seq);
   if (s == nullptr) return Status::error(seq_error("allocate_slots", seq, "unknown sequence"));
   const PrefixHit hit = find_prefix(*s);
   const AllocStatus st = can_allocate(*s, n_new_tokens, hit);
   if (st != AllocStatus::kOk) {
-    return Status::error(seq_error("allocate_slots", seq,
-                                   std::to_string(n_new_tokens) + " new tokens: " +
-                                       to_string(st)));
+    return Status::error(
+        seq_error("allocate_slots", seq, std::to_string(n_new_tokens) + " new tokens: " + to_string(st)));
   }
   const int64_t bs = config_.pool.block_size;
 
@@ -314,8 +302,7 @@ Status KvCacheManager::fork(SeqId parent, SeqId child) {
   if (p == nullptr) return Status::error(seq_error("fork", parent, "unknown sequence"));
   if (p->swapped) return Status::error(seq_error("fork", parent, "sequence is swapped out"));
   if (seqs_.count(child) != 0) {
-    return Status::error(seq_error("fork", parent, "child id " + std::to_string(child) +
-                                                       " in use"));
+    return Status::error(seq_error("fork", parent, "child id " + std::to_string(child) + " in use"));
   }
   SequenceState c = *p;
   c.id = child;
@@ -337,9 +324,9 @@ Status KvCacheManager::truncate(SeqId seq, int64_t new_len) {
   SequenceState* s = find(seq);
   if (s == nullptr) return Status::error(seq_error("truncate", seq, "unknown sequence"));
   if (new_len < 0 || new_len > static_cast<int64_t>(s->tokens.size())) {
-    return Status::error(seq_error("truncate", seq,
-                                   "new_len " + std::to_string(new_len) + " outside [0, " +
-                                       std::to_string(s->tokens.size()) + "]"));
+    return Status::error(
+        seq_error("truncate", seq,
+                  "new_len " + std::to_string(new_len) + " outside [0, " + std::to_string(s->tokens.size()) + "]"));
   }
   const int64_t bs = config_.pool.block_size;
   if (!s->swapped && new_len < static_cast<int64_t>(s->tokens.size())) {
@@ -380,9 +367,9 @@ Status KvCacheManager::swap_out(SeqId seq) {
   if (s->swapped) return Status::error(seq_error("swap_out", seq, "already swapped out"));
   const int64_t k = s->table.size();
   if (host_.num_available() < k) {
-    return Status::error(seq_error("swap_out", seq,
-                                   "needs " + std::to_string(k) + " host blocks, " +
-                                       std::to_string(host_.num_available()) + " free"));
+    return Status::error(
+        seq_error("swap_out", seq,
+                  "needs " + std::to_string(k) + " host blocks, " + std::to_string(host_.num_available()) + " free"));
   }
   std::vector<BlockCopy> pairs;
   pairs.reserve(static_cast<size_t>(k));
@@ -408,9 +395,9 @@ Status KvCacheManager::swap_in(SeqId seq) {
   if (!s->swapped) return Status::error(seq_error("swap_in", seq, "not swapped out"));
   const int64_t k = s->table.size();
   if (device_.num_available() < k) {
-    return Status::error(seq_error("swap_in", seq,
-                                   "needs " + std::to_string(k) + " device blocks, " +
-                                       std::to_string(device_.num_available()) + " available"));
+    return Status::error(seq_error(
+        "swap_in", seq,
+        "needs " + std::to_string(k) + " device blocks, " + std::to_string(device_.num_available()) + " available"));
   }
   std::vector<BlockCopy> pairs;
   pairs.reserve(static_cast<size_t>(k));

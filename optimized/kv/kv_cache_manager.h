@@ -175,17 +175,13 @@ class KvCacheManager {
   const std::unordered_map<SeqId, SequenceState>& sequences() const { return seqs_; }
   int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }
   // The salt a sequence's blocks are hashed with (0 with global sharing).
-  int64_t salt_of(const SequenceState& s) const {
-    return config_.global_prefix_sharing ? 0 : s.tenant;
-  }
+  int64_t salt_of(const SequenceState& s) const { return config_.global_prefix_sharing ? 0 : s.tenant; }
   // Chain hash of full block i of the sequence's tokens. REQUIRES: (i+1)*block_size <= tokens.
   const BlockHash& block_hash(const SequenceState& s, int64_t i) const;
   // I9 bookkeeping: the generation a device block had when truncate dropped one of its
   // positions while it was in the prefix cache (-1: never, or re-registered since with
   // final tokens). REQUIRES: 0 <= block < num_device_blocks.
-  int64_t rolled_back_generation(int32_t block) const {
-    return rolled_back_generation_[static_cast<size_t>(block)];
-  }
+  int64_t rolled_back_generation(int32_t block) const { return rolled_back_generation_[static_cast<size_t>(block)]; }
 
  private:
   friend class KvCacheManagerTestPeer;  // tests corrupt state to prove the checkers see it
@@ -197,8 +193,7 @@ class KvCacheManager {
   };
   PrefixHit find_prefix(const SequenceState& s) const;
   bool needs_copy_on_write(const SequenceState& s, int64_t n_new_tokens) const;
-  AllocStatus can_allocate(const SequenceState& s, int64_t n_new_tokens,
-                           const PrefixHit& hit) const;
+  AllocStatus can_allocate(const SequenceState& s, int64_t n_new_tokens, const PrefixHit& hit) const;
   int32_t take_device_block(bool is_copy_dst);
   void release_device_block(int32_t block);
   void release_tail_to(SequenceState& s, int64_t num_blocks);

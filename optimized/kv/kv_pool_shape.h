@@ -26,9 +26,7 @@ struct KvPoolShape {
   DType kv_dtype = DType::kF32;
 
   // Elements (of kv_dtype) of one block of K (or V) in one layer.
-  int64_t elements_per_block() const {
-    return static_cast<int64_t>(block_size) * num_kv_heads * head_dim;
-  }
+  int64_t elements_per_block() const { return static_cast<int64_t>(block_size) * num_kv_heads * head_dim; }
   int64_t num_device_slots() const { return static_cast<int64_t>(num_device_blocks) * block_size; }
   int64_t num_host_slots() const { return static_cast<int64_t>(num_host_blocks) * block_size; }
 

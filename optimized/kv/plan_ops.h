@@ -29,9 +29,7 @@ struct KvPlanOps {
   std::vector<int32_t> poison;          // device blocks
   std::vector<BlockCopy> swap_in;       // src: host block, dst: device block
 
-  bool empty() const {
-    return swap_out.empty() && block_copies.empty() && poison.empty() && swap_in.empty();
-  }
+  bool empty() const { return swap_out.empty() && block_copies.empty() && poison.empty() && swap_in.empty(); }
   void clear() {
     swap_out.clear();
     block_copies.clear();

@@ -53,8 +53,7 @@ void PrefixCache::clear() {
 }
 
 bool PrefixCache::contains(int32_t block) const {
-  return block >= 0 && static_cast<size_t>(block) < present_.size() &&
-         present_[static_cast<size_t>(block)];
+  return block >= 0 && static_cast<size_t>(block) < present_.size() && present_[static_cast<size_t>(block)];
 }
 
 const PrefixCacheEntry& PrefixCache::entry(int32_t block) const {
@@ -70,8 +69,6 @@ std::vector<int32_t> PrefixCache::blocks() const {
   return out;
 }
 
-std::vector<std::pair<BlockHash, int32_t>> PrefixCache::index_pairs() const {
-  return {index_.begin(), index_.end()};
-}
+std::vector<std::pair<BlockHash, int32_t>> PrefixCache::index_pairs() const { return {index_.begin(), index_.end()}; }
 
 }  // namespace kvp

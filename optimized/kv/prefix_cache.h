@@ -41,8 +41,7 @@ class PrefixCache {
   explicit PrefixCache(int32_t num_blocks);
 
   // The cached block whose entry equals (hash, salt, tokens, parent), or -1.
-  int32_t find(const BlockHash& hash, int64_t salt, std::span<const int32_t> tokens,
-               BlockHandle parent) const;
+  int32_t find(const BlockHash& hash, int64_t salt, std::span<const int32_t> tokens, BlockHandle parent) const;
 
   // Names `block` in the cache. REQUIRES: !contains(block).
   void insert(int32_t block, PrefixCacheEntry entry);
