@@ -23,7 +23,10 @@ set(ENV{RC_PARAMS} "max_success=50 seed=1 verbose_progress=0")
 # ... and simulate_test's --check run over the real trace with its first 5 s only.
 set(ENV{KVPROOF_SIM_CHECK_SECONDS} "5")
 ctest_start(Experimental)
-ctest_memcheck(INCLUDE_LABEL "${LABELS}" PARALLEL_LEVEL 2 RETURN_VALUE rv DEFECT_COUNT defects)
+# The emulated CUDA kernels (the CudaEmu conformance tests) run each CUDA thread on its own
+# fiber stack, switched by hand; Valgrind does not follow those switches and reports every
+# fiber's stack accesses as invalid. ASan (fiber-annotated) and TSan cover them instead.
+ctest_memcheck(INCLUDE_LABEL "${LABELS}" EXCLUDE "CudaEmu" PARALLEL_LEVEL 2 RETURN_VALUE rv DEFECT_COUNT defects)
 message(STATUS "valgrind memcheck over labels '${LABELS}': ${defects} defects, ctest returned ${rv}")
 if(NOT rv EQUAL 0 OR defects GREATER 0)
   message(FATAL_ERROR "valgrind memcheck failed: ${defects} defects (details in ${CTEST_BINARY_DIRECTORY}/Testing/Temporary/MemoryChecker.*.log)")
