@@ -23,45 +23,49 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(best);
 }
 
-int32_t sample_token(std::span<const float> logits, const SamplingParams& params, Rng& rng) {
-  KVP_CHECK(!logits.empty());
-  KVP_CHECK(params.validate().is_ok());
-  if (params.greedy()) return argmax(logits);
-
-  std::vector<int32_t> order(logits.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  std::size_t keep = order.size();
-  if (params.top_k > 0) keep = std::min(keep, static_cast<std::size_t>(params.top_k));
+TruncatedDistribution truncated_distribution(std::span<const float> logits, const SamplingParams& params) {
+  TruncatedDistribution d;
+  d.order.resize(logits.size());
+  std::iota(d.order.begin(), d.order.end(), 0);
+  std::stable_sort(d.order.begin(), d.order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  d.keep = d.order.size();
+  if (params.top_k > 0) d.keep = std::min(d.keep, static_cast<std::size_t>(params.top_k));
 
   const double inv_t = 1.0 / static_cast<double>(params.temperature);
-  const double max_logit = static_cast<double>(logits[order[0]]) * inv_t;
-  std::vector<double> p(keep);
-  double total = 0.0;
-  for (std::size_t i = 0; i < keep; ++i) {
-    p[i] = std::exp(static_cast<double>(logits[order[i]]) * inv_t - max_logit);
-    total += p[i];
+  const double max_logit = static_cast<double>(logits[d.order[0]]) * inv_t;
+  d.p.resize(d.keep);
+  for (std::size_t i = 0; i < d.keep; ++i) {
+    d.p[i] = std::exp(static_cast<double>(logits[d.order[i]]) * inv_t - max_logit);
+    d.total += d.p[i];
   }
   if (params.top_p < 1.0f) {
     double mass = 0.0;
-    std::size_t cut = keep;
-    for (std::size_t i = 0; i < keep; ++i) {
-      mass += p[i] / total;
+    std::size_t cut = d.keep;
+    for (std::size_t i = 0; i < d.keep; ++i) {
+      mass += d.p[i] / d.total;
       if (mass >= static_cast<double>(params.top_p)) {
         cut = i + 1;
         break;
       }
     }
-    keep = cut;
-    total = std::accumulate(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(keep), 0.0);
+    d.keep = cut;
+    d.total = std::accumulate(d.p.begin(), d.p.begin() + static_cast<std::ptrdiff_t>(d.keep), 0.0);
   }
-  const double u = rng.uniform() * total;
+  return d;
+}
+
+int32_t sample_token(std::span<const float> logits, const SamplingParams& params, Rng& rng) {
+  KVP_CHECK(!logits.empty());
+  KVP_CHECK(params.validate().is_ok());
+  if (params.greedy()) return argmax(logits);
+  const TruncatedDistribution d = truncated_distribution(logits, params);
+  const double u = rng.uniform() * d.total;
   double acc = 0.0;
-  for (std::size_t i = 0; i < keep; ++i) {
-    acc += p[i];
-    if (u < acc) return order[i];
+  for (std::size_t i = 0; i < d.keep; ++i) {
+    acc += d.p[i];
+    if (u < acc) return d.order[i];
   }
-  return order[keep - 1];
+  return d.order[d.keep - 1];
 }
 
 }  // namespace kvp

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "common/rng.h"
 #include "common/status.h"
@@ -30,6 +31,19 @@ struct SamplingParams {
 
 // Arg-max; lowest index on ties. REQUIRES: !logits.empty().
 int32_t argmax(std::span<const float> logits);
+
+// The sampling distribution before the draw: tokens by descending logit (ties by id), the
+// first `keep` of them kept by top-k and top-p, with unnormalised weights p (softmax of
+// logits / temperature) summing to `total`. sample_token draws from it; speculative
+// acceptance (optimized/engine/acceptance.h) uses it as a distribution.
+// REQUIRES: !params.greedy(), !logits.empty().
+struct TruncatedDistribution {
+  std::vector<int32_t> order;
+  std::vector<double> p;  // weights of order[0 .. keep)
+  std::size_t keep = 0;
+  double total = 0.0;
+};
+TruncatedDistribution truncated_distribution(std::span<const float> logits, const SamplingParams& params);
 
 // Draws a token. `rng` is the request's stream (Rng(params.seed) at the start).
 // REQUIRES: params.validate().is_ok(), !logits.empty().

@@ -15,34 +15,8 @@ std::vector<double> sampling_distribution(std::span<const float> logits, const S
     probs[static_cast<std::size_t>(argmax(logits))] = 1.0;
     return probs;
   }
-  // The same steps as sample_token (common/sampling.cc), kept as a distribution.
-  std::vector<int32_t> order(logits.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  std::size_t keep = order.size();
-  if (params.top_k > 0) keep = std::min(keep, static_cast<std::size_t>(params.top_k));
-  const double inv_t = 1.0 / static_cast<double>(params.temperature);
-  const double max_logit = static_cast<double>(logits[order[0]]) * inv_t;
-  std::vector<double> p(keep);
-  double total = 0.0;
-  for (std::size_t i = 0; i < keep; ++i) {
-    p[i] = std::exp(static_cast<double>(logits[order[i]]) * inv_t - max_logit);
-    total += p[i];
-  }
-  if (params.top_p < 1.0f) {
-    double mass = 0.0;
-    std::size_t cut = keep;
-    for (std::size_t i = 0; i < keep; ++i) {
-      mass += p[i] / total;
-      if (mass >= static_cast<double>(params.top_p)) {
-        cut = i + 1;
-        break;
-      }
-    }
-    keep = cut;
-    total = std::accumulate(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(keep), 0.0);
-  }
-  for (std::size_t i = 0; i < keep; ++i) probs[static_cast<std::size_t>(order[i])] = p[i] / total;
+  const TruncatedDistribution d = truncated_distribution(logits, params);
+  for (std::size_t i = 0; i < d.keep; ++i) probs[static_cast<std::size_t>(d.order[i])] = d.p[i] / d.total;
   return probs;
 }
 
