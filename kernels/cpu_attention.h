@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include "common/host_device.h"
+#include "kernels/kv_element.h"
 #include "kernels/kv_index.h"
 
 namespace kvp::kernels {
@@ -209,15 +210,31 @@ KVP_HOST_DEVICE inline float silu(float z) { return z / (1.0f + std::exp(-z)); }
 // partition keeps its own online-softmax state (max, sum, accumulator), and the partitions
 // are merged in order. A NaN anywhere in the K/V read (a poisoned block) reaches `out`.
 //
-// q: [head_dim]. k_pool, v_pool: the layer's pools. block_table: the sequence's block ids,
-// at least blocks_for_tokens(position + 1, block_size) of them. scratch: [head_dim] floats.
-// out: [head_dim]; must not alias q or scratch.
+// q: [head_dim]. k_pool, v_pool: the layer's pools, of element type KvT (float, F16Bits or
+// BF16Bits: each K/V element is converted to fp32 as it is read). block_table: the sequence's
+// block ids, at least blocks_for_tokens(position + 1, block_size) of them. scratch:
+// kAttentionScratch(KvT) * head_dim floats. out: [head_dim]; must not alias q or scratch.
 // REQUIRES: position >= 0, partition > 0, every slot read lies inside the pools.
-template <typename BlockId>
-KVP_HOST_DEVICE inline void paged_attention_head(const float* q, const float* k_pool, const float* v_pool,
+template <typename KvT>
+inline constexpr int64_t kAttentionScratch = 3;  // accumulator, K row and V row in fp32
+template <>
+inline constexpr int64_t kAttentionScratch<float> = 1;  // accumulator; rows are read in place
+
+// A K or V row of the pool as fp32: the pool itself for fp32, else converted into `buffer`.
+KVP_HOST_DEVICE inline const float* kv_row_as_float(const float* row, float* /*buffer*/, int64_t /*n*/) { return row; }
+template <typename KvT>
+KVP_HOST_DEVICE inline const float* kv_row_as_float(const KvT* row, float* buffer, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) buffer[i] = kv_to_float(row[i]);
+  return buffer;
+}
+
+template <typename BlockId, typename KvT>
+KVP_HOST_DEVICE inline void paged_attention_head(const float* q, const KvT* k_pool, const KvT* v_pool,
                                                  const BlockId* block_table, int64_t block_size, int64_t num_kv_heads,
                                                  int64_t kv_head, int64_t head_dim, int64_t position, float scale,
                                                  int64_t partition, float* scratch, float* out) {
+  float* k_buffer = kAttentionScratch<KvT> > 1 ? scratch + head_dim : nullptr;
+  float* v_buffer = kAttentionScratch<KvT> > 1 ? scratch + 2 * head_dim : nullptr;
   float running_max = 0.0f;
   float running_sum = 0.0f;
   for (int64_t begin = 0; begin <= position; begin += partition) {
@@ -229,8 +246,8 @@ KVP_HOST_DEVICE inline void paged_attention_head(const float* q, const float* k_
     for (int64_t d = 0; d < head_dim; ++d) scratch[d] = 0.0f;
     for (int64_t j = begin; j < end; ++j) {
       const int64_t slot = slot_of(block_table, j, block_size);
-      const float* k = k_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim);
-      const float* v = v_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim);
+      const float* k = kv_row_as_float(k_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim), k_buffer, head_dim);
+      const float* v = kv_row_as_float(v_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim), v_buffer, head_dim);
       const float score = dot(q, k, head_dim) * scale;
       if (j == begin) {
         part_max = score;

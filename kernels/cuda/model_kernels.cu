@@ -2,10 +2,11 @@
 // builds kvp_cuda_kernels_dev, the host compiler builds kvp_cuda_kernels_emu through
 // model_kernels_emulated.cc and the SIMT layer. Kernel bodies hold no flavour #ifdefs.
 //
-// Each kernel gives one output element (or one (token, head) pair) to one CUDA thread and
-// computes it with the CPU backend's loops from kernels/cpu_attention.h, so the reduction
-// order of every value is fixed by the sizes alone (N1), and the emulated flavour gives the
-// CPU backend's bits. The GPU flavour may differ in the last bits (nvcc contracts a*b+c into
+// The per-token kernels give one output element (or one (token, head) pair) to one CUDA
+// thread and compute it with the CPU backend's loops from kernels/cpu_attention.h; attention
+// runs paged_attention_head's recurrence spread over a thread block, step for step in the
+// same order. So the reduction order of every value is fixed by the sizes alone (N1), and
+// the emulated flavour gives the CPU backend's bits. The GPU flavour may differ in the last bits (nvcc contracts a*b+c into
 // FMA; see kernels/simt/simt.h, "Fidelity"), but is as deterministic.
 #include "kernels/cuda/model_kernels.h"
 
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "kernels/cpu_attention.h"
+#include "kernels/kv_element.h"
 #include "kernels/kv_index.h"
 #include "kernels/simt/simt.h"
 
@@ -21,6 +23,16 @@ namespace kvp::cuda_kernels::KVP_CUDA_FLAVOUR_NS {
 namespace {
 
 constexpr int kThreads = 128;
+// Attention kernel 1: threads per block, positions per shared-memory tile, and accumulator
+// elements per thread (group * head_dim <= kAttentionThreads * kAttentionAccPerThread).
+constexpr int kAttentionThreads = 128;
+constexpr int64_t kAttentionTile = 16;
+constexpr int kAttentionAccPerThread = 64;
+constexpr int64_t kAttentionMaxShared = 48 * 1024;  // the default dynamic shared memory limit
+
+std::size_t attention_shared_bytes(int64_t group, int64_t head_dim) {
+  return static_cast<std::size_t>(2 * kAttentionTile * head_dim + 2 * group * kAttentionTile) * sizeof(float);
+}
 
 std::string fail(const char* what, cudaError_t e) { return std::string(what) + ": " + kvp::simt::error_message(e); }
 
@@ -36,9 +48,10 @@ __device__ __forceinline__ int64_t global_index() {
   return static_cast<int64_t>(blockIdx.x) * static_cast<int64_t>(blockDim.x) + static_cast<int64_t>(threadIdx.x);
 }
 
-__global__ void fill_nan_kernel(float* x, int64_t n) {
+template <typename KvT>
+__global__ void fill_kv_nan_kernel(KvT* x, int64_t n) {
   const int64_t i = global_index();
-  if (i < n) x[i] = __int_as_float(0x7fc00000);
+  if (i < n) kvp::kernels::kv_store_nan(x + i);
 }
 
 __global__ void embed_kernel(const float* table, const int32_t* ids, int64_t n, int64_t hidden, float* x) {
@@ -81,8 +94,9 @@ __global__ void rope_kernel(float* x, int64_t n, int64_t heads, int64_t head_dim
   kvp::kernels::apply_rope(x + i * head_dim, cs, sn, half);
 }
 
+template <typename KvT>
 __global__ void write_kv_kernel(const float* k, const float* v, const int64_t* slots, int64_t n, int64_t kv_dim,
-                                float* k_pool, float* v_pool) {
+                                KvT* k_pool, KvT* v_pool) {
   const int64_t i = global_index();
   if (i >= n * kv_dim) return;
   const int64_t t = i / kv_dim;
@@ -91,26 +105,145 @@ __global__ void write_kv_kernel(const float* k, const float* v, const int64_t* s
   if (slot == kvp::kernels::kSkipSlot) return;
   // kv_pool_offset(slot, 0, ...) + c: the token's row, KV head major.
   const int64_t at = slot * kv_dim + c;
-  k_pool[at] = k[i];
-  v_pool[at] = v[i];
+  kvp::kernels::kv_store(k_pool + at, k[i]);
+  kvp::kernels::kv_store(v_pool + at, v[i]);
 }
 
-// One thread per (token, query head). Threads of one token are adjacent and query heads of
-// one group are adjacent, so a group's threads read the same K/V rows at the same time.
-__global__ void attention_kernel(const float* q, const float* k_pool, const float* v_pool, const int32_t* block_tables,
-                                 int64_t max_blocks_per_seq, const int32_t* seq_of_token, const int32_t* positions,
-                                 int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                 int64_t block_size, float scale, int64_t partition, float* out) {
-  const int64_t i = global_index();
-  if (i >= n * num_heads) return;
-  const int64_t t = i / num_heads;
-  const int64_t head = i % num_heads;
+// Attention, kernel 1: one thread block per (token, KV head, partition), blockIdx.x = token *
+// num_kv_heads + KV head, blockIdx.y = partition. For each tile of kAttentionTile positions:
+//   1. the block loads the tile's K and V rows (converted to fp32) into shared memory once,
+//      for all `group` query heads that read this KV head (GQA);
+//   2. a thread per (query head, position) computes the score dot(q, k) * scale;
+//   3. a thread per query head runs paged_attention_head's online-softmax recurrence over the
+//      tile in position order (max, rescale, p, sum): the same operations on the same values;
+//   4. a thread per (query head, dimension) applies each position's rescale and p * v to its
+//      accumulator element, in position order.
+// The partition's state (accumulator, max, sum) goes to the workspace for kernel 2.
+// Shared memory: K and V tiles [kAttentionTile][head_dim], p and rescale [group][kAttentionTile].
+template <typename KvT>
+__global__ void attention_partition_kernel(const float* q, const KvT* k_pool, const KvT* v_pool,
+                                           const int32_t* block_tables, int64_t max_blocks_per_seq,
+                                           const int32_t* seq_of_token, const int32_t* positions, int64_t num_heads,
+                                           int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
+                                           int64_t partition, int64_t max_partitions, float* workspace) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) / num_kv_heads;
+  const int64_t kv_head = static_cast<int64_t>(blockIdx.x) % num_kv_heads;
+  const int64_t part = static_cast<int64_t>(blockIdx.y);
+  const int64_t position = positions[t];
+  const int64_t begin = part * partition;
+  if (begin > position) return;  // the whole block: this token has fewer partitions
+  const int64_t end = position + 1 - begin < partition ? position + 1 : begin + partition;
   const int64_t group = num_heads / num_kv_heads;
+  const int64_t tid = threadIdx.x;
+  const int64_t threads = blockDim.x;
   const int32_t* table = block_tables + static_cast<int64_t>(seq_of_token[t]) * max_blocks_per_seq;
-  float scratch[kMaxHeadDim];
-  kvp::kernels::paged_attention_head(q + i * head_dim, k_pool, v_pool, table, block_size, num_kv_heads, head / group,
-                                     head_dim, static_cast<int64_t>(positions[t]), scale, partition, scratch,
-                                     out + i * head_dim);
+  const float* q_group = q + (t * num_heads + kv_head * group) * head_dim;
+
+  KVP_DYNAMIC_SHARED(float, shared);
+  float* k_tile = shared;                               // [kAttentionTile][head_dim]
+  float* v_tile = k_tile + kAttentionTile * head_dim;   // [kAttentionTile][head_dim]
+  float* p_tile = v_tile + kAttentionTile * head_dim;   // [group][kAttentionTile]: score, then p
+  float* rescale = p_tile + group * kAttentionTile;     // [group][kAttentionTile]
+
+  // Thread `tid` owns accumulator elements e = tid + i * threads of [group][head_dim].
+  const int64_t elements = group * head_dim;
+  float acc[kAttentionAccPerThread];
+KVP_UNROLL
+  for (int i = 0; i < kAttentionAccPerThread; ++i) acc[i] = 0.0f;
+  // The recurrence's state of head `tid` (threads tid < group).
+  float part_max = 0.0f;
+  float part_sum = 0.0f;
+
+  for (int64_t tile = begin; tile < end; tile += kAttentionTile) {
+    const int64_t count = end - tile < kAttentionTile ? end - tile : kAttentionTile;
+    for (int64_t e = tid; e < count * head_dim; e += threads) {
+      const int64_t j = e / head_dim;
+      const int64_t d = e % head_dim;
+      const int64_t slot = kvp::kernels::slot_of(table, tile + j, block_size);
+      const int64_t at = kvp::kernels::kv_pool_offset(slot, kv_head, num_kv_heads, head_dim) + d;
+      k_tile[e] = kvp::kernels::kv_to_float(k_pool[at]);
+      v_tile[e] = kvp::kernels::kv_to_float(v_pool[at]);
+    }
+    __syncthreads();
+    for (int64_t e = tid; e < group * count; e += threads) {
+      const int64_t h = e / count;
+      const int64_t j = e % count;
+      p_tile[h * kAttentionTile + j] =
+          kvp::kernels::dot(q_group + h * head_dim, k_tile + j * head_dim, head_dim) * scale;
+    }
+    __syncthreads();
+    if (tid < group) {
+      for (int64_t j = 0; j < count; ++j) {
+        const float score = p_tile[tid * kAttentionTile + j];
+        float r = 1.0f;
+        if (tile + j == begin) {
+          part_max = score;  // the first score sets the max, so a NaN cannot be skipped
+        } else if (score > part_max) {
+          r = std::exp(part_max - score);
+          part_sum *= r;
+          part_max = score;
+        }
+        const float p = std::exp(score - part_max);
+        part_sum += p;
+        p_tile[tid * kAttentionTile + j] = p;
+        rescale[tid * kAttentionTile + j] = r;
+      }
+    }
+    __syncthreads();
+KVP_UNROLL
+    for (int i = 0; i < kAttentionAccPerThread; ++i) {
+      const int64_t e = tid + i * threads;
+      if (e < elements) {
+        const int64_t h = e / head_dim;
+        const int64_t d = e % head_dim;
+        for (int64_t j = 0; j < count; ++j) {
+          const float r = rescale[h * kAttentionTile + j];
+          if (r != 1.0f) acc[i] *= r;  // x * 1 == x: skipping it changes no bit
+          acc[i] += p_tile[h * kAttentionTile + j] * v_tile[j * head_dim + d];
+        }
+      }
+    }
+    __syncthreads();  // before the next tile overwrites the shared arrays
+  }
+  const int64_t stride = head_dim + 2;
+  float* ws = workspace + ((t * num_heads + kv_head * group) * max_partitions + part) * stride;
+KVP_UNROLL
+  for (int i = 0; i < kAttentionAccPerThread; ++i) {
+    const int64_t e = tid + i * threads;
+    if (e < elements) ws[(e / head_dim) * max_partitions * stride + e % head_dim] = acc[i];
+  }
+  if (tid < group) {
+    ws[tid * max_partitions * stride + head_dim] = part_max;
+    ws[tid * max_partitions * stride + head_dim + 1] = part_sum;
+  }
+}
+
+// Attention, kernel 2: one thread per (token, query head, dimension) merges the token's
+// partitions in order, as paged_attention_head does, and divides by the sum.
+__global__ void attention_merge_kernel(const float* workspace, const int32_t* positions, int64_t n, int64_t num_heads,
+                                       int64_t head_dim, int64_t partition, int64_t max_partitions, float* out) {
+  const int64_t i = global_index();
+  if (i >= n * num_heads * head_dim) return;
+  const int64_t d = i % head_dim;
+  const int64_t token_head = i / head_dim;
+  const int64_t parts = static_cast<int64_t>(positions[token_head / num_heads]) / partition + 1;
+  const int64_t stride = head_dim + 2;
+  const float* ws = workspace + token_head * max_partitions * stride;
+  float o = ws[d];
+  float running_max = ws[head_dim];
+  float running_sum = ws[head_dim + 1];
+  for (int64_t p = 1; p < parts; ++p) {
+    const float* w = ws + p * stride;
+    const float part_max = w[head_dim];
+    const float new_max = part_max > running_max ? part_max : running_max;
+    const float a = std::exp(running_max - new_max);
+    const float b = std::exp(part_max - new_max);
+    running_sum = running_sum * a + w[head_dim + 1] * b;
+    o = o * a + w[d] * b;
+    running_max = new_max;
+  }
+  const float inv_sum = 1.0f / running_sum;
+  out[i] = o * inv_sum;
 }
 
 __global__ void silu_mul_kernel(float* gate, const float* up, int64_t n) {
@@ -165,10 +298,29 @@ std::string synchronize() {
   return e == cudaSuccess ? std::string() : fail("cudaDeviceSynchronize", e);
 }
 
-std::string fill_nan(float* d_x, int64_t n) {
+bool kv_dtype_supported(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+}
+
+namespace {
+std::string unsupported(const char* what, DType dtype) {
+  return std::string(what) + ": KV dtype " + std::string(dtype_name(dtype)) + " is not one of F32, F16, BF16";
+}
+template <typename KvT>
+std::string fill_kv_nan_typed(KvT* d_x, int64_t n) {
+  KVP_LAUNCH(fill_kv_nan_kernel<KvT>, grid_for(n), dim3(kThreads), 0, nullptr)(d_x, n);
+  return launched("fill_kv_nan_kernel");
+}
+}  // namespace
+
+std::string fill_kv_nan(void* d_x, int64_t n, DType dtype) {
   if (n <= 0) return {};
-  KVP_LAUNCH(fill_nan_kernel, grid_for(n), dim3(kThreads), 0, nullptr)(d_x, n);
-  return launched("fill_nan_kernel");
+  switch (dtype) {
+    case DType::kF32: return fill_kv_nan_typed(static_cast<float*>(d_x), n);
+    case DType::kF16: return fill_kv_nan_typed(static_cast<kvp::kernels::F16Bits*>(d_x), n);
+    case DType::kBF16: return fill_kv_nan_typed(static_cast<kvp::kernels::BF16Bits*>(d_x), n);
+    default: return unsupported("fill_kv_nan", dtype);
+  }
 }
 
 std::string embed(const float* d_table, const int32_t* d_ids, int64_t n, int64_t hidden, float* d_x) {
@@ -199,25 +351,100 @@ std::string rope(float* d_x, int64_t n, int64_t heads, int64_t head_dim, const i
   return launched("rope_kernel");
 }
 
-std::string write_kv(const float* d_k, const float* d_v, const int64_t* d_slots, int64_t n, int64_t kv_dim,
-                     float* d_k_pool, float* d_v_pool) {
-  if (n <= 0) return {};
-  KVP_LAUNCH(write_kv_kernel, grid_for(n * kv_dim), dim3(kThreads), 0, nullptr)
-  (d_k, d_v, d_slots, n, kv_dim, d_k_pool, d_v_pool);
+namespace {
+template <typename KvT>
+std::string write_kv_typed(const float* d_k, const float* d_v, const int64_t* d_slots, int64_t n, int64_t kv_dim,
+                           void* d_k_pool, void* d_v_pool) {
+  KVP_LAUNCH(write_kv_kernel<KvT>, grid_for(n * kv_dim), dim3(kThreads), 0, nullptr)
+  (d_k, d_v, d_slots, n, kv_dim, static_cast<KvT*>(d_k_pool), static_cast<KvT*>(d_v_pool));
   return launched("write_kv_kernel");
 }
 
-std::string attention(const float* d_q, const float* d_k_pool, const float* d_v_pool, const int32_t* d_block_tables,
-                      int64_t max_blocks_per_seq, const int32_t* d_seq_of_token, const int32_t* d_positions, int64_t n,
-                      int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
-                      int64_t partition, float* d_out) {
+template <typename KvT>
+std::string attention_typed(const float* d_q, const void* d_k_pool, const void* d_v_pool,
+                            const int32_t* d_block_tables, int64_t max_blocks_per_seq, const int32_t* d_seq_of_token,
+                            const int32_t* d_positions, int64_t n, int64_t num_heads, int64_t num_kv_heads,
+                            int64_t head_dim, int64_t block_size, float scale, int64_t partition,
+                            int64_t max_partitions, float* d_workspace) {
+  const dim3 grid(static_cast<unsigned>(n * num_kv_heads), static_cast<unsigned>(max_partitions));
+  KVP_LAUNCH(attention_partition_kernel<KvT>, grid, dim3(kAttentionThreads),
+             attention_shared_bytes(num_heads / num_kv_heads, head_dim), nullptr)
+  (d_q, static_cast<const KvT*>(d_k_pool), static_cast<const KvT*>(d_v_pool), d_block_tables, max_blocks_per_seq,
+   d_seq_of_token, d_positions, num_heads, num_kv_heads, head_dim, block_size, scale, partition, max_partitions,
+   d_workspace);
+  return launched("attention_partition_kernel");
+}
+}  // namespace
+
+std::string write_kv(const float* d_k, const float* d_v, const int64_t* d_slots, int64_t n, int64_t kv_dim,
+                     DType kv_dtype, void* d_k_pool, void* d_v_pool) {
   if (n <= 0) return {};
-  if (head_dim > kMaxHeadDim)
-    return "attention: head_dim " + std::to_string(head_dim) + " > " + std::to_string(kMaxHeadDim);
-  KVP_LAUNCH(attention_kernel, grid_for(n * num_heads), dim3(kThreads), 0, nullptr)
-  (d_q, d_k_pool, d_v_pool, d_block_tables, max_blocks_per_seq, d_seq_of_token, d_positions, n, num_heads, num_kv_heads,
-   head_dim, block_size, scale, partition, d_out);
-  return launched("attention_kernel");
+  switch (kv_dtype) {
+    case DType::kF32: return write_kv_typed<float>(d_k, d_v, d_slots, n, kv_dim, d_k_pool, d_v_pool);
+    case DType::kF16: return write_kv_typed<kvp::kernels::F16Bits>(d_k, d_v, d_slots, n, kv_dim, d_k_pool, d_v_pool);
+    case DType::kBF16:
+      return write_kv_typed<kvp::kernels::BF16Bits>(d_k, d_v, d_slots, n, kv_dim, d_k_pool, d_v_pool);
+    default: return unsupported("write_kv", kv_dtype);
+  }
+}
+
+int64_t attention_partitions(int64_t max_position, int64_t partition) { return max_position / partition + 1; }
+
+int64_t attention_workspace_floats(int64_t n, int64_t num_heads, int64_t head_dim, int64_t max_partitions) {
+  return n * num_heads * max_partitions * (head_dim + 2);
+}
+
+std::string check_attention_shape(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
+  if (head_dim <= 0 || head_dim > kMaxHeadDim)
+    return "attention: head_dim " + std::to_string(head_dim) + " is not in [1, " + std::to_string(kMaxHeadDim) + "]";
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0)
+    return "attention: " + std::to_string(num_heads) + " query heads are not a multiple of " +
+           std::to_string(num_kv_heads) + " KV heads";
+  const int64_t group = num_heads / num_kv_heads;
+  if (group * head_dim > int64_t{kAttentionThreads} * kAttentionAccPerThread)
+    return "attention: a KV head's group of " + std::to_string(group) + " query heads of dimension " +
+           std::to_string(head_dim) + " is over the kernel's " +
+           std::to_string(int64_t{kAttentionThreads} * kAttentionAccPerThread) + " accumulator elements per block";
+  if (static_cast<int64_t>(attention_shared_bytes(group, head_dim)) > kAttentionMaxShared)
+    return "attention: " + std::to_string(attention_shared_bytes(group, head_dim)) +
+           " bytes of shared memory per block is over " + std::to_string(kAttentionMaxShared);
+  return {};
+}
+
+std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, const void* d_v_pool,
+                      const int32_t* d_block_tables, int64_t max_blocks_per_seq, const int32_t* d_seq_of_token,
+                      const int32_t* d_positions, int64_t n, int64_t num_heads, int64_t num_kv_heads,
+                      int64_t head_dim, int64_t block_size, float scale, int64_t partition, int64_t max_partitions,
+                      float* d_workspace, float* d_out) {
+  if (n <= 0) return {};
+  if (std::string shape = check_attention_shape(num_heads, num_kv_heads, head_dim); !shape.empty()) return shape;
+  if (partition <= 0 || max_partitions <= 0 || max_partitions > 65535)
+    return "attention: " + std::to_string(max_partitions) + " partitions of " + std::to_string(partition) +
+           " positions is outside the grid's [1, 65535]";
+  if (n * num_kv_heads > 0x7fffffff) return "attention: " + std::to_string(n * num_kv_heads) + " blocks is too many";
+  std::string launched_error;
+  switch (kv_dtype) {
+    case DType::kF32:
+      launched_error = attention_typed<float>(d_q, d_k_pool, d_v_pool, d_block_tables, max_blocks_per_seq,
+                                              d_seq_of_token, d_positions, n, num_heads, num_kv_heads, head_dim,
+                                              block_size, scale, partition, max_partitions, d_workspace);
+      break;
+    case DType::kF16:
+      launched_error = attention_typed<kvp::kernels::F16Bits>(
+          d_q, d_k_pool, d_v_pool, d_block_tables, max_blocks_per_seq, d_seq_of_token, d_positions, n, num_heads,
+          num_kv_heads, head_dim, block_size, scale, partition, max_partitions, d_workspace);
+      break;
+    case DType::kBF16:
+      launched_error = attention_typed<kvp::kernels::BF16Bits>(
+          d_q, d_k_pool, d_v_pool, d_block_tables, max_blocks_per_seq, d_seq_of_token, d_positions, n, num_heads,
+          num_kv_heads, head_dim, block_size, scale, partition, max_partitions, d_workspace);
+      break;
+    default: return unsupported("attention", kv_dtype);
+  }
+  if (!launched_error.empty()) return launched_error;
+  KVP_LAUNCH(attention_merge_kernel, grid_for(n * num_heads * head_dim), dim3(kThreads), 0, nullptr)
+  (d_workspace, d_positions, n, num_heads, head_dim, partition, max_partitions, d_out);
+  return launched("attention_merge_kernel");
 }
 
 std::string silu_mul(float* d_gate, const float* d_up, int64_t n) {

@@ -10,15 +10,22 @@
 // Every function returns "" on success, else a message naming the call or kernel and the
 // CUDA error. Pointers named d_* are device memory, h_* pinned host memory.
 //
-// Arithmetic: every kernel computes each output element in one CUDA thread with the CPU
-// backend's own loops (kernels/cpu_attention.h: dot, rms_norm, rope, silu,
-// paged_attention_head), so each element is reduced in one fixed order that depends only on
-// the sizes, never on the number of tokens, the batch or the launch shape (N1).
+// Arithmetic: every output element is reduced in the CPU backend's own fixed order
+// (kernels/cpu_attention.h: dot, rms_norm, rope, silu, paged_attention_head), an order that
+// depends only on the sizes, never on the number of tokens, the batch or the launch shape
+// (N1). Attention is parallel over (token, KV head, partition) with the partitions merged by
+// a second kernel in order; each step of paged_attention_head's recurrence is done in the
+// same order on the same fp32 values, so the emulated flavour gives its bits.
+//
+// KV pools hold fp32, fp16 or bf16 (DType kF32, kF16, kBF16): elements are rounded to the
+// pool's type when written and read back as fp32; all arithmetic is fp32.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+
+#include "common/dtype.h"
 
 #if defined(__CUDACC__) || defined(KVP_CUDA_DEVICE_FLAVOUR)
 #define KVP_CUDA_FLAVOUR_NS dev
@@ -46,8 +53,10 @@ std::string copy_device_to_device(void* d_dst, const void* d_src, std::size_t by
 // Waits for all work; reports an asynchronous kernel fault.
 std::string synchronize();
 
-// d_x[i] = quiet NaN for i < n (poison fill).
-std::string fill_nan(float* d_x, int64_t n);
+// The KV element types the kernels take: f32, f16, bf16.
+bool kv_dtype_supported(DType dtype);
+// Elements d_x[0, n) of a KV pool of `dtype` = that type's quiet NaN (poison fill).
+std::string fill_kv_nan(void* d_x, int64_t n, DType dtype);
 // d_x[t, :] = d_table[d_ids[t], :], t < n.
 std::string embed(const float* d_table, const int32_t* d_ids, int64_t n, int64_t hidden, float* d_x);
 // Row r of d_out = rms_norm(row d_rows[r] of d_x) (d_rows null: row r), r < n.
@@ -59,17 +68,32 @@ std::string project(const float* d_w, int64_t out_dim, int64_t in_dim, const flo
 // Rotary embedding in place of d_x [n, heads, head_dim] at d_positions[t].
 std::string rope(float* d_x, int64_t n, int64_t heads, int64_t head_dim, const int32_t* d_positions,
                  const float* d_inv_freq);
-// K/V of token t into slot d_slots[t] of the pools ([slots, kv_dim]); slot -1 is skipped.
+// K/V of token t into slot d_slots[t] of the pools ([slots, kv_dim] of `kv_dtype`, rounded
+// to nearest even); slot -1 is skipped.
 std::string write_kv(const float* d_k, const float* d_v, const int64_t* d_slots, int64_t n, int64_t kv_dim,
-                     float* d_k_pool, float* d_v_pool);
+                     DType kv_dtype, void* d_k_pool, void* d_v_pool);
+
 // Paged attention, decode and chunked prefill alike: token t (sequence d_seq_of_token[t],
 // position d_positions[t]) attends causally to positions [0, position] of its sequence
-// through its block table row, with partitions of `partition` positions merged in order.
-// Query head h reads KV head h / (num_heads / num_kv_heads).
-std::string attention(const float* d_q, const float* d_k_pool, const float* d_v_pool, const int32_t* d_block_tables,
-                      int64_t max_blocks_per_seq, const int32_t* d_seq_of_token, const int32_t* d_positions, int64_t n,
-                      int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
-                      int64_t partition, float* d_out);
+// through its block table row; query head h reads KV head h / (num_heads / num_kv_heads).
+// Positions are cut into partitions of `partition` positions (fixed in positions, never a
+// number of splits). Kernel 1 runs one thread block per (token, KV head, partition): it loads
+// each K/V row once into shared memory for every query head of the group, and leaves the
+// partition's online-softmax state (accumulator, max, sum) in d_workspace. Kernel 2 merges a
+// token's partitions in order. A token's result depends only on its own K/V and query.
+//
+// max_partitions: at least attention_partitions(max position in the batch, partition).
+// d_workspace: attention_workspace_floats(n, num_heads, head_dim, max_partitions) floats.
+int64_t attention_partitions(int64_t max_position, int64_t partition);
+int64_t attention_workspace_floats(int64_t n, int64_t num_heads, int64_t head_dim, int64_t max_partitions);
+// "" when the attention kernels take this shape, else why not (head_dim, group size).
+std::string check_attention_shape(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
+std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, const void* d_v_pool,
+                      const int32_t* d_block_tables, int64_t max_blocks_per_seq, const int32_t* d_seq_of_token,
+                      const int32_t* d_positions, int64_t n, int64_t num_heads, int64_t num_kv_heads,
+                      int64_t head_dim, int64_t block_size, float scale, int64_t partition, int64_t max_partitions,
+                      float* d_workspace, float* d_out);
+
 // d_gate[i] = silu(d_gate[i]) * d_up[i], i < n.
 std::string silu_mul(float* d_gate, const float* d_up, int64_t n);
 // d_x[i] += d_y[i], i < n.

@@ -76,6 +76,8 @@
   extern __shared__ __align__(16) unsigned char kvp_dynamic_shared_[]; \
   T* const name = reinterpret_cast<T*>(kvp_dynamic_shared_)
 #define KVP_LAUNCH(kernel, grid, block, shmem_bytes, stream) kernel<<<(grid), (block), (shmem_bytes), (stream)>>>
+// `#pragma unroll` for the loop that follows (nvcc); nothing in the emulated flavour.
+#define KVP_UNROLL _Pragma("unroll")
 
 namespace kvp::simt {
 // What went wrong in the last failed call, for test messages.
@@ -110,6 +112,7 @@ inline bool device_available() {
 #define KVP_DYNAMIC_SHARED(T, name) T* const name = ::kvp::simt::dynamic_shared<T>()
 #define KVP_LAUNCH(kernel, grid, block, shmem_bytes, stream) \
   ::kvp::simt::Launch(#kernel, kernel, (grid), (block), (shmem_bytes), (stream))
+#define KVP_UNROLL
 
 struct uint3 {
   unsigned x, y, z;

@@ -1,11 +1,14 @@
 #include "optimized/backends/cuda_backend.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <utility>
 
 #include "kernels/cuda/model_kernels.h"
+#include "kernels/kv_element.h"
 #include "kernels/kv_index.h"
 #include "optimized/backends/plan_validation.h"
 
@@ -45,16 +48,16 @@ struct CudaBackend::Device {
   float* norm = nullptr;
   float* lm_head = nullptr;
   float* inv_freq = nullptr;
-  std::vector<float*> k_pool, v_pool;  // device, per layer
-  std::vector<float*> host_k, host_v;  // pinned host, per layer
+  std::vector<std::byte*> k_pool, v_pool;  // device, per layer, of kv_dtype
+  std::vector<std::byte*> host_k, host_v;  // pinned host, per layer, of kv_dtype
   // Step buffers.
-  DeviceBuffer x, h, q, k, v, attn, proj, gate, up, final_h, logits;
+  DeviceBuffer x, h, q, k, v, attn, attn_workspace, proj, gate, up, final_h, logits;
   DeviceBuffer token_ids, positions, slots, seq_of_token, block_tables, logit_rows;
 
   ~Device() {
     for (void* p : owned) ck::device_free(p);
     for (void* p : pinned) ck::pinned_free(p);
-    for (DeviceBuffer* b : {&x, &h, &q, &k, &v, &attn, &proj, &gate, &up, &final_h, &logits, &token_ids, &positions,
+    for (DeviceBuffer* b : {&x, &h, &q, &k, &v, &attn, &attn_workspace, &proj, &gate, &up, &final_h, &logits, &token_ids, &positions,
                             &slots, &seq_of_token, &block_tables, &logit_rows})
       ck::device_free(b->ptr);
   }
@@ -88,9 +91,8 @@ struct CudaBackend::Device {
 
 Status CudaBackendConfig::validate() const {
   KVP_RETURN_IF_ERROR(pool.validate_for_backend());
-  if (pool.kv_dtype != DType::kF32)
-    return Status::error("kv_dtype must be f32 (the CUDA backend's kernels are fp32 so far), got " +
-                         std::string(dtype_name(pool.kv_dtype)));
+  if (!ck::kv_dtype_supported(pool.kv_dtype))
+    return Status::error("kv_dtype must be F32, F16 or BF16, got " + std::string(dtype_name(pool.kv_dtype)));
   if (attention_partition <= 0) return Status::error("attention_partition must be > 0");
   return Status::ok();
 }
@@ -107,14 +109,14 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const Model& model, con
   KVP_RETURN_IF_ERROR(model.config.validate().with_context("model config"));
   KVP_RETURN_IF_ERROR(config.validate().with_context(context));
   KVP_RETURN_IF_ERROR(check_pool_matches_model(config.pool, model.config).with_context(context));
-  if (model.config.head_dim > ck::kMaxHeadDim)
-    return Status::error(context + ": head_dim " + str(model.config.head_dim) + " is over the kernels' limit " +
-                         str(ck::kMaxHeadDim));
+  KVP_RETURN_IF_ERROR(
+      cuda_status(ck::check_attention_shape(model.config.num_heads, model.config.num_kv_heads, model.config.head_dim))
+          .with_context(context));
   const int64_t per_block = static_cast<int64_t>(config.pool.block_size) * model.config.kv_dim();
   const int64_t max_blocks = std::max(config.pool.num_device_blocks, config.pool.num_host_blocks);
   if (per_block > (int64_t{1} << 40) / std::max<int64_t>(max_blocks, 1))
     return Status::error(context + ": pool of " + str(max_blocks) + " blocks of " + str(per_block) +
-                         " floats is too large");
+                         " elements is too large");
   KVP_CUDA_RETURN_IF_ERROR(ck::check_device());
   std::unique_ptr<CudaBackend> b(new CudaBackend(model, config));
   const Status s = b->init();
@@ -155,29 +157,45 @@ Status CudaBackend::init() {
     inv_freq.push_back(kernels::rope_inv_freq(i, c.head_dim, static_cast<float>(c.rope_theta)));
   KVP_RETURN_IF_ERROR(d.upload(&d.inv_freq, inv_freq.data(), static_cast<int64_t>(inv_freq.size())));
 
-  const int64_t per_block = static_cast<int64_t>(config_.pool.block_size) * c.kv_dim();
-  const int64_t device_floats = per_block * config_.pool.num_device_blocks;
-  const int64_t host_floats = per_block * config_.pool.num_host_blocks;
-  const float fill = config_.nan_fill_at_start ? std::nanf("") : 0.0f;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    for (std::vector<float*>* pool : {&d.k_pool, &d.v_pool}) {
-      float* p = nullptr;
-      KVP_RETURN_IF_ERROR(d.alloc(&p, device_floats));
-      if (config_.nan_fill_at_start) {
-        KVP_CUDA_RETURN_IF_ERROR(ck::fill_nan(p, device_floats));
-      } else {
-        const std::vector<float> zeros(static_cast<std::size_t>(device_floats), 0.0f);
-        KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_device(p, zeros.data(), zeros.size() * sizeof(float)));
-      }
-      pool->push_back(p);
+  const int64_t per_block = config_.pool.elements_per_block();
+  const std::size_t element = dtype_size(config_.pool.kv_dtype);
+  const int64_t device_elements = per_block * config_.pool.num_device_blocks;
+  const int64_t host_elements = per_block * config_.pool.num_host_blocks;
+  // The host pool's start value, one element of kv_dtype: its quiet NaN or zero.
+  std::vector<std::byte> fill(element, std::byte{0});
+  if (config_.nan_fill_at_start) {
+    float f32 = 0;
+    kernels::F16Bits f16{};
+    kernels::BF16Bits bf16{};
+    kernels::kv_store_nan(&f32);
+    kernels::kv_store_nan(&f16);
+    kernels::kv_store_nan(&bf16);
+    switch (config_.pool.kv_dtype) {
+      case DType::kF32: std::memcpy(fill.data(), &f32, element); break;
+      case DType::kF16: std::memcpy(fill.data(), &f16.bits, element); break;
+      default: std::memcpy(fill.data(), &bf16.bits, element); break;
     }
-    for (std::vector<float*>* pool : {&d.host_k, &d.host_v}) {
+  }
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    for (std::vector<std::byte*>* pool : {&d.k_pool, &d.v_pool}) {
       void* p = nullptr;
-      KVP_CUDA_RETURN_IF_ERROR(ck::pinned_alloc(&p, static_cast<std::size_t>(host_floats) * sizeof(float)));
+      KVP_CUDA_RETURN_IF_ERROR(ck::device_alloc(&p, static_cast<std::size_t>(device_elements) * element));
+      d.owned.push_back(p);
+      if (config_.nan_fill_at_start) {
+        KVP_CUDA_RETURN_IF_ERROR(ck::fill_kv_nan(p, device_elements, config_.pool.kv_dtype));
+      } else {
+        const std::vector<std::byte> zeros(static_cast<std::size_t>(device_elements) * element, std::byte{0});
+        KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_device(p, zeros.data(), zeros.size()));
+      }
+      pool->push_back(static_cast<std::byte*>(p));
+    }
+    for (std::vector<std::byte*>* pool : {&d.host_k, &d.host_v}) {
+      void* p = nullptr;
+      KVP_CUDA_RETURN_IF_ERROR(ck::pinned_alloc(&p, static_cast<std::size_t>(host_elements) * element));
       d.pinned.push_back(p);
-      auto* f = static_cast<float*>(p);
-      for (int64_t i = 0; i < host_floats; ++i) f[i] = fill;
-      pool->push_back(f);
+      auto* bytes = static_cast<std::byte*>(p);
+      for (int64_t i = 0; i < host_elements; ++i) std::memcpy(bytes + i * element, fill.data(), element);
+      pool->push_back(bytes);
     }
   }
   return cuda_status(ck::synchronize());
@@ -190,18 +208,44 @@ Status CudaBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std:
   if (layer < 0 || layer >= model_config_.num_layers)
     return Status::error("read_block: layer " + str(layer) + " out of range");
   if (block < 0 || block >= blocks) return Status::error("read_block: block " + str(block) + " out of range");
-  const int64_t per_block = static_cast<int64_t>(config_.pool.block_size) * model_config_.kv_dim();
+  const int64_t per_block = config_.pool.elements_per_block();
+  const std::size_t element = dtype_size(config_.pool.kv_dtype);
+  const std::size_t bytes = static_cast<std::size_t>(per_block) * element;
+  const std::size_t at = static_cast<std::size_t>(block) * bytes;
   const auto l = static_cast<std::size_t>(layer);
-  k.resize(static_cast<std::size_t>(per_block));
-  v.resize(static_cast<std::size_t>(per_block));
-  const std::size_t bytes = static_cast<std::size_t>(per_block) * sizeof(float);
+  std::vector<std::byte> raw_k(bytes), raw_v(bytes);
   if (host) {
-    std::memcpy(k.data(), dev_->host_k[l] + block * per_block, bytes);
-    std::memcpy(v.data(), dev_->host_v[l] + block * per_block, bytes);
-    return Status::ok();
+    std::memcpy(raw_k.data(), dev_->host_k[l] + at, bytes);
+    std::memcpy(raw_v.data(), dev_->host_v[l] + at, bytes);
+  } else {
+    KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_host(raw_k.data(), dev_->k_pool[l] + at, bytes));
+    KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_host(raw_v.data(), dev_->v_pool[l] + at, bytes));
   }
-  KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_host(k.data(), dev_->k_pool[l] + block * per_block, bytes));
-  return cuda_status(ck::copy_to_host(v.data(), dev_->v_pool[l] + block * per_block, bytes));
+  // To fp32: exact from f16 and bf16.
+  const auto convert = [&](const std::vector<std::byte>& raw, std::vector<float>& to) {
+    to.resize(static_cast<std::size_t>(per_block));
+    for (std::size_t i = 0; i < to.size(); ++i) {
+      const std::byte* e = raw.data() + i * element;
+      switch (config_.pool.kv_dtype) {
+        case DType::kF32: std::memcpy(&to[i], e, sizeof(float)); break;
+        case DType::kF16: {
+          kernels::F16Bits b;
+          std::memcpy(&b.bits, e, 2);
+          to[i] = kernels::kv_to_float(b);
+          break;
+        }
+        default: {
+          kernels::BF16Bits b;
+          std::memcpy(&b.bits, e, 2);
+          to[i] = kernels::kv_to_float(b);
+          break;
+        }
+      }
+    }
+  };
+  convert(raw_k, k);
+  convert(raw_v, v);
+  return Status::ok();
 }
 
 Status CudaBackend::execute(const BatchPlan& plan, StepOutput& out) {
@@ -217,38 +261,39 @@ Status CudaBackend::execute(const BatchPlan& plan, StepOutput& out) {
 
 Status CudaBackend::run_ops(const KvPlanOps& ops) {
   Device& d = *dev_;
-  const int64_t per_block = static_cast<int64_t>(config_.pool.block_size) * model_config_.kv_dim();
-  const std::size_t bytes = static_cast<std::size_t>(per_block) * sizeof(float);
+  const int64_t per_block = config_.pool.elements_per_block();
+  const std::size_t bytes = static_cast<std::size_t>(per_block) * dtype_size(config_.pool.kv_dtype);
+  const auto block_at = [bytes](std::byte* pool, int32_t block) { return pool + static_cast<std::size_t>(block) * bytes; };
   const auto layers = static_cast<std::size_t>(model_config_.num_layers);
   // Swaps go through the pinned host pool.
   for (const BlockCopy& s : ops.swap_out) {
     for (std::size_t l = 0; l < layers; ++l) {
       KVP_CUDA_RETURN_IF_ERROR(
-          ck::copy_to_host(d.host_k[l] + s.dst * per_block, d.k_pool[l] + s.src * per_block, bytes));
+          ck::copy_to_host(block_at(d.host_k[l], s.dst), block_at(d.k_pool[l], s.src), bytes));
       KVP_CUDA_RETURN_IF_ERROR(
-          ck::copy_to_host(d.host_v[l] + s.dst * per_block, d.v_pool[l] + s.src * per_block, bytes));
+          ck::copy_to_host(block_at(d.host_v[l], s.dst), block_at(d.v_pool[l], s.src), bytes));
     }
   }
   for (const BlockCopy& s : ops.block_copies) {
     for (std::size_t l = 0; l < layers; ++l) {
       KVP_CUDA_RETURN_IF_ERROR(
-          ck::copy_device_to_device(d.k_pool[l] + s.dst * per_block, d.k_pool[l] + s.src * per_block, bytes));
+          ck::copy_device_to_device(block_at(d.k_pool[l], s.dst), block_at(d.k_pool[l], s.src), bytes));
       KVP_CUDA_RETURN_IF_ERROR(
-          ck::copy_device_to_device(d.v_pool[l] + s.dst * per_block, d.v_pool[l] + s.src * per_block, bytes));
+          ck::copy_device_to_device(block_at(d.v_pool[l], s.dst), block_at(d.v_pool[l], s.src), bytes));
     }
   }
   for (int32_t b : ops.poison) {
     for (std::size_t l = 0; l < layers; ++l) {
-      KVP_CUDA_RETURN_IF_ERROR(ck::fill_nan(d.k_pool[l] + b * per_block, per_block));
-      KVP_CUDA_RETURN_IF_ERROR(ck::fill_nan(d.v_pool[l] + b * per_block, per_block));
+      KVP_CUDA_RETURN_IF_ERROR(ck::fill_kv_nan(block_at(d.k_pool[l], b), per_block, config_.pool.kv_dtype));
+      KVP_CUDA_RETURN_IF_ERROR(ck::fill_kv_nan(block_at(d.v_pool[l], b), per_block, config_.pool.kv_dtype));
     }
   }
   for (const BlockCopy& s : ops.swap_in) {
     for (std::size_t l = 0; l < layers; ++l) {
       KVP_CUDA_RETURN_IF_ERROR(
-          ck::copy_to_device(d.k_pool[l] + s.dst * per_block, d.host_k[l] + s.src * per_block, bytes));
+          ck::copy_to_device(block_at(d.k_pool[l], s.dst), block_at(d.host_k[l], s.src), bytes));
       KVP_CUDA_RETURN_IF_ERROR(
-          ck::copy_to_device(d.v_pool[l] + s.dst * per_block, d.host_v[l] + s.src * per_block, bytes));
+          ck::copy_to_device(block_at(d.v_pool[l], s.dst), block_at(d.host_v[l], s.src), bytes));
     }
   }
   return Status::ok();
@@ -284,6 +329,13 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   KVP_RETURN_IF_ERROR(Device::ensure(d.k, fbytes(n * c.kv_dim())));
   KVP_RETURN_IF_ERROR(Device::ensure(d.v, fbytes(n * c.kv_dim())));
   KVP_RETURN_IF_ERROR(Device::ensure(d.attn, fbytes(n * c.q_dim())));
+  // Partitions of the longest context in this plan; each token's own count is fixed by its
+  // position, so the batch only sizes the grid, never a token's split points.
+  int32_t max_position = 0;
+  for (const int32_t p : plan.positions) max_position = std::max(max_position, p);
+  const int64_t max_partitions = ck::attention_partitions(max_position, config_.attention_partition);
+  KVP_RETURN_IF_ERROR(Device::ensure(
+      d.attn_workspace, fbytes(ck::attention_workspace_floats(n, c.num_heads, c.head_dim, max_partitions))));
   KVP_RETURN_IF_ERROR(Device::ensure(d.proj, fbytes(n * hidden)));
   KVP_RETURN_IF_ERROR(Device::ensure(d.gate, fbytes(n * c.intermediate_size)));
   KVP_RETURN_IF_ERROR(Device::ensure(d.up, fbytes(n * c.intermediate_size)));
@@ -315,11 +367,13 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
     KVP_CUDA_RETURN_IF_ERROR(ck::rope(q, n, c.num_heads, c.head_dim, positions, d.inv_freq));
     KVP_CUDA_RETURN_IF_ERROR(ck::rope(k, n, c.num_kv_heads, c.head_dim, positions, d.inv_freq));
     // Every new token's K/V goes into its slot before attention reads (same stream: ordered).
-    KVP_CUDA_RETURN_IF_ERROR(ck::write_kv(k, v, d.slots.as<int64_t>(), n, c.kv_dim(), d.k_pool[l], d.v_pool[l]));
-    KVP_CUDA_RETURN_IF_ERROR(ck::attention(q, d.k_pool[l], d.v_pool[l], d.block_tables.as<int32_t>(),
-                                           plan.max_blocks_per_seq, d.seq_of_token.as<int32_t>(), positions, n,
-                                           c.num_heads, c.num_kv_heads, c.head_dim, config_.pool.block_size, scale,
-                                           config_.attention_partition, attn));
+    KVP_CUDA_RETURN_IF_ERROR(ck::write_kv(k, v, d.slots.as<int64_t>(), n, c.kv_dim(), config_.pool.kv_dtype,
+                                          d.k_pool[l], d.v_pool[l]));
+    KVP_CUDA_RETURN_IF_ERROR(ck::attention(q, config_.pool.kv_dtype, d.k_pool[l], d.v_pool[l],
+                                           d.block_tables.as<int32_t>(), plan.max_blocks_per_seq,
+                                           d.seq_of_token.as<int32_t>(), positions, n, c.num_heads, c.num_kv_heads,
+                                           c.head_dim, config_.pool.block_size, scale, config_.attention_partition,
+                                           max_partitions, d.attn_workspace.as<float>(), attn));
     KVP_CUDA_RETURN_IF_ERROR(ck::project(w.o, hidden, c.q_dim(), attn, n, proj));
     KVP_CUDA_RETURN_IF_ERROR(ck::add_in_place(x, proj, n * hidden));
     KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(x, nullptr, w.post_attention_layernorm, n, hidden, eps, h));

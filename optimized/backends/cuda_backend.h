@@ -4,14 +4,15 @@
 // GPU; library kvp_cuda_dev_backend, built when KVPROOF_HAS_CUDA). A program links one
 // flavour (see kernels/cuda/model_kernels.h).
 //
-// Same contract and same arithmetic as CpuBackend: every output element is computed by one
-// CUDA thread with kernels/cpu_attention.h's loops, attention partitions are fixed in
-// positions and merged in order, so a sequence's logits do not depend on the block size,
-// block ids, chunking or batch (N1). The emulated flavour gives CpuBackend's bits; the GPU
-// flavour may differ from it in the last bits (FMA contraction) but not from itself.
+// Same contract and same arithmetic as CpuBackend: every output element is reduced in
+// kernels/cpu_attention.h's order, attention partitions are fixed in positions and merged in
+// order, so a sequence's logits do not depend on the block size, block ids, chunking or
+// batch (N1). With an fp32 pool the emulated flavour gives CpuBackend's bits; the GPU flavour
+// may differ from it in the last bits (FMA contraction, the device's expf) but not from itself.
 //
 // Memory: weights, the device KV pool and activations in device memory; the host (swap)
-// pool in pinned host memory; pools fp32, per layer K and V, each
+// pool in pinned host memory; pools of pool.kv_dtype (f32, f16 or bf16: K/V rounded to it
+// when written, read as fp32), per layer K and V, each
 // [num_blocks, block_size, num_kv_heads, head_dim].
 #pragma once
 
@@ -27,7 +28,7 @@
 namespace kvp {
 
 struct CudaBackendConfig {
-  KvPoolShape pool;  // the model's layers, KV heads, head dim; kv_dtype f32
+  KvPoolShape pool;  // the model's layers, KV heads, head dim; kv_dtype f32, f16 or bf16
   // Positions per attention partition (the split-KV size); fixed, never a number of splits.
   int64_t attention_partition = kernels::kDefaultAttentionPartition;
   bool nan_fill_at_start = true;  // both pools start as quiet NaN
@@ -37,7 +38,7 @@ struct CudaBackendConfig {
 
 class CudaBackend final : public Backend {
  public:
-  // Errors: invalid configs, head_dim over the kernels' limit, no CUDA device ("cuda"
+  // Errors: invalid configs, a head shape the attention kernel does not take, no CUDA device ("cuda"
   // flavour), a failed allocation or upload.
   static Result<std::unique_ptr<CudaBackend>> create(const Model& model, const CudaBackendConfig& config);
   ~CudaBackend() override;
