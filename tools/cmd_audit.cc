@@ -13,6 +13,7 @@ void add_audit_command(CLI::App& app, int& exit_code) {
   struct Options {
     RunInputs inputs;
     std::string preemption = "recompute", json_out, event_log;
+    BackendChoice backend;
     verify::VerifyOptions v;
   };
   auto opt = std::make_shared<Options>();
@@ -22,6 +23,7 @@ void add_audit_command(CLI::App& app, int& exit_code) {
       "by the independent replayer; exit 1 on any violation");
   opt->inputs.add_options(*cmd, "multi-tenant");
   add_pool_options(*cmd, opt->v);
+  opt->backend.add_options(*cmd);
   cmd->add_option("--preemption", opt->preemption, "recompute or swap")->check(CLI::IsMember({"recompute", "swap"}));
   cmd->add_flag("--global-prefix-sharing", opt->v.global_prefix_sharing,
                 "share prefixes across tenants (off by default)");
@@ -38,11 +40,13 @@ void add_audit_command(CLI::App& app, int& exit_code) {
     const Workload& workload = loaded->second;
     verify::AuditOptions a;
     a.engine = opt->v;
+    if (Status s = opt->backend.apply(a.engine); !s) return fail(s.message());
     a.engine.modes = {opt->preemption == "swap" ? PreemptionMode::kSwap : PreemptionMode::kRecompute};
     a.engine.max_model_len = std::min<int64_t>(a.engine.max_model_len, model.config.max_position_embeddings);
     a.event_log_path = opt->event_log;
-    std::printf("kvproof audit: %s, block size %d, %d blocks + %d host, %s sharing, %s\n",
-                opt->inputs.describe(workload).c_str(), a.engine.block_size, a.engine.num_blocks,
+    std::printf("kvproof audit: %s, backend %s, KV %s, block size %d, %d blocks + %d host, %s sharing, %s\n",
+                opt->inputs.describe(workload).c_str(), a.engine.backend.c_str(), opt->backend.kv_dtype.c_str(),
+                a.engine.block_size, a.engine.num_blocks,
                 a.engine.num_host_blocks, a.engine.global_prefix_sharing ? "global" : "tenant-scoped",
                 opt->preemption.c_str());
     auto report = verify::run_audit(model, workload, a);

@@ -8,9 +8,51 @@
 #include "reference/reference_model.h"
 #include "tools/commands.h"
 #include "tools/model_source.h"
+#include "tools/run_inputs.h"
 #include "tools/token_list.h"
+#include "verify/verify.h"
 
 namespace kvp::tools {
+namespace {
+
+// One request through the paged engine on the chosen backend, in a pool that holds it whole
+// (block size 16, no preemption). Greedy tokens equal the reference's; sampled ones are drawn
+// from the engine's per-request stream of the same seed.
+Result<GenerateResult> engine_generate(const Model& model, const BackendChoice& choice,
+                                       const std::vector<int32_t>& prompt, int64_t max_tokens,
+                                       const SamplingParams& sampling) {
+  verify::VerifyOptions o;
+  if (Status s = choice.apply(o); !s) return s;
+  const int64_t length = static_cast<int64_t>(prompt.size()) + max_tokens;
+  if (prompt.empty()) return Status::error("--prompt: empty");
+  if (length > model.config.max_position_embeddings)
+    return Status::error("prompt of " + std::to_string(prompt.size()) + " tokens plus " + std::to_string(max_tokens) +
+                         " is over the model's " + std::to_string(model.config.max_position_embeddings) + " positions");
+  constexpr int32_t kBlockSize = 16;
+  const auto blocks = static_cast<int32_t>((length + kBlockSize - 1) / kBlockSize + 1);
+  o.max_model_len = model.config.max_position_embeddings;
+  o.max_num_batched_tokens = std::max<int32_t>(o.max_num_batched_tokens, static_cast<int32_t>(prompt.size()));
+  auto live = verify::make_engine(model, o, {kBlockSize, blocks, 0, o.max_num_batched_tokens, PreemptionMode::kRecompute});
+  if (!live) return live.status();
+  RequestSpec spec;
+  spec.prompt = prompt;
+  spec.max_tokens = max_tokens;
+  spec.sampling = sampling;
+  spec.capture_logits = true;
+  const RequestId id = live->engine->add_request(spec);
+  while (live->engine->has_unfinished()) KVP_RETURN_IF_ERROR(live->engine->step());
+  const Request& r = live->engine->request(id);
+  if (r.finish == FinishReason::kRejected) return Status::error("the engine rejected the request");
+  GenerateResult out;
+  for (int64_t k = 0; k < r.num_generated(); ++k) {
+    const auto p = static_cast<std::size_t>(r.num_prompt() + k);
+    out.tokens.push_back(r.tokens[p]);
+    out.logits.push_back(r.logits[p - 1]);
+  }
+  return out;
+}
+
+}  // namespace
 
 void add_generate_command(CLI::App& app, int& exit_code) {
   struct Options {
@@ -20,10 +62,14 @@ void add_generate_command(CLI::App& app, int& exit_code) {
     SamplingParams sampling;
     int top_logits = 5;
     bool json = false;
+    BackendChoice backend;
   };
   auto opt = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("generate", "Generate tokens with the reference model (the oracle)");
+  opt->backend.backend = "reference";
+  CLI::App* cmd = app.add_subcommand(
+      "generate", "Generate tokens with the reference model (the oracle, default) or the paged engine on a backend");
   opt->source.add_options(*cmd);
+  opt->backend.add_options(*cmd, {"reference"});
   cmd->add_option("--prompt", opt->prompt, "prompt token ids, comma-separated: 1,2,3")->required();
   cmd->add_option("--max-tokens", opt->max_tokens, "tokens to generate")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
@@ -44,8 +90,9 @@ void add_generate_command(CLI::App& app, int& exit_code) {
     if (Status s = opt->sampling.validate(); !s) return fail(s.message());
     auto model = opt->source.load();
     if (!model) return fail(model.status().message());
-    const ReferenceModel<float> ref(*model);
-    auto out = reference_generate(ref, *prompt, opt->max_tokens, opt->sampling);
+    auto out = opt->backend.backend == "reference"
+                   ? reference_generate(ReferenceModel<float>(*model), *prompt, opt->max_tokens, opt->sampling)
+                   : engine_generate(*model, opt->backend, *prompt, opt->max_tokens, opt->sampling);
     if (!out) return fail(out.status().message());
 
     if (!opt->json) {

@@ -13,7 +13,8 @@ namespace kvp::tools {
 void add_verify_command(CLI::App& app, int& exit_code) {
   struct Options {
     RunInputs inputs;
-    std::string preemption = "both", admission = "optimistic", backend = "cpu";
+    std::string preemption = "both", admission = "optimistic";
+    BackendChoice backend;
     std::string json_out, junit_out;
     std::string speculate = "off";
     verify::VerifyOptions v;
@@ -35,11 +36,10 @@ void add_verify_command(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"recompute", "swap", "both"}));
   cmd->add_option("--admission", opt->admission, "optimistic or conservative")
       ->check(CLI::IsMember({"optimistic", "conservative"}));
-  cmd->add_option("--backend", opt->backend,
-                  "model executor: cpu, cuda-emu (CUDA kernels emulated on the CPU) or cuda (GPU)")
-      ->check(CLI::IsMember({"cpu", "cuda-emu", "cuda"}));
-  cmd->add_option("--threads", opt->v.num_threads, "CPU backend threads")->check(CLI::Range(1, 256));
-  cmd->add_option("--tolerance", opt->v.tolerance, "logit tolerance relative to the row's largest reference logit")
+  opt->backend.add_options(*cmd);
+  cmd->add_option("--tolerance", opt->v.tolerance,
+                  "logit tolerance relative to the row's largest reference logit (default: the KV dtype's, printed "
+                  "with the logits check)")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_flag("!--no-prefix-caching", opt->v.prefix_caching, "turn the prefix cache off");
   cmd->add_flag("--allow-empty", opt->v.allow_empty,
@@ -63,7 +63,7 @@ void add_verify_command(CLI::App& app, int& exit_code) {
     const Model& model = loaded->first;
     const Workload& workload = loaded->second;
     verify::VerifyOptions v = opt->v;
-    v.backend = opt->backend;
+    if (Status s = opt->backend.apply(v); !s) return fail(s.message());
     v.modes.clear();
     if (opt->preemption != "swap") v.modes.push_back(PreemptionMode::kRecompute);
     if (opt->preemption != "recompute") v.modes.push_back(PreemptionMode::kSwap);
@@ -73,9 +73,9 @@ void add_verify_command(CLI::App& app, int& exit_code) {
                              : opt->speculate == "draft" ? ProposerKind::kDraft
                                                          : ProposerKind::kOff;
 
-    std::printf("kvproof verify: %s, backend %s, block size %d, %d blocks + %d host, chunk %d\n",
-                opt->inputs.describe(workload).c_str(), opt->backend.c_str(), v.block_size, v.num_blocks,
-                v.num_host_blocks, v.prefill_chunk_size);
+    std::printf("kvproof verify: %s, backend %s, KV %s, block size %d, %d blocks + %d host, chunk %d\n",
+                opt->inputs.describe(workload).c_str(), v.backend.c_str(), opt->backend.kv_dtype.c_str(), v.block_size,
+                v.num_blocks, v.num_host_blocks, v.prefill_chunk_size);
     if (v.speculation.enabled())
       std::printf("speculative decoding: %s, k = %d, against plain decoding\n", to_string(v.speculation.proposer),
                   v.speculation.k);

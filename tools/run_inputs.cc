@@ -39,4 +39,31 @@ void add_pool_options(CLI::App& cmd, verify::VerifyOptions& v) {
   cmd.add_option("--host-blocks", v.num_host_blocks, "host (swap) KV blocks")->check(CLI::Range(0, 1 << 24));
 }
 
+void BackendChoice::add_options(CLI::App& cmd, const std::vector<std::string>& extra) {
+  std::vector<std::string> choices = extra;
+  for (const char* b : {"cpu", "cuda-emu", "cuda"}) choices.emplace_back(b);
+  std::string names;
+  for (const std::string& c : choices) names += (names.empty() ? "" : ", ") + c;
+  cmd.add_option("--backend", backend,
+                 "model executor: " + names +
+                     " (cuda-emu: the CUDA kernels emulated on the CPU; cuda: on a GPU, the kvproof-cuda program)")
+      ->check(CLI::IsMember(choices));
+  cmd.add_option("--kv-dtype", kv_dtype,
+                 "KV pool element type: f32, f16 or bf16 (rounded when written, read as fp32; cuda backends)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  cmd.add_option("--threads", threads, "CPU backend threads")->check(CLI::Range(1, 256));
+}
+
+Status BackendChoice::apply(verify::VerifyOptions& v) const {
+  const std::optional<DType> dtype = dtype_from_flag(kv_dtype);
+  if (!dtype || *dtype == DType::kF64) return Status::error("--kv-dtype " + kv_dtype + ": not one of f32, f16, bf16");
+  if (backend == "cpu" && *dtype != DType::kF32)
+    return Status::error("--kv-dtype " + kv_dtype +
+                         ": the cpu backend keeps f32 KV pools only; f16 and bf16 run on --backend cuda-emu or cuda");
+  v.backend = backend;
+  v.kv_dtype = *dtype;
+  v.num_threads = threads;
+  return Status::ok();
+}
+
 }  // namespace kvp::tools

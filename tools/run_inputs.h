@@ -5,6 +5,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -31,5 +32,17 @@ struct RunInputs {
 
 // Adds --block-size, --num-blocks and --host-blocks.
 void add_pool_options(CLI::App& cmd, verify::VerifyOptions& v);
+
+// The model executor: --backend (cpu, cuda-emu, cuda; `extra` adds choices such as
+// generate's "reference"), --kv-dtype (f32, f16, bf16) and --threads.
+struct BackendChoice {
+  std::string backend = "cpu";
+  std::string kv_dtype = "f32";
+  int threads = 2;
+  void add_options(CLI::App& cmd, const std::vector<std::string>& extra = {});
+  // Into the engine options; an error names the flag and value (an f16 or bf16 pool on the
+  // cpu backend, which keeps f32 pools only).
+  Status apply(verify::VerifyOptions& v) const;
+};
 
 }  // namespace kvp::tools

@@ -101,7 +101,7 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
       }
     }
     if (r.finish != FinishReason::kRejected)
-      check_against_reference(oracle, r, o.tolerance, logits, greedy, "request " + std::to_string(i));
+      check_against_reference(oracle, r, tolerance_for(o).value, logits, greedy, "request " + std::to_string(i));
   }
   stale.count = report.logits_scanned;
 

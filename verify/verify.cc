@@ -38,9 +38,22 @@ std::unique_ptr<Proposer> make_draft_proposer(const Model& draft, int64_t max_nu
   return std::make_unique<DraftModelProposer>(std::make_unique<CpuBackend>(draft, bc), kv, draft.config.vocab_size);
 }
 
+Tolerance tolerance_for(const VerifyOptions& o) {
+  if (o.tolerance) return {*o.tolerance, "given by --tolerance"};
+  // Measured with `kvproof verify --backend cuda-emu --kv-dtype D --tolerance 1` on the
+  // built-in default model and workload (both preemption modes; worst row over all
+  // positions); the default is that error times a margin for other models and workloads.
+  switch (o.kv_dtype) {
+    case DType::kF16: return {2e-3, "f16 KV default: 4.4e-4 measured on the default workload, x4.5"};
+    case DType::kBF16: return {1.5e-2, "bf16 KV default: 3.7e-3 measured on the default workload, x4"};
+    default: return {2e-5, "f32 KV default: fp32-vs-fp64 bound of tests/reference_model_test.cc, measured 6.7e-7"};
+  }
+}
+
 Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const EngineSetup& s) {
   EngineConfig ec;
   ec.kv.pool = pool_shape_for(model.config, s.block_size, s.num_blocks, s.num_host_blocks);
+  ec.kv.pool.kv_dtype = o.kv_dtype;
   ec.kv.watermark_blocks = o.watermark_blocks;
   ec.kv.enable_prefix_caching = o.prefix_caching;
   ec.kv.global_prefix_sharing = o.global_prefix_sharing;
@@ -276,7 +289,7 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
     for (std::size_t i = 0; run && i < ids.size(); ++i) {
       const Request& r = engine.request(ids[i]);
       if (r.finish == FinishReason::kRejected) continue;
-      check_against_reference(oracle, r, o.tolerance, logits, greedy, "request " + std::to_string(ids[i]));
+      check_against_reference(oracle, r, tolerance_for(o).value, logits, greedy, "request " + std::to_string(ids[i]));
       recompute.count += r.num_preemptions;
       if (r.recomputed_logit_mismatches > 0 && recompute.passed) {
         recompute.passed = false;
@@ -383,6 +396,10 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
     recompute.applies = recompute.count > 0;
     if (!recompute.applies && recompute.detail.empty()) recompute.detail = "no preemption happened";
     isolation.applies = finished_normally > 0;
+    if (logits.passed) {
+      const Tolerance tol = tolerance_for(o);
+      logits.detail = "tolerance " + fmt(tol.value) + " (" + tol.source + ")";
+    }
     if (run && finished_normally == 0)
       report.nothing_verified.push_back("finished requests[" + m + "] (none finished normally)");
     for (CheckResult* c : {&inv, &terminal, &leak, &logits, &greedy, &recompute, &isolation, &cancellation}) {

@@ -5,8 +5,10 @@
 //   terminal     every request ends exactly once, in a reported state (S3)
 //   no-leak      nothing held once all requests ended; all free after a prefix-cache flush (I6)
 //   logits       the engine's logits at every position against ReferenceModel<double>,
-//                |a - r| <= tol * max|r_row|, tol = 2e-5: the fp32-vs-fp64 bound asserted
-//                in tests/reference_model_test.cc (measured 6.7e-7), with a safety factor
+//                |a - r| <= tol * max|r_row|; tol per KV dtype (tolerance_for, below):
+//                f32 2e-5, the fp32-vs-fp64 bound asserted in tests/reference_model_test.cc
+//                (measured 6.7e-7), with a safety factor; f16 and bf16 from the error
+//                measured on the default workload, with a margin. NaN never passes.
 //   greedy       greedy tokens equal the reference's arg-max wherever its top-2 margin
 //                exceeds the tolerance
 //   recompute    positions computed twice (preemption by recompute) give bitwise equal logits
@@ -30,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,7 +68,12 @@ struct VerifyOptions {
   // The model executor: "cpu", or the CUDA backend in the flavour this program links
   // ("cuda-emu": kvproof, SIMT-emulated kernels; "cuda": kvproof-cuda, nvcc kernels on a GPU).
   std::string backend = "cpu";
-  double tolerance = 2e-5;
+  // The KV pool's element type: f32, or f16/bf16 on the CUDA backends (rounded when
+  // written, read as fp32; the CPU backend keeps f32 pools only).
+  DType kv_dtype = DType::kF32;
+  // Logit tolerance relative to the row's largest reference logit; unset: the KV dtype's
+  // default (tolerance_for).
+  std::optional<double> tolerance;
   int isolation_samples = 4;  // the most preempted requests and one parallel sample
   int64_t max_steps = 100000;
   bool allow_empty = false;  // pass even when nothing was verified (see VerifyReport)
@@ -73,6 +81,13 @@ struct VerifyOptions {
   SpeculationParams speculation;
   int32_t draft_layers = 0;  // layers of the draft model (0: default_draft_layers)
 };
+
+// The logit tolerance a run uses, and where it comes from (printed with the logits check).
+struct Tolerance {
+  double value = 0;
+  std::string source;
+};
+Tolerance tolerance_for(const VerifyOptions& o);
 
 struct CheckResult {
   explicit CheckResult(std::string n) : name(std::move(n)) {}
