@@ -10,6 +10,7 @@
 // FMA; see kernels/simt/simt.h, "Fidelity"), but is as deterministic.
 #include "kernels/cuda/model_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -23,11 +24,20 @@ namespace kvp::cuda_kernels::KVP_CUDA_FLAVOUR_NS {
 namespace {
 
 constexpr int kThreads = 128;
-// Attention kernel 1: threads per block, positions per shared-memory tile, and accumulator
-// elements per thread (group * head_dim <= kAttentionThreads * kAttentionAccPerThread).
-constexpr int kAttentionThreads = 128;
+// Attention kernel 1: positions per shared-memory tile, accumulator elements per thread (in
+// registers: more spills), and threads per block: at least kAttentionMinThreads, and enough
+// for group * head_dim accumulator elements, up to kAttentionMaxThreads. The block's shape
+// follows the model's shape only; no element's arithmetic depends on it.
 constexpr int64_t kAttentionTile = 16;
-constexpr int kAttentionAccPerThread = 64;
+constexpr int kAttentionAccPerThread = 16;
+constexpr int64_t kAttentionMinThreads = 128;
+constexpr int64_t kAttentionMaxThreads = 512;  // x 128 registers (ptxas, sm_90) = an SM's 64K
+
+int64_t attention_threads(int64_t group, int64_t head_dim) {
+  const int64_t needed = (group * head_dim + kAttentionAccPerThread - 1) / kAttentionAccPerThread;
+  const int64_t warps = (needed + 31) / 32;
+  return std::max<int64_t>(kAttentionMinThreads, warps * 32);
+}
 constexpr int64_t kAttentionMaxShared = 48 * 1024;  // the default dynamic shared memory limit
 
 std::size_t attention_shared_bytes(int64_t group, int64_t head_dim) {
@@ -48,10 +58,13 @@ __device__ __forceinline__ int64_t global_index() {
   return static_cast<int64_t>(blockIdx.x) * static_cast<int64_t>(blockDim.x) + static_cast<int64_t>(threadIdx.x);
 }
 
+// kFillPerThread consecutive elements per thread: a pool is large, and a thread per element
+// costs the emulator one fiber each.
+constexpr int64_t kFillPerThread = 8;
 template <typename KvT>
 __global__ void fill_kv_nan_kernel(KvT* x, int64_t n) {
-  const int64_t i = global_index();
-  if (i < n) kvp::kernels::kv_store_nan(x + i);
+  const int64_t first = global_index() * kFillPerThread;
+  for (int64_t i = first; i < n && i < first + kFillPerThread; ++i) kvp::kernels::kv_store_nan(x + i);
 }
 
 __global__ void embed_kernel(const float* table, const int32_t* ids, int64_t n, int64_t hidden, float* x) {
@@ -308,7 +321,8 @@ std::string unsupported(const char* what, DType dtype) {
 }
 template <typename KvT>
 std::string fill_kv_nan_typed(KvT* d_x, int64_t n) {
-  KVP_LAUNCH(fill_kv_nan_kernel<KvT>, grid_for(n), dim3(kThreads), 0, nullptr)(d_x, n);
+  KVP_LAUNCH(fill_kv_nan_kernel<KvT>, grid_for((n + kFillPerThread - 1) / kFillPerThread), dim3(kThreads), 0, nullptr)
+  (d_x, n);
   return launched("fill_kv_nan_kernel");
 }
 }  // namespace
@@ -367,8 +381,9 @@ std::string attention_typed(const float* d_q, const void* d_k_pool, const void* 
                             int64_t head_dim, int64_t block_size, float scale, int64_t partition,
                             int64_t max_partitions, float* d_workspace) {
   const dim3 grid(static_cast<unsigned>(n * num_kv_heads), static_cast<unsigned>(max_partitions));
-  KVP_LAUNCH(attention_partition_kernel<KvT>, grid, dim3(kAttentionThreads),
-             attention_shared_bytes(num_heads / num_kv_heads, head_dim), nullptr)
+  const int64_t group = num_heads / num_kv_heads;
+  KVP_LAUNCH(attention_partition_kernel<KvT>, grid, dim3(static_cast<unsigned>(attention_threads(group, head_dim))),
+             attention_shared_bytes(group, head_dim), nullptr)
   (d_q, static_cast<const KvT*>(d_k_pool), static_cast<const KvT*>(d_v_pool), d_block_tables, max_blocks_per_seq,
    d_seq_of_token, d_positions, num_heads, num_kv_heads, head_dim, block_size, scale, partition, max_partitions,
    d_workspace);
@@ -401,10 +416,10 @@ std::string check_attention_shape(int64_t num_heads, int64_t num_kv_heads, int64
     return "attention: " + std::to_string(num_heads) + " query heads are not a multiple of " +
            std::to_string(num_kv_heads) + " KV heads";
   const int64_t group = num_heads / num_kv_heads;
-  if (group * head_dim > int64_t{kAttentionThreads} * kAttentionAccPerThread)
+  if (attention_threads(group, head_dim) > kAttentionMaxThreads)
     return "attention: a KV head's group of " + std::to_string(group) + " query heads of dimension " +
            std::to_string(head_dim) + " is over the kernel's " +
-           std::to_string(int64_t{kAttentionThreads} * kAttentionAccPerThread) + " accumulator elements per block";
+           std::to_string(kAttentionMaxThreads * kAttentionAccPerThread) + " accumulator elements per block";
   if (static_cast<int64_t>(attention_shared_bytes(group, head_dim)) > kAttentionMaxShared)
     return "attention: " + std::to_string(attention_shared_bytes(group, head_dim)) +
            " bytes of shared memory per block is over " + std::to_string(kAttentionMaxShared);

@@ -1,0 +1,536 @@
+// The CUDA backend's kernels (kernels/cuda/model_kernels.cu) against their CPU counterparts
+// (kernels/cpu_attention.h), one kernel at a time. Built twice: into cuda_kernels_test
+// against the emulated kernels (label kernel, every CI run, also under ASan and, a subset,
+// TSan), and into cuda_kernels_gpu_test against the nvcc-built kernels (label gpu; each test
+// skips with "no CUDA device" where there is none).
+//
+// Emulated, a kernel must give its CPU counterpart's bits: same operations, same order. On a
+// GPU the device's expf/cosf/sinf and nvcc's FMA contraction may move the last bits, so the
+// GPU flavour compares within kGpuRelTolerance of the row's largest value, and checks its own
+// determinism bitwise instead (a token alone and in a batch).
+//
+// Attention grid: head dim {64, 128} (256 on a GPU), block size {1, 8, 16, 32}, (query heads,
+// KV heads) in {(8,8), (32,8), (32,1)}, every KV dtype, contexts 1, block size +- 1,
+// partition size +- 1 and several partitions long; block tables drawn without replacement
+// from a pool four times larger than the sequences, every slot that is not theirs NaN.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/dtype.h"
+#include "kernels/cpu_attention.h"
+#include "kernels/cuda/model_kernels.h"
+#include "kernels/kv_element.h"
+#include "kernels/kv_index.h"
+
+#if defined(KVP_CUDA_DEVICE_FLAVOUR)
+#define CUDA_KERNEL_SUITE CudaGpuKernels
+constexpr bool kBitwise = false;
+#else
+#define CUDA_KERNEL_SUITE CudaEmuKernels
+constexpr bool kBitwise = true;
+#endif
+
+namespace kvp::cuda_kernels::KVP_CUDA_FLAVOUR_NS {
+namespace {
+
+namespace kk = ::kvp::kernels;
+
+constexpr double kGpuRelTolerance = 1e-4;
+
+#define REQUIRE_DEVICE()                                              \
+  do {                                                                \
+    if (const std::string e = check_device(); !e.empty()) GTEST_SKIP() << e; \
+  } while (0)
+
+// A device array that frees itself.
+struct DeviceArray {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+  explicit DeviceArray(std::size_t n) : bytes(n) {
+    const std::string e = device_alloc(&ptr, n);
+    if (!e.empty()) ADD_FAILURE() << e;
+  }
+  ~DeviceArray() { device_free(ptr); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+};
+
+template <class T>
+void upload(DeviceArray& d, const std::vector<T>& h) {
+  ASSERT_EQ(copy_to_device(d.ptr, h.data(), h.size() * sizeof(T)), "");
+}
+template <class T>
+std::vector<T> download(const DeviceArray& d, std::size_t n) {
+  std::vector<T> h(n);
+  EXPECT_EQ(copy_to_host(h.data(), d.ptr, n * sizeof(T)), "");
+  return h;
+}
+
+std::vector<float> random_floats(std::size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// got == want bit for bit (emulated) or within kGpuRelTolerance of max|want| (GPU); never NaN
+// where want is a number.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  float scale = 0.0f;
+  for (float w : want) scale = std::max(scale, std::abs(w));
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (kBitwise) {
+      ASSERT_EQ(bits(got[i]), bits(want[i])) << what << " element " << i << ": " << got[i] << " vs " << want[i];
+    } else {
+      ASSERT_FALSE(std::isnan(got[i]) && !std::isnan(want[i])) << what << " element " << i;
+      ASSERT_LE(std::abs(got[i] - want[i]), kGpuRelTolerance * scale)
+          << what << " element " << i << ": " << got[i] << " vs " << want[i];
+    }
+  }
+}
+
+// ---- the per-token kernels ----
+
+TEST(CUDA_KERNEL_SUITE, ProjectIsTheCpuDotOfEveryRowWhateverTheTokenCount) {
+  REQUIRE_DEVICE();
+  for (const auto& [out_dim, in_dim] : {std::pair<int64_t, int64_t>{1, 1}, {7, 33}, {96, 64}, {130, 17}}) {
+    const std::vector<float> w = random_floats(static_cast<std::size_t>(out_dim * in_dim), 1);
+    DeviceArray dw(w.size() * sizeof(float));
+    upload(dw, w);
+    for (int64_t n : {1, 3, 9}) {
+      const std::vector<float> x = random_floats(static_cast<std::size_t>(n * in_dim), 2);
+      DeviceArray dx(x.size() * sizeof(float)), dy(static_cast<std::size_t>(n * out_dim) * sizeof(float));
+      upload(dx, x);
+      ASSERT_EQ(project(dw.as<float>(), out_dim, in_dim, dx.as<float>(), n, dy.as<float>()), "");
+      std::vector<float> want(static_cast<std::size_t>(n * out_dim));
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t r = 0; r < out_dim; ++r)
+          want[static_cast<std::size_t>(t * out_dim + r)] = kk::dot(w.data() + r * in_dim, x.data() + t * in_dim, in_dim);
+      expect_close(download<float>(dy, want.size()), want,
+                   "project " + std::to_string(out_dim) + "x" + std::to_string(in_dim) + " n " + std::to_string(n));
+    }
+  }
+}
+
+TEST(CUDA_KERNEL_SUITE, EmbedRmsNormSiluAddAndRopeMatchTheCpuLoops) {
+  REQUIRE_DEVICE();
+  const int64_t n = 5, hidden = 48, vocab = 11, heads = 3, head_dim = 16;
+  const std::vector<float> table = random_floats(static_cast<std::size_t>(vocab * hidden), 3);
+  const std::vector<int32_t> ids = {4, 0, 10, 4, 7};
+  DeviceArray dtable(table.size() * 4), dids(ids.size() * 4), dx(static_cast<std::size_t>(n * hidden) * 4);
+  upload(dtable, table);
+  upload(dids, ids);
+  ASSERT_EQ(embed(dtable.as<float>(), dids.as<int32_t>(), n, hidden, dx.as<float>()), "");
+  std::vector<float> want(static_cast<std::size_t>(n * hidden));
+  for (int64_t t = 0; t < n; ++t)
+    std::copy_n(table.begin() + ids[static_cast<std::size_t>(t)] * hidden, hidden, want.begin() + t * hidden);
+  ASSERT_EQ(download<float>(dx, want.size()), want);  // a gather: exact on every flavour
+
+  const std::vector<float> weight = random_floats(static_cast<std::size_t>(hidden), 4, 0.5f, 1.5f);
+  const std::vector<int32_t> rows = {3, 1};
+  DeviceArray dw(weight.size() * 4), drows(rows.size() * 4), dout(static_cast<std::size_t>(n * hidden) * 4);
+  upload(dw, weight);
+  upload(drows, rows);
+  ASSERT_EQ(rms_norm(dx.as<float>(), drows.as<int32_t>(), dw.as<float>(), 2, hidden, 1e-5f, dout.as<float>()), "");
+  std::vector<float> normed(static_cast<std::size_t>(2 * hidden));
+  for (int64_t r = 0; r < 2; ++r)
+    kk::rms_norm(want.data() + rows[static_cast<std::size_t>(r)] * hidden, weight.data(), hidden, 1e-5f,
+                 normed.data() + r * hidden);
+  expect_close(download<float>(dout, normed.size()), normed, "rms_norm");
+
+  std::vector<float> gate = random_floats(static_cast<std::size_t>(n * hidden), 5, -6.0f, 6.0f);
+  const std::vector<float> up = random_floats(gate.size(), 6);
+  DeviceArray dgate(gate.size() * 4), dup(up.size() * 4);
+  upload(dgate, gate);
+  upload(dup, up);
+  ASSERT_EQ(silu_mul(dgate.as<float>(), dup.as<float>(), static_cast<int64_t>(gate.size())), "");
+  ASSERT_EQ(add_in_place(dgate.as<float>(), dup.as<float>(), static_cast<int64_t>(gate.size())), "");
+  for (std::size_t i = 0; i < gate.size(); ++i) gate[i] = kk::silu(gate[i]) * up[i] + up[i];
+  expect_close(download<float>(dgate, gate.size()), gate, "silu_mul then add");
+
+  std::vector<float> inv_freq;
+  for (int64_t i = 0; i < head_dim / 2; ++i) inv_freq.push_back(kk::rope_inv_freq(i, head_dim, 10000.0f));
+  std::vector<float> x = random_floats(static_cast<std::size_t>(n * heads * head_dim), 7);
+  const std::vector<int32_t> positions = {0, 1, 17, 300, 4095};
+  DeviceArray dq(x.size() * 4), dpos(positions.size() * 4), dfreq(inv_freq.size() * 4);
+  upload(dq, x);
+  upload(dpos, positions);
+  upload(dfreq, inv_freq);
+  ASSERT_EQ(rope(dq.as<float>(), n, heads, head_dim, dpos.as<int32_t>(), dfreq.as<float>()), "");
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<float> cs(static_cast<std::size_t>(head_dim / 2)), sn(cs.size());
+    kk::rope_cos_sin(positions[static_cast<std::size_t>(t)], inv_freq.data(), head_dim / 2, cs.data(), sn.data());
+    for (int64_t h = 0; h < heads; ++h) kk::apply_rope(x.data() + (t * heads + h) * head_dim, cs.data(), sn.data(), head_dim / 2);
+  }
+  expect_close(download<float>(dq, x.size()), x, "rope");
+}
+
+// ---- KV write, poison, attention ----
+
+const char* dtype_flag(DType d) { return d == DType::kF32 ? "f32" : d == DType::kF16 ? "f16" : "bf16"; }
+
+// A host copy of a pool of `dtype`, as raw elements, with the CPU counterpart's view.
+struct HostPool {
+  DType dtype;
+  std::vector<unsigned char> raw;
+  std::size_t element() const { return dtype_size(dtype); }
+  float at(int64_t i) const {
+    const unsigned char* e = raw.data() + static_cast<std::size_t>(i) * element();
+    uint16_t h = 0;
+    float f = 0;
+    switch (dtype) {
+      case DType::kF32: std::memcpy(&f, e, 4); return f;
+      case DType::kF16: std::memcpy(&h, e, 2); return f16_to_float(h);
+      default: std::memcpy(&h, e, 2); return bf16_to_float(h);
+    }
+  }
+  // The bits the kernel must have written for value x.
+  bool holds(int64_t i, float x) const {
+    const unsigned char* e = raw.data() + static_cast<std::size_t>(i) * element();
+    if (dtype == DType::kF32) return std::memcmp(e, &x, 4) == 0;
+    const uint16_t want = dtype == DType::kF16 ? float_to_f16(x) : float_to_bf16(x);
+    return std::memcmp(e, &want, 2) == 0;
+  }
+};
+
+// The CPU counterpart: paged_attention_head over the host copy of the pool, typed.
+template <class KvT>
+void cpu_attention_typed(const std::vector<float>& q, const HostPool& k, const HostPool& v, const int32_t* table,
+                         int64_t block_size, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                         int64_t position, float scale, int64_t partition, float* out) {
+  const int64_t group = num_heads / num_kv_heads;
+  std::vector<float> scratch(static_cast<std::size_t>(kk::kAttentionScratch<KvT> * head_dim));
+  const auto* kp = reinterpret_cast<const KvT*>(k.raw.data());
+  const auto* vp = reinterpret_cast<const KvT*>(v.raw.data());
+  for (int64_t h = 0; h < num_heads; ++h)
+    kk::paged_attention_head(q.data() + h * head_dim, kp, vp, table, block_size, num_kv_heads, h / group, head_dim,
+                             position, scale, partition, scratch.data(), out + h * head_dim);
+}
+
+void cpu_attention(const std::vector<float>& q, const HostPool& k, const HostPool& v, const int32_t* table,
+                   int64_t block_size, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t position,
+                   float scale, int64_t partition, float* out) {
+  switch (k.dtype) {
+    case DType::kF32:
+      return cpu_attention_typed<float>(q, k, v, table, block_size, num_heads, num_kv_heads, head_dim, position, scale,
+                                        partition, out);
+    case DType::kF16:
+      return cpu_attention_typed<kk::F16Bits>(q, k, v, table, block_size, num_heads, num_kv_heads, head_dim, position,
+                                              scale, partition, out);
+    default:
+      return cpu_attention_typed<kk::BF16Bits>(q, k, v, table, block_size, num_heads, num_kv_heads, head_dim,
+                                               position, scale, partition, out);
+  }
+}
+
+struct GridCase {
+  int64_t head_dim;
+  int64_t block_size;
+  int64_t num_heads;
+  int64_t num_kv_heads;
+  DType dtype;
+};
+
+std::string case_name(const GridCase& c) {
+  return "d" + std::to_string(c.head_dim) + "_b" + std::to_string(c.block_size) + "_h" + std::to_string(c.num_heads) +
+         "kv" + std::to_string(c.num_kv_heads) + "_" + dtype_flag(c.dtype);
+}
+
+// Positions per partition in the grid: small, so that "several partitions long" stays short
+// enough for the emulator under ASan; the default (128) is covered by the backend tests.
+constexpr int64_t kGridPartition = 32;
+
+// One sequence in a batch: its context length and how many of its last positions are queries
+// (1: decode; more: a chunk of prefill, causal within the chunk).
+struct Seq {
+  int64_t context;
+  int64_t queries;
+};
+
+// Runs write_kv then attention on one batch of sequences over a NaN-filled pool with block
+// tables drawn without replacement; checks the pool after the write (each slot the value
+// rounded to the dtype, -1 slots and every other slot untouched NaN) and every query's output
+// against the CPU counterpart. Returns the outputs, [token][num_heads * head_dim].
+std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>& seqs, int64_t partition,
+                                      uint32_t seed) {
+  const int64_t kv_dim = c.num_kv_heads * c.head_dim;
+  const int64_t q_dim = c.num_heads * c.head_dim;
+  int64_t needed = 0, max_blocks = 0;
+  for (const Seq& s : seqs) {
+    needed += kk::blocks_for_tokens(s.context, c.block_size);
+    max_blocks = std::max(max_blocks, kk::blocks_for_tokens(s.context, c.block_size));
+  }
+  const int64_t num_blocks = 4 * needed + 8;
+  const int64_t pool_elements = num_blocks * c.block_size * kv_dim;
+  const std::size_t pool_bytes = static_cast<std::size_t>(pool_elements) * dtype_size(c.dtype);
+  DeviceArray k_pool(pool_bytes), v_pool(pool_bytes);
+  // K by the poison kernel; V by an upload of the dtype's NaN (the emulator pays a fiber per
+  // few elements of a kernel, and the pools are large).
+  EXPECT_EQ(fill_kv_nan(k_pool.ptr, pool_elements, c.dtype), "");
+  {
+    HostPool nan_pool{c.dtype, std::vector<unsigned char>(pool_bytes)};
+    float f32;
+    kk::F16Bits f16;
+    kk::BF16Bits bf16;
+    kk::kv_store_nan(&f32);
+    kk::kv_store_nan(&f16);
+    kk::kv_store_nan(&bf16);
+    const void* pattern = c.dtype == DType::kF32 ? static_cast<const void*>(&f32)
+                          : c.dtype == DType::kF16 ? static_cast<const void*>(&f16.bits)
+                                                   : static_cast<const void*>(&bf16.bits);
+    for (std::size_t i = 0; i < pool_bytes; i += nan_pool.element())
+      std::memcpy(nan_pool.raw.data() + i, pattern, nan_pool.element());
+    upload(v_pool, nan_pool.raw);
+  }
+
+  // Block tables: distinct ids from the whole pool.
+  std::mt19937 gen(seed);
+  std::vector<int32_t> ids(static_cast<std::size_t>(num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), gen);
+  std::vector<int32_t> tables(seqs.size() * static_cast<std::size_t>(max_blocks), -1);
+  std::size_t next = 0;
+  for (std::size_t s = 0; s < seqs.size(); ++s)
+    for (int64_t b = 0; b < kk::blocks_for_tokens(seqs[s].context, c.block_size); ++b)
+      tables[s * static_cast<std::size_t>(max_blocks) + static_cast<std::size_t>(b)] = ids[next++];
+
+  // Every position's K/V, written by write_kv; one slot in seven is -1 in a second write of
+  // garbage that must change nothing.
+  std::vector<int64_t> slots;
+  for (std::size_t s = 0; s < seqs.size(); ++s)
+    for (int64_t p = 0; p < seqs[s].context; ++p)
+      slots.push_back(kk::slot_of(tables.data() + s * static_cast<std::size_t>(max_blocks), p, c.block_size));
+  const auto total = static_cast<int64_t>(slots.size());
+  const std::vector<float> k = random_floats(static_cast<std::size_t>(total * kv_dim), seed + 1, -2.0f, 2.0f);
+  const std::vector<float> v = random_floats(k.size(), seed + 2);
+  DeviceArray dk(k.size() * 4), dv(v.size() * 4), dslots(slots.size() * 8);
+  upload(dk, k);
+  upload(dv, v);
+  upload(dslots, slots);
+  EXPECT_EQ(write_kv(dk.as<float>(), dv.as<float>(), dslots.as<int64_t>(), total, kv_dim, c.dtype, k_pool.ptr,
+                     v_pool.ptr),
+            "");
+  std::vector<int64_t> skipped(slots.size(), kk::kSkipSlot);
+  upload(dslots, skipped);
+  const std::vector<float> garbage = random_floats(k.size(), seed + 3, 50.0f, 60.0f);
+  upload(dk, garbage);
+  EXPECT_EQ(write_kv(dk.as<float>(), dk.as<float>(), dslots.as<int64_t>(), total, kv_dim, c.dtype, k_pool.ptr,
+                     v_pool.ptr),
+            "");
+
+  HostPool hk{c.dtype, download<unsigned char>(k_pool, pool_bytes)};
+  HostPool hv{c.dtype, download<unsigned char>(v_pool, pool_bytes)};
+  std::vector<char> written(static_cast<std::size_t>(num_blocks * c.block_size), 0);
+  for (int64_t t = 0; t < total; ++t) {
+    const int64_t slot = slots[static_cast<std::size_t>(t)];
+    written[static_cast<std::size_t>(slot)] = 1;
+    for (int64_t e = 0; e < kv_dim; ++e) {
+      const int64_t i = slot * kv_dim + e;
+      if (!hk.holds(i, k[static_cast<std::size_t>(t * kv_dim + e)]) ||
+          !hv.holds(i, v[static_cast<std::size_t>(t * kv_dim + e)])) {
+        ADD_FAILURE() << "write_kv: slot " << slot << " element " << e << " does not hold its value";
+        return {};
+      }
+    }
+  }
+  for (int64_t slot = 0; slot < num_blocks * c.block_size; ++slot) {
+    if (written[static_cast<std::size_t>(slot)]) continue;
+    for (int64_t e = 0; e < kv_dim; ++e)
+      if (!std::isnan(hk.at(slot * kv_dim + e)) || !std::isnan(hv.at(slot * kv_dim + e))) {
+        ADD_FAILURE() << "slot " << slot << " is no sequence's but is not NaN";
+        return {};
+      }
+  }
+
+  // The queries: the last `queries` positions of each sequence.
+  std::vector<int32_t> seq_of_token, positions;
+  for (std::size_t s = 0; s < seqs.size(); ++s)
+    for (int64_t p = seqs[s].context - seqs[s].queries; p < seqs[s].context; ++p) {
+      seq_of_token.push_back(static_cast<int32_t>(s));
+      positions.push_back(static_cast<int32_t>(p));
+    }
+  const auto n = static_cast<int64_t>(positions.size());
+  const std::vector<float> q = random_floats(static_cast<std::size_t>(n * q_dim), seed + 4);
+  const int32_t max_position = *std::max_element(positions.begin(), positions.end());
+  const int64_t parts = attention_partitions(max_position, partition);
+  DeviceArray dq(q.size() * 4), dtables(tables.size() * 4), dseq(seq_of_token.size() * 4),
+      dpos(positions.size() * 4), dout(q.size() * 4),
+      dws(static_cast<std::size_t>(attention_workspace_floats(n, c.num_heads, c.head_dim, parts)) * 4);
+  upload(dq, q);
+  upload(dtables, tables);
+  upload(dseq, seq_of_token);
+  upload(dpos, positions);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  EXPECT_EQ(attention(dq.as<float>(), c.dtype, k_pool.ptr, v_pool.ptr, dtables.as<int32_t>(), max_blocks,
+                      dseq.as<int32_t>(), dpos.as<int32_t>(), n, c.num_heads, c.num_kv_heads, c.head_dim,
+                      c.block_size, scale, partition, parts, dws.as<float>(), dout.as<float>()),
+            "");
+  const std::vector<float> got = download<float>(dout, q.size());
+  std::vector<float> want(q.size());
+  for (int64_t t = 0; t < n; ++t) {
+    const std::vector<float> qt(q.begin() + t * q_dim, q.begin() + (t + 1) * q_dim);
+    cpu_attention(qt, hk, hv, tables.data() + seq_of_token[static_cast<std::size_t>(t)] * max_blocks, c.block_size,
+                  c.num_heads, c.num_kv_heads, c.head_dim, positions[static_cast<std::size_t>(t)], scale, partition,
+                  want.data() + t * q_dim);
+  }
+  for (float x : got) {
+    if (std::isnan(x)) {
+      ADD_FAILURE() << "attention read a NaN slot (outside its sequence)";
+      return {};
+    }
+  }
+  expect_close(got, want, "attention " + case_name(c));
+  return got;
+}
+
+// Context lengths of the grid for a block size: 1, block size +- 1, partition +- 1, and
+// several partitions long.
+std::vector<int64_t> grid_contexts(int64_t block_size, int64_t partition) {
+  std::vector<int64_t> c = {1,         block_size - 1, block_size,    block_size + 1,
+                            partition - 1, partition,  partition + 1, 3 * partition + 5};
+  c.erase(std::remove_if(c.begin(), c.end(), [](int64_t x) { return x < 1; }), c.end());
+  std::sort(c.begin(), c.end());
+  c.erase(std::unique(c.begin(), c.end()), c.end());
+  return c;
+}
+
+class AttentionGrid : public ::testing::TestWithParam<GridCase> {};
+
+TEST_P(AttentionGrid, DecodeAndChunkedPrefillMatchTheCpuAndNoBatchNeighbourChangesABit) {
+  REQUIRE_DEVICE();
+  const GridCase c = GetParam();
+  uint32_t seed = 100;
+  for (int64_t context : grid_contexts(c.block_size, kGridPartition)) {
+    SCOPED_TRACE("context " + std::to_string(context));
+    // A chunk of up to three prefill positions (one: decode) alone, then the same sequence
+    // with the same K/V and queries batched beside a decode of another length: its rows must
+    // be equal bit for bit (the block tables differ too: the pool is larger).
+    const int64_t chunk = std::min<int64_t>(context, 3);
+    const std::vector<float> alone = run_attention_case(c, {{context, chunk}}, kGridPartition, seed);
+    const int64_t other = (context * 7) % (3 * kGridPartition + 5) + 1;
+    const std::vector<float> batched = run_attention_case(c, {{context, chunk}, {other, 1}}, kGridPartition, seed);
+    seed += 10;
+    if (HasFailure()) return;
+    ASSERT_GE(batched.size(), alone.size());
+    for (std::size_t i = 0; i < alone.size(); ++i)
+      ASSERT_EQ(bits(batched[i]), bits(alone[i])) << "batch neighbour changed element " << i;
+  }
+}
+
+std::vector<GridCase> grid() {
+  std::vector<GridCase> cases;
+#if defined(KVP_SIMT_THREADS)
+  // ThreadSanitizer runs every CUDA thread as an OS thread: one case per dtype.
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) cases.push_back({64, 8, 8, 2, d});
+#else
+  std::vector<int64_t> dims = {64, 128};
+#if defined(KVP_CUDA_DEVICE_FLAVOUR)
+  dims.push_back(256);
+#endif
+  for (int64_t d : dims)
+    for (int64_t b : {1, 8, 16, 32})
+      for (auto [h, kv] : {std::pair<int64_t, int64_t>{8, 8}, {32, 8}, {32, 1}})
+        for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) cases.push_back({d, b, h, kv, t});
+#endif
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(CUDA_KERNEL_SUITE, AttentionGrid, ::testing::ValuesIn(grid()),
+                         [](const ::testing::TestParamInfo<GridCase>& i) { return case_name(i.param); });
+
+TEST(CUDA_KERNEL_SUITE, AttentionRefusesShapesItCannotRun) {
+  EXPECT_NE(check_attention_shape(8, 3, 64), "");                  // not a multiple
+  EXPECT_NE(check_attention_shape(8, 8, kMaxHeadDim + 1), "");     // head dim
+  EXPECT_NE(check_attention_shape(128, 1, 256), "");               // group x head dim over the block
+  EXPECT_EQ(check_attention_shape(32, 8, 128), "");
+  EXPECT_FALSE(kv_dtype_supported(DType::kF64));
+  EXPECT_NE(fill_kv_nan(nullptr, 4, DType::kF64), "");
+}
+
+#if defined(KVP_CUDA_DEVICE_FLAVOUR)
+// GPU only: a 32k context with the default partition (256 partitions), and a pool of more
+// than 2^31 elements with the sequence's blocks at its end, so that 32-bit index arithmetic
+// anywhere would read the wrong slot.
+TEST(CUDA_KERNEL_SUITE, LongContextInAPoolOverTwoToTheThirtyOneElements) {
+  REQUIRE_DEVICE();
+  const GridCase c{128, 16, 32, 8, DType::kF32};
+  const int64_t kv_dim = c.num_kv_heads * c.head_dim, context = 32768;
+  const int64_t seq_blocks = context / c.block_size;
+  const int64_t num_blocks = (int64_t{1} << 31) / (c.block_size * kv_dim) + 2 * seq_blocks;  // > 2^31 elements
+  const int64_t elements = num_blocks * c.block_size * kv_dim;
+  DeviceArray k_pool(static_cast<std::size_t>(elements) * 4), v_pool(static_cast<std::size_t>(elements) * 4);
+  if (k_pool.ptr == nullptr || v_pool.ptr == nullptr) GTEST_SKIP() << "could not allocate " << elements * 8 << " bytes";
+  // The sequence's blocks: the last 2 * seq_blocks ids, every other one, in reverse.
+  std::vector<int32_t> table;
+  for (int64_t b = 0; b < seq_blocks; ++b) table.push_back(static_cast<int32_t>(num_blocks - 1 - 2 * b));
+  std::vector<int64_t> slots;
+  for (int64_t p = 0; p < context; ++p) slots.push_back(kk::slot_of(table.data(), p, c.block_size));
+  const std::vector<float> k = random_floats(static_cast<std::size_t>(context * kv_dim), 11, -2.0f, 2.0f);
+  const std::vector<float> v = random_floats(k.size(), 12);
+  DeviceArray dk(k.size() * 4), dv(v.size() * 4), dslots(slots.size() * 8);
+  upload(dk, k);
+  upload(dv, v);
+  upload(dslots, slots);
+  ASSERT_EQ(write_kv(dk.as<float>(), dv.as<float>(), dslots.as<int64_t>(), context, kv_dim, c.dtype, k_pool.ptr,
+                     v_pool.ptr),
+            "");
+  // Compact host copy: the sequence's blocks as blocks 0..seq_blocks-1.
+  HostPool hk{c.dtype, {}}, hv{c.dtype, {}};
+  const std::size_t block_bytes = static_cast<std::size_t>(c.block_size * kv_dim) * 4;
+  hk.raw.resize(block_bytes * static_cast<std::size_t>(seq_blocks));
+  hv.raw.resize(hk.raw.size());
+  std::vector<int32_t> compact(table.size());
+  for (std::size_t b = 0; b < table.size(); ++b) {
+    compact[b] = static_cast<int32_t>(b);
+    ASSERT_EQ(copy_to_host(hk.raw.data() + b * block_bytes, k_pool.as<unsigned char>() + table[b] * block_bytes,
+                           block_bytes),
+              "");
+    ASSERT_EQ(copy_to_host(hv.raw.data() + b * block_bytes, v_pool.as<unsigned char>() + table[b] * block_bytes,
+                           block_bytes),
+              "");
+  }
+  const int64_t q_dim = c.num_heads * c.head_dim;
+  const std::vector<float> q = random_floats(static_cast<std::size_t>(q_dim), 13);
+  const std::vector<int32_t> seq = {0}, pos = {static_cast<int32_t>(context - 1)};
+  const int64_t parts = attention_partitions(context - 1, kk::kDefaultAttentionPartition);
+  DeviceArray dq(q.size() * 4), dtable(table.size() * 4), dseq(4), dpos(4), dout(q.size() * 4),
+      dws(static_cast<std::size_t>(attention_workspace_floats(1, c.num_heads, c.head_dim, parts)) * 4);
+  upload(dq, q);
+  upload(dtable, table);
+  upload(dseq, seq);
+  upload(dpos, pos);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  ASSERT_EQ(attention(dq.as<float>(), c.dtype, k_pool.ptr, v_pool.ptr, dtable.as<int32_t>(), seq_blocks,
+                      dseq.as<int32_t>(), dpos.as<int32_t>(), 1, c.num_heads, c.num_kv_heads, c.head_dim, c.block_size,
+                      scale, kk::kDefaultAttentionPartition, parts, dws.as<float>(), dout.as<float>()),
+            "");
+  std::vector<float> want(q.size());
+  cpu_attention(q, hk, hv, compact.data(), c.block_size, c.num_heads, c.num_kv_heads, c.head_dim, context - 1, scale,
+                kk::kDefaultAttentionPartition, want.data());
+  expect_close(download<float>(dout, q.size()), want, "32k context, pool over 2^31 elements");
+}
+#endif
+
+}  // namespace
+}  // namespace kvp::cuda_kernels::KVP_CUDA_FLAVOUR_NS
