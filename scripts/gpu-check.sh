@@ -5,10 +5,15 @@
 #
 #   1. build (default preset, CUDA on) only what the checks need; keep the nvcc resource
 #      usage report (-Xptxas -v: registers, spills, stack per kernel)
-#   2. ctest -L 'gpu|kernel': the SIMT kernels emulated and on the GPU, and the backend
-#      conformance suite against the nvcc-built CUDA backend (backend_conformance_gpu_test)
+#   2. ctest -L 'gpu|kernel': the SIMT kernels and the CUDA backend's kernels emulated and on
+#      the GPU (cuda_kernels_gpu_test: the attention grid with head dim 256, a 32k context in
+#      a pool over 2^31 elements), and the backend conformance suite against the nvcc-built
+#      CUDA backend (backend_conformance_gpu_test)
 #   3. the gpu tests under compute-sanitizer memcheck, racecheck, synccheck, initcheck
-#   4. kvproof-cuda verify --backend cuda on every built-in workload shape
+#   4. kvproof-cuda verify --backend cuda on every built-in workload shape (f32 KV), and on
+#      the default shape with f16 and bf16 KV
+#   4b. benchmarks: decode attention bandwidth against copy bandwidth, engine decode tokens/s
+#      CUDA against CPU (JSON under $OUT)
 #   5. our reference against transformers' Llama: a random tiny checkpoint written by
 #      `kvproof export`, greedy logits from `kvproof generate` compared with
 #      LlamaForCausalLM's on the same tokens (scripts/hf_crosscheck.py)
@@ -42,12 +47,13 @@ step() {
 
 { nvidia-smi; nvcc --version; } >"$OUT/device.txt" 2>&1
 
-GPU_TESTS=(simt_gpu_test backend_conformance_gpu_test)
+GPU_TESTS=(simt_gpu_test backend_conformance_gpu_test cuda_kernels_gpu_test)
 export BUILD JOBS OUT
 # shellcheck disable=SC2317  # run through step's bash -c
 build() {
   cmake --preset default -DKVPROOF_CUDA=ON &&
     cmake --build "$BUILD" -j "$JOBS" --target simt_test simt_gpu_test backend_conformance_gpu_test \
+      cuda_kernels_test cuda_kernels_gpu_test cuda_attention_bench cuda_engine_bench \
       kvproof kvproof-cuda kvp_cuda_resource_usage
 }
 export -f build
@@ -65,6 +71,11 @@ if step build 240 build; then
       if [ "$tool" = initcheck ] && [ "$t" = backend_conformance_gpu_test ]; then
         extra=(--gtest_filter='-*UnwrittenSlot*:*Poisoned*')
       fi
+      # The kernels' grid is long under a sanitizer: one block size of it, and not the 32k
+      # context in its 18 GB pool.
+      if [ "$t" = cuda_kernels_gpu_test ]; then
+        extra=(--gtest_filter='CudaGpuKernels.*:*_b16_*-*LongContext*')
+      fi
       step "sanitizer-$tool-$t" 90 compute-sanitizer --tool "$tool" --error-exitcode 1 \
         "$BUILD/bin/$t" --gtest_brief=1 "${extra[@]}"
     done
@@ -74,6 +85,16 @@ if step build 240 build; then
     step "verify-cuda-$shape" 60 "$BUILD/bin/kvproof-cuda" verify --backend cuda --shape "$shape" \
       --json "$OUT/verify-cuda-$shape.json"
   done
+
+  for dtype in f16 bf16; do
+    step "verify-cuda-mixed-$dtype" 60 "$BUILD/bin/kvproof-cuda" verify --backend cuda --kv-dtype "$dtype" \
+      --json "$OUT/verify-cuda-mixed-$dtype.json"
+  done
+
+  step bench-attention 120 "$BUILD/bin/cuda_attention_bench" --benchmark_min_time=0.05 \
+    --benchmark_out="$OUT/bench-attention.json" --benchmark_out_format=json
+  step bench-engine 120 "$BUILD/bin/cuda_engine_bench" --benchmark_out="$OUT/bench-engine.json" \
+    --benchmark_out_format=json
 
   step export-tiny 30 "$BUILD/bin/kvproof" export --preset tiny --out "$OUT/tiny-checkpoint"
   # shellcheck disable=SC2317  # run through step's bash -c
