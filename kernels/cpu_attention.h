@@ -246,8 +246,10 @@ KVP_HOST_DEVICE inline void paged_attention_head(const float* q, const KvT* k_po
     for (int64_t d = 0; d < head_dim; ++d) scratch[d] = 0.0f;
     for (int64_t j = begin; j < end; ++j) {
       const int64_t slot = slot_of(block_table, j, block_size);
-      const float* k = kv_row_as_float(k_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim), k_buffer, head_dim);
-      const float* v = kv_row_as_float(v_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim), v_buffer, head_dim);
+      const float* k =
+          kv_row_as_float(k_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim), k_buffer, head_dim);
+      const float* v =
+          kv_row_as_float(v_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim), v_buffer, head_dim);
       const float score = dot(q, k, head_dim) * scale;
       if (j == begin) {
         part_max = score;

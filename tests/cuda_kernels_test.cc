@@ -47,8 +47,8 @@ namespace kk = ::kvp::kernels;
 
 constexpr double kGpuRelTolerance = 1e-4;
 
-#define REQUIRE_DEVICE()                                              \
-  do {                                                                \
+#define REQUIRE_DEVICE()                                                     \
+  do {                                                                       \
     if (const std::string e = check_device(); !e.empty()) GTEST_SKIP() << e; \
   } while (0)
 
@@ -127,7 +127,8 @@ TEST(CUDA_KERNEL_SUITE, ProjectIsTheCpuDotOfEveryRowWhateverTheTokenCount) {
       std::vector<float> want(static_cast<std::size_t>(n * out_dim));
       for (int64_t t = 0; t < n; ++t)
         for (int64_t r = 0; r < out_dim; ++r)
-          want[static_cast<std::size_t>(t * out_dim + r)] = kk::dot(w.data() + r * in_dim, x.data() + t * in_dim, in_dim);
+          want[static_cast<std::size_t>(t * out_dim + r)] =
+              kk::dot(w.data() + r * in_dim, x.data() + t * in_dim, in_dim);
       expect_close(download<float>(dy, want.size()), want,
                    "project " + std::to_string(out_dim) + "x" + std::to_string(in_dim) + " n " + std::to_string(n));
     }
@@ -182,7 +183,8 @@ TEST(CUDA_KERNEL_SUITE, EmbedRmsNormSiluAddAndRopeMatchTheCpuLoops) {
   for (int64_t t = 0; t < n; ++t) {
     std::vector<float> cs(static_cast<std::size_t>(head_dim / 2)), sn(cs.size());
     kk::rope_cos_sin(positions[static_cast<std::size_t>(t)], inv_freq.data(), head_dim / 2, cs.data(), sn.data());
-    for (int64_t h = 0; h < heads; ++h) kk::apply_rope(x.data() + (t * heads + h) * head_dim, cs.data(), sn.data(), head_dim / 2);
+    for (int64_t h = 0; h < heads; ++h)
+      kk::apply_rope(x.data() + (t * heads + h) * head_dim, cs.data(), sn.data(), head_dim / 2);
   }
   expect_close(download<float>(dq, x.size()), x, "rope");
 }
@@ -240,8 +242,8 @@ void cpu_attention(const std::vector<float>& q, const HostPool& k, const HostPoo
       return cpu_attention_typed<kk::F16Bits>(q, k, v, table, block_size, num_heads, num_kv_heads, head_dim, position,
                                               scale, partition, out);
     default:
-      return cpu_attention_typed<kk::BF16Bits>(q, k, v, table, block_size, num_heads, num_kv_heads, head_dim,
-                                               position, scale, partition, out);
+      return cpu_attention_typed<kk::BF16Bits>(q, k, v, table, block_size, num_heads, num_kv_heads, head_dim, position,
+                                               scale, partition, out);
   }
 }
 
@@ -302,7 +304,7 @@ std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>&
     kk::kv_store_nan(&f32);
     kk::kv_store_nan(&f16);
     kk::kv_store_nan(&bf16);
-    const void* pattern = c.dtype == DType::kF32 ? static_cast<const void*>(&f32)
+    const void* pattern = c.dtype == DType::kF32   ? static_cast<const void*>(&f32)
                           : c.dtype == DType::kF16 ? static_cast<const void*>(&f16.bits)
                                                    : static_cast<const void*>(&bf16.bits);
     for (std::size_t i = 0; i < pool_bytes; i += nan_pool.element())
@@ -334,16 +336,16 @@ std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>&
   upload(dk, k);
   upload(dv, v);
   upload(dslots, slots);
-  EXPECT_EQ(write_kv(dk.as<float>(), dv.as<float>(), dslots.as<int64_t>(), total, kv_dim, c.dtype, k_pool.ptr,
-                     v_pool.ptr),
-            "");
+  EXPECT_EQ(
+      write_kv(dk.as<float>(), dv.as<float>(), dslots.as<int64_t>(), total, kv_dim, c.dtype, k_pool.ptr, v_pool.ptr),
+      "");
   std::vector<int64_t> skipped(slots.size(), kk::kSkipSlot);
   upload(dslots, skipped);
   const std::vector<float> garbage = random_floats(k.size(), seed + 3, 50.0f, 60.0f);
   upload(dk, garbage);
-  EXPECT_EQ(write_kv(dk.as<float>(), dk.as<float>(), dslots.as<int64_t>(), total, kv_dim, c.dtype, k_pool.ptr,
-                     v_pool.ptr),
-            "");
+  EXPECT_EQ(
+      write_kv(dk.as<float>(), dk.as<float>(), dslots.as<int64_t>(), total, kv_dim, c.dtype, k_pool.ptr, v_pool.ptr),
+      "");
 
   HostPool hk{c.dtype, download<unsigned char>(k_pool, pool_bytes)};
   HostPool hv{c.dtype, download<unsigned char>(v_pool, pool_bytes)};
@@ -380,8 +382,8 @@ std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>&
   const std::vector<float> q = random_floats(static_cast<std::size_t>(n * q_dim), seed + 4);
   const int32_t max_position = *std::max_element(positions.begin(), positions.end());
   const int64_t parts = attention_partitions(max_position, partition);
-  DeviceArray dq(q.size() * 4), dtables(tables.size() * 4), dseq(seq_of_token.size() * 4),
-      dpos(positions.size() * 4), dout(q.size() * 4),
+  DeviceArray dq(q.size() * 4), dtables(tables.size() * 4), dseq(seq_of_token.size() * 4), dpos(positions.size() * 4),
+      dout(q.size() * 4),
       dws(static_cast<std::size_t>(attention_workspace_floats(n, c.num_heads, c.head_dim, parts)) * 4);
   upload(dq, q);
   upload(dtables, tables);
@@ -389,8 +391,8 @@ std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>&
   upload(dpos, positions);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   EXPECT_EQ(attention(dq.as<float>(), c.dtype, k_pool.ptr, v_pool.ptr, dtables.as<int32_t>(), max_blocks,
-                      dseq.as<int32_t>(), dpos.as<int32_t>(), n, c.num_heads, c.num_kv_heads, c.head_dim,
-                      c.block_size, scale, partition, parts, dws.as<float>(), dout.as<float>()),
+                      dseq.as<int32_t>(), dpos.as<int32_t>(), n, c.num_heads, c.num_kv_heads, c.head_dim, c.block_size,
+                      scale, partition, parts, dws.as<float>(), dout.as<float>()),
             "");
   const std::vector<float> got = download<float>(dout, q.size());
   std::vector<float> want(q.size());
@@ -413,8 +415,8 @@ std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>&
 // Context lengths of the grid for a block size: 1, block size +- 1, partition +- 1, and
 // several partitions long.
 std::vector<int64_t> grid_contexts(int64_t block_size, int64_t partition) {
-  std::vector<int64_t> c = {1,         block_size - 1, block_size,    block_size + 1,
-                            partition - 1, partition,  partition + 1, 3 * partition + 5};
+  std::vector<int64_t> c = {1,         block_size - 1, block_size,       block_size + 1, partition - 1,
+                            partition, partition + 1,  3 * partition + 5};
   c.erase(std::remove_if(c.begin(), c.end(), [](int64_t x) { return x < 1; }), c.end());
   std::sort(c.begin(), c.end());
   c.erase(std::unique(c.begin(), c.end()), c.end());
@@ -467,9 +469,9 @@ INSTANTIATE_TEST_SUITE_P(CUDA_KERNEL_SUITE, AttentionGrid, ::testing::ValuesIn(g
                          [](const ::testing::TestParamInfo<GridCase>& i) { return case_name(i.param); });
 
 TEST(CUDA_KERNEL_SUITE, AttentionRefusesShapesItCannotRun) {
-  EXPECT_NE(check_attention_shape(8, 3, 64), "");                  // not a multiple
-  EXPECT_NE(check_attention_shape(8, 8, kMaxHeadDim + 1), "");     // head dim
-  EXPECT_NE(check_attention_shape(128, 1, 256), "");               // group x head dim over the block
+  EXPECT_NE(check_attention_shape(8, 3, 64), "");               // not a multiple
+  EXPECT_NE(check_attention_shape(8, 8, kMaxHeadDim + 1), "");  // head dim
+  EXPECT_NE(check_attention_shape(128, 1, 256), "");            // group x head dim over the block
   EXPECT_EQ(check_attention_shape(32, 8, 128), "");
   EXPECT_FALSE(kv_dtype_supported(DType::kF64));
   EXPECT_NE(fill_kv_nan(nullptr, 4, DType::kF64), "");
@@ -499,9 +501,9 @@ TEST(CUDA_KERNEL_SUITE, LongContextInAPoolOverTwoToTheThirtyOneElements) {
   upload(dk, k);
   upload(dv, v);
   upload(dslots, slots);
-  ASSERT_EQ(write_kv(dk.as<float>(), dv.as<float>(), dslots.as<int64_t>(), context, kv_dim, c.dtype, k_pool.ptr,
-                     v_pool.ptr),
-            "");
+  ASSERT_EQ(
+      write_kv(dk.as<float>(), dv.as<float>(), dslots.as<int64_t>(), context, kv_dim, c.dtype, k_pool.ptr, v_pool.ptr),
+      "");
   // Compact host copy: the sequence's blocks as blocks 0..seq_blocks-1.
   HostPool hk{c.dtype, {}}, hv{c.dtype, {}};
   const std::size_t block_bytes = static_cast<std::size_t>(c.block_size * kv_dim) * 4;
@@ -510,12 +512,12 @@ TEST(CUDA_KERNEL_SUITE, LongContextInAPoolOverTwoToTheThirtyOneElements) {
   std::vector<int32_t> compact(table.size());
   for (std::size_t b = 0; b < table.size(); ++b) {
     compact[b] = static_cast<int32_t>(b);
-    ASSERT_EQ(copy_to_host(hk.raw.data() + b * block_bytes, k_pool.as<unsigned char>() + table[b] * block_bytes,
-                           block_bytes),
-              "");
-    ASSERT_EQ(copy_to_host(hv.raw.data() + b * block_bytes, v_pool.as<unsigned char>() + table[b] * block_bytes,
-                           block_bytes),
-              "");
+    ASSERT_EQ(
+        copy_to_host(hk.raw.data() + b * block_bytes, k_pool.as<unsigned char>() + table[b] * block_bytes, block_bytes),
+        "");
+    ASSERT_EQ(
+        copy_to_host(hv.raw.data() + b * block_bytes, v_pool.as<unsigned char>() + table[b] * block_bytes, block_bytes),
+        "");
   }
   const int64_t q_dim = c.num_heads * c.head_dim;
   const std::vector<float> q = random_floats(static_cast<std::size_t>(q_dim), 13);

@@ -109,6 +109,34 @@ TEST(Differential, CudaEmuBackendPassesTheDefaults) {
   expect_passes(tiny(), mixed(), o);
 }
 
+// bf16 KV pools (the coarsest dtype): every check passes at the dtype's default tolerance,
+// recompute and non-interference bitwise; the same run fails at f32's tolerance, so the
+// logits check does see the rounding.
+TEST(Differential, CudaEmuBackendWithBf16KvPassesItsToleranceAndFailsF32s) {
+  VerifyOptions o;
+  o.backend = "cuda-emu";
+  o.kv_dtype = DType::kBF16;
+  EXPECT_EQ(tolerance_for(o).value, 1.5e-2);
+  expect_passes(tiny(), mixed(), o);
+  o.tolerance = 2e-5;
+  o.modes = {PreemptionMode::kRecompute};
+  auto strict = run_verify(tiny(), *builtin_workload("short-chat", 512, 1), o);
+  ASSERT_TRUE(strict.is_ok()) << strict.status().message();
+  EXPECT_FALSE(strict->passed());
+  bool logits_failed = false;
+  for (const CheckResult& c : strict->checks)
+    if (c.name.rfind("logits-vs-reference", 0) == 0) logits_failed = !c.passed;
+  EXPECT_TRUE(logits_failed) << strict->table();
+}
+
+TEST(Verify, CpuBackendRefusesHalfPrecisionPools) {
+  VerifyOptions o;
+  o.kv_dtype = DType::kF16;
+  auto r = run_verify(tiny(), mixed(), o);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("kv_dtype"), std::string::npos) << r.status().message();
+}
+
 TEST(Verify, UnknownOrAbsentBackendIsAnError) {
   VerifyOptions o;
   o.backend = "cuda";  // this program links the emulated flavour

@@ -46,9 +46,8 @@ void add_audit_command(CLI::App& app, int& exit_code) {
     a.event_log_path = opt->event_log;
     std::printf("kvproof audit: %s, backend %s, KV %s, block size %d, %d blocks + %d host, %s sharing, %s\n",
                 opt->inputs.describe(workload).c_str(), a.engine.backend.c_str(), opt->backend.kv_dtype.c_str(),
-                a.engine.block_size, a.engine.num_blocks,
-                a.engine.num_host_blocks, a.engine.global_prefix_sharing ? "global" : "tenant-scoped",
-                opt->preemption.c_str());
+                a.engine.block_size, a.engine.num_blocks, a.engine.num_host_blocks,
+                a.engine.global_prefix_sharing ? "global" : "tenant-scoped", opt->preemption.c_str());
     auto report = verify::run_audit(model, workload, a);
     if (!report) return fail(report.status().message());
     std::printf("%s", report->summary().c_str());

@@ -32,7 +32,8 @@ Result<GenerateResult> engine_generate(const Model& model, const BackendChoice& 
   const auto blocks = static_cast<int32_t>((length + kBlockSize - 1) / kBlockSize + 1);
   o.max_model_len = model.config.max_position_embeddings;
   o.max_num_batched_tokens = std::max<int32_t>(o.max_num_batched_tokens, static_cast<int32_t>(prompt.size()));
-  auto live = verify::make_engine(model, o, {kBlockSize, blocks, 0, o.max_num_batched_tokens, PreemptionMode::kRecompute});
+  auto live =
+      verify::make_engine(model, o, {kBlockSize, blocks, 0, o.max_num_batched_tokens, PreemptionMode::kRecompute});
   if (!live) return live.status();
   RequestSpec spec;
   spec.prompt = prompt;

@@ -6,8 +6,8 @@
 // thread and compute it with the CPU backend's loops from kernels/cpu_attention.h; attention
 // runs paged_attention_head's recurrence spread over a thread block, step for step in the
 // same order. So the reduction order of every value is fixed by the sizes alone (N1), and
-// the emulated flavour gives the CPU backend's bits. The GPU flavour may differ in the last bits (nvcc contracts a*b+c into
-// FMA; see kernels/simt/simt.h, "Fidelity"), but is as deterministic.
+// the emulated flavour gives the CPU backend's bits. The GPU flavour may differ in the last bits (nvcc contracts a*b+c
+// into FMA; see kernels/simt/simt.h, "Fidelity"), but is as deterministic.
 #include "kernels/cuda/model_kernels.h"
 
 #include <algorithm>
@@ -153,15 +153,15 @@ __global__ void attention_partition_kernel(const float* q, const KvT* k_pool, co
   const float* q_group = q + (t * num_heads + kv_head * group) * head_dim;
 
   KVP_DYNAMIC_SHARED(float, shared);
-  float* k_tile = shared;                               // [kAttentionTile][head_dim]
-  float* v_tile = k_tile + kAttentionTile * head_dim;   // [kAttentionTile][head_dim]
-  float* p_tile = v_tile + kAttentionTile * head_dim;   // [group][kAttentionTile]: score, then p
-  float* rescale = p_tile + group * kAttentionTile;     // [group][kAttentionTile]
+  float* k_tile = shared;                              // [kAttentionTile][head_dim]
+  float* v_tile = k_tile + kAttentionTile * head_dim;  // [kAttentionTile][head_dim]
+  float* p_tile = v_tile + kAttentionTile * head_dim;  // [group][kAttentionTile]: score, then p
+  float* rescale = p_tile + group * kAttentionTile;    // [group][kAttentionTile]
 
   // Thread `tid` owns accumulator elements e = tid + i * threads of [group][head_dim].
   const int64_t elements = group * head_dim;
   float acc[kAttentionAccPerThread];
-KVP_UNROLL
+  KVP_UNROLL
   for (int i = 0; i < kAttentionAccPerThread; ++i) acc[i] = 0.0f;
   // The recurrence's state of head `tid` (threads tid < group).
   float part_max = 0.0f;
@@ -203,7 +203,7 @@ KVP_UNROLL
       }
     }
     __syncthreads();
-KVP_UNROLL
+    KVP_UNROLL
     for (int i = 0; i < kAttentionAccPerThread; ++i) {
       const int64_t e = tid + i * threads;
       if (e < elements) {
@@ -220,7 +220,7 @@ KVP_UNROLL
   }
   const int64_t stride = head_dim + 2;
   float* ws = workspace + ((t * num_heads + kv_head * group) * max_partitions + part) * stride;
-KVP_UNROLL
+  KVP_UNROLL
   for (int i = 0; i < kAttentionAccPerThread; ++i) {
     const int64_t e = tid + i * threads;
     if (e < elements) ws[(e / head_dim) * max_partitions * stride + e % head_dim] = acc[i];
@@ -311,9 +311,7 @@ std::string synchronize() {
   return e == cudaSuccess ? std::string() : fail("cudaDeviceSynchronize", e);
 }
 
-bool kv_dtype_supported(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
-}
+bool kv_dtype_supported(DType dtype) { return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16; }
 
 namespace {
 std::string unsupported(const char* what, DType dtype) {
@@ -375,11 +373,10 @@ std::string write_kv_typed(const float* d_k, const float* d_v, const int64_t* d_
 }
 
 template <typename KvT>
-std::string attention_typed(const float* d_q, const void* d_k_pool, const void* d_v_pool,
-                            const int32_t* d_block_tables, int64_t max_blocks_per_seq, const int32_t* d_seq_of_token,
-                            const int32_t* d_positions, int64_t n, int64_t num_heads, int64_t num_kv_heads,
-                            int64_t head_dim, int64_t block_size, float scale, int64_t partition,
-                            int64_t max_partitions, float* d_workspace) {
+std::string attention_typed(const float* d_q, const void* d_k_pool, const void* d_v_pool, const int32_t* d_block_tables,
+                            int64_t max_blocks_per_seq, const int32_t* d_seq_of_token, const int32_t* d_positions,
+                            int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                            float scale, int64_t partition, int64_t max_partitions, float* d_workspace) {
   const dim3 grid(static_cast<unsigned>(n * num_kv_heads), static_cast<unsigned>(max_partitions));
   const int64_t group = num_heads / num_kv_heads;
   KVP_LAUNCH(attention_partition_kernel<KvT>, grid, dim3(static_cast<unsigned>(attention_threads(group, head_dim))),
@@ -397,8 +394,7 @@ std::string write_kv(const float* d_k, const float* d_v, const int64_t* d_slots,
   switch (kv_dtype) {
     case DType::kF32: return write_kv_typed<float>(d_k, d_v, d_slots, n, kv_dim, d_k_pool, d_v_pool);
     case DType::kF16: return write_kv_typed<kvp::kernels::F16Bits>(d_k, d_v, d_slots, n, kv_dim, d_k_pool, d_v_pool);
-    case DType::kBF16:
-      return write_kv_typed<kvp::kernels::BF16Bits>(d_k, d_v, d_slots, n, kv_dim, d_k_pool, d_v_pool);
+    case DType::kBF16: return write_kv_typed<kvp::kernels::BF16Bits>(d_k, d_v, d_slots, n, kv_dim, d_k_pool, d_v_pool);
     default: return unsupported("write_kv", kv_dtype);
   }
 }
@@ -428,9 +424,9 @@ std::string check_attention_shape(int64_t num_heads, int64_t num_kv_heads, int64
 
 std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, const void* d_v_pool,
                       const int32_t* d_block_tables, int64_t max_blocks_per_seq, const int32_t* d_seq_of_token,
-                      const int32_t* d_positions, int64_t n, int64_t num_heads, int64_t num_kv_heads,
-                      int64_t head_dim, int64_t block_size, float scale, int64_t partition, int64_t max_partitions,
-                      float* d_workspace, float* d_out) {
+                      const int32_t* d_positions, int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                      int64_t block_size, float scale, int64_t partition, int64_t max_partitions, float* d_workspace,
+                      float* d_out) {
   if (n <= 0) return {};
   if (std::string shape = check_attention_shape(num_heads, num_kv_heads, head_dim); !shape.empty()) return shape;
   if (partition <= 0 || max_partitions <= 0 || max_partitions > 65535)

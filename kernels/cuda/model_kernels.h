@@ -90,9 +90,9 @@ int64_t attention_workspace_floats(int64_t n, int64_t num_heads, int64_t head_di
 std::string check_attention_shape(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
 std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, const void* d_v_pool,
                       const int32_t* d_block_tables, int64_t max_blocks_per_seq, const int32_t* d_seq_of_token,
-                      const int32_t* d_positions, int64_t n, int64_t num_heads, int64_t num_kv_heads,
-                      int64_t head_dim, int64_t block_size, float scale, int64_t partition, int64_t max_partitions,
-                      float* d_workspace, float* d_out);
+                      const int32_t* d_positions, int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                      int64_t block_size, float scale, int64_t partition, int64_t max_partitions, float* d_workspace,
+                      float* d_out);
 
 // d_gate[i] = silu(d_gate[i]) * d_up[i], i < n.
 std::string silu_mul(float* d_gate, const float* d_up, int64_t n);

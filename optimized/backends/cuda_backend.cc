@@ -57,8 +57,8 @@ struct CudaBackend::Device {
   ~Device() {
     for (void* p : owned) ck::device_free(p);
     for (void* p : pinned) ck::pinned_free(p);
-    for (DeviceBuffer* b : {&x, &h, &q, &k, &v, &attn, &attn_workspace, &proj, &gate, &up, &final_h, &logits, &token_ids, &positions,
-                            &slots, &seq_of_token, &block_tables, &logit_rows})
+    for (DeviceBuffer* b : {&x, &h, &q, &k, &v, &attn, &attn_workspace, &proj, &gate, &up, &final_h, &logits,
+                            &token_ids, &positions, &slots, &seq_of_token, &block_tables, &logit_rows})
       ck::device_free(b->ptr);
   }
 
@@ -263,15 +263,15 @@ Status CudaBackend::run_ops(const KvPlanOps& ops) {
   Device& d = *dev_;
   const int64_t per_block = config_.pool.elements_per_block();
   const std::size_t bytes = static_cast<std::size_t>(per_block) * dtype_size(config_.pool.kv_dtype);
-  const auto block_at = [bytes](std::byte* pool, int32_t block) { return pool + static_cast<std::size_t>(block) * bytes; };
+  const auto block_at = [bytes](std::byte* pool, int32_t block) {
+    return pool + static_cast<std::size_t>(block) * bytes;
+  };
   const auto layers = static_cast<std::size_t>(model_config_.num_layers);
   // Swaps go through the pinned host pool.
   for (const BlockCopy& s : ops.swap_out) {
     for (std::size_t l = 0; l < layers; ++l) {
-      KVP_CUDA_RETURN_IF_ERROR(
-          ck::copy_to_host(block_at(d.host_k[l], s.dst), block_at(d.k_pool[l], s.src), bytes));
-      KVP_CUDA_RETURN_IF_ERROR(
-          ck::copy_to_host(block_at(d.host_v[l], s.dst), block_at(d.v_pool[l], s.src), bytes));
+      KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_host(block_at(d.host_k[l], s.dst), block_at(d.k_pool[l], s.src), bytes));
+      KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_host(block_at(d.host_v[l], s.dst), block_at(d.v_pool[l], s.src), bytes));
     }
   }
   for (const BlockCopy& s : ops.block_copies) {
@@ -290,10 +290,8 @@ Status CudaBackend::run_ops(const KvPlanOps& ops) {
   }
   for (const BlockCopy& s : ops.swap_in) {
     for (std::size_t l = 0; l < layers; ++l) {
-      KVP_CUDA_RETURN_IF_ERROR(
-          ck::copy_to_device(block_at(d.k_pool[l], s.dst), block_at(d.host_k[l], s.src), bytes));
-      KVP_CUDA_RETURN_IF_ERROR(
-          ck::copy_to_device(block_at(d.v_pool[l], s.dst), block_at(d.host_v[l], s.src), bytes));
+      KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_device(block_at(d.k_pool[l], s.dst), block_at(d.host_k[l], s.src), bytes));
+      KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_device(block_at(d.v_pool[l], s.dst), block_at(d.host_v[l], s.src), bytes));
     }
   }
   return Status::ok();
@@ -367,13 +365,12 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
     KVP_CUDA_RETURN_IF_ERROR(ck::rope(q, n, c.num_heads, c.head_dim, positions, d.inv_freq));
     KVP_CUDA_RETURN_IF_ERROR(ck::rope(k, n, c.num_kv_heads, c.head_dim, positions, d.inv_freq));
     // Every new token's K/V goes into its slot before attention reads (same stream: ordered).
-    KVP_CUDA_RETURN_IF_ERROR(ck::write_kv(k, v, d.slots.as<int64_t>(), n, c.kv_dim(), config_.pool.kv_dtype,
-                                          d.k_pool[l], d.v_pool[l]));
-    KVP_CUDA_RETURN_IF_ERROR(ck::attention(q, config_.pool.kv_dtype, d.k_pool[l], d.v_pool[l],
-                                           d.block_tables.as<int32_t>(), plan.max_blocks_per_seq,
-                                           d.seq_of_token.as<int32_t>(), positions, n, c.num_heads, c.num_kv_heads,
-                                           c.head_dim, config_.pool.block_size, scale, config_.attention_partition,
-                                           max_partitions, d.attn_workspace.as<float>(), attn));
+    KVP_CUDA_RETURN_IF_ERROR(
+        ck::write_kv(k, v, d.slots.as<int64_t>(), n, c.kv_dim(), config_.pool.kv_dtype, d.k_pool[l], d.v_pool[l]));
+    KVP_CUDA_RETURN_IF_ERROR(ck::attention(
+        q, config_.pool.kv_dtype, d.k_pool[l], d.v_pool[l], d.block_tables.as<int32_t>(), plan.max_blocks_per_seq,
+        d.seq_of_token.as<int32_t>(), positions, n, c.num_heads, c.num_kv_heads, c.head_dim, config_.pool.block_size,
+        scale, config_.attention_partition, max_partitions, d.attn_workspace.as<float>(), attn));
     KVP_CUDA_RETURN_IF_ERROR(ck::project(w.o, hidden, c.q_dim(), attn, n, proj));
     KVP_CUDA_RETURN_IF_ERROR(ck::add_in_place(x, proj, n * hidden));
     KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(x, nullptr, w.post_attention_layernorm, n, hidden, eps, h));
