@@ -199,24 +199,23 @@ ScheduledStep Scheduler::schedule(int64_t step, const DraftTokens& drafts) {
       budget -= n;
     }
   }
-  finish_plan(plan);
+  finish_plan(kv_, plan);
   drafts_ = nullptr;
   return out;
 }
 
-void Scheduler::finish_plan(BatchPlan& plan) {
-  // The plan's block tables, padded to the longest.
+void finish_plan(KvCacheManager& kv, BatchPlan& plan) {
   int32_t max_blocks = 0;
   for (int64_t id : plan.seq_ids)
-    max_blocks = std::max(max_blocks, static_cast<int32_t>(kv_.sequence(id)->table.size()));
+    max_blocks = std::max(max_blocks, static_cast<int32_t>(kv.sequence(id)->table.size()));
   plan.max_blocks_per_seq = max_blocks;
   plan.block_tables.assign(plan.seq_ids.size() * static_cast<std::size_t>(max_blocks), -1);
   for (std::size_t i = 0; i < plan.seq_ids.size(); ++i) {
-    const BlockTable& t = kv_.sequence(plan.seq_ids[i])->table;
+    const BlockTable& t = kv.sequence(plan.seq_ids[i])->table;
     std::copy(t.blocks().begin(), t.blocks().end(),
               plan.block_tables.begin() + static_cast<std::ptrdiff_t>(i * static_cast<std::size_t>(max_blocks)));
   }
-  plan.ops = kv_.take_plan_ops();
+  plan.ops = kv.take_plan_ops();
 }
 
 void Scheduler::apply(const BatchPlan& plan, const StepUpdate& update) {

@@ -98,6 +98,10 @@ struct StepUpdate {
 // Draft tokens proposed for running requests this step (see the header comment).
 using DraftTokens = std::unordered_map<RequestId, std::vector<int32_t>>;
 
+// Ends every planner (the scheduler's and the draft model's): the plan's block tables from
+// the manager's, padded with -1 to the longest, and the memory ops the manager queued.
+void finish_plan(KvCacheManager& kv, BatchPlan& plan);
+
 class Scheduler {
  public:
   // REQUIRES: validate(config).is_ok(); kv outlives the scheduler.
@@ -155,7 +159,6 @@ class Scheduler {
   int64_t try_plan(Request* r, int64_t budget, BatchPlan& plan);
   void preempt(Request* victim, ScheduleStats& stats);
   void insert_running(Request* r);  // keeps running_ in arrival (id) order
-  void finish_plan(BatchPlan& plan);
   // Drafts r may carry in a verification row of at most `max_tokens` tokens (0: none).
   int64_t draft_count(const Request& r, int64_t max_tokens) const;
 

@@ -5,6 +5,7 @@
 
 #include "kernels/kv_index.h"
 #include "optimized/engine/acceptance.h"
+#include "optimized/engine/scheduler.h"
 
 namespace kvp {
 
@@ -104,17 +105,7 @@ Status DraftModelProposer::forward(const std::vector<std::size_t>& rows, std::sp
     plan.needs_logits.push_back(1);
     plan.logits_all.push_back(0);
   }
-  int32_t max_blocks = 0;
-  for (int64_t id : plan.seq_ids)
-    max_blocks = std::max(max_blocks, static_cast<int32_t>(kv_.sequence(id)->table.size()));
-  plan.max_blocks_per_seq = max_blocks;
-  plan.block_tables.assign(plan.seq_ids.size() * static_cast<std::size_t>(max_blocks), -1);
-  for (std::size_t i = 0; i < plan.seq_ids.size(); ++i) {
-    const BlockTable& t = kv_.sequence(plan.seq_ids[i])->table;
-    std::copy(t.blocks().begin(), t.blocks().end(),
-              plan.block_tables.begin() + static_cast<std::ptrdiff_t>(i * static_cast<std::size_t>(max_blocks)));
-  }
-  plan.ops = kv_.take_plan_ops();
+  finish_plan(kv_, plan);
   ++forwards_;
   return backend_->execute(plan, out);
 }
