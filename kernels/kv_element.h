@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "common/dtype.h"
 #include "common/host_device.h"
@@ -33,5 +34,29 @@ KVP_HOST_DEVICE inline void kv_store(BF16Bits* p, float x) { p->bits = float_to_
 KVP_HOST_DEVICE inline void kv_store_nan(float* p) { *p = bits_float(0x7fc00000u); }
 KVP_HOST_DEVICE inline void kv_store_nan(F16Bits* p) { p->bits = 0x7e00u; }
 KVP_HOST_DEVICE inline void kv_store_nan(BF16Bits* p) { p->bits = 0x7fc0u; }
+
+// Host-side views of one element of a pool of `dtype` (F32, F16 or BF16) held as raw bytes,
+// for copies of a pool on the host (the swap pool, read_block, tests).
+inline float kv_element_to_float(DType dtype, const void* element) {
+  if (dtype == DType::kF32) {
+    float f;
+    std::memcpy(&f, element, sizeof f);
+    return f;
+  }
+  uint16_t bits;
+  std::memcpy(&bits, element, sizeof bits);
+  return dtype == DType::kF16 ? kv_to_float(F16Bits{bits}) : kv_to_float(BF16Bits{bits});
+}
+inline void kv_element_store_nan(DType dtype, void* element) {
+  float f32;
+  F16Bits f16;
+  BF16Bits bf16;
+  kv_store_nan(&f32);
+  kv_store_nan(&f16);
+  kv_store_nan(&bf16);
+  if (dtype == DType::kF32) std::memcpy(element, &f32, sizeof f32);
+  if (dtype == DType::kF16) std::memcpy(element, &f16.bits, sizeof f16.bits);
+  if (dtype == DType::kBF16) std::memcpy(element, &bf16.bits, sizeof bf16.bits);
+}
 
 }  // namespace kvp::kernels

@@ -199,14 +199,7 @@ struct HostPool {
   std::vector<unsigned char> raw;
   std::size_t element() const { return dtype_size(dtype); }
   float at(int64_t i) const {
-    const unsigned char* e = raw.data() + static_cast<std::size_t>(i) * element();
-    uint16_t h = 0;
-    float f = 0;
-    switch (dtype) {
-      case DType::kF32: std::memcpy(&f, e, 4); return f;
-      case DType::kF16: std::memcpy(&h, e, 2); return f16_to_float(h);
-      default: std::memcpy(&h, e, 2); return bf16_to_float(h);
-    }
+    return kk::kv_element_to_float(dtype, raw.data() + static_cast<std::size_t>(i) * element());
   }
   // The bits the kernel must have written for value x.
   bool holds(int64_t i, float x) const {
@@ -298,17 +291,8 @@ std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>&
   EXPECT_EQ(fill_kv_nan(k_pool.ptr, pool_elements, c.dtype), "");
   {
     HostPool nan_pool{c.dtype, std::vector<unsigned char>(pool_bytes)};
-    float f32;
-    kk::F16Bits f16;
-    kk::BF16Bits bf16;
-    kk::kv_store_nan(&f32);
-    kk::kv_store_nan(&f16);
-    kk::kv_store_nan(&bf16);
-    const void* pattern = c.dtype == DType::kF32   ? static_cast<const void*>(&f32)
-                          : c.dtype == DType::kF16 ? static_cast<const void*>(&f16.bits)
-                                                   : static_cast<const void*>(&bf16.bits);
     for (std::size_t i = 0; i < pool_bytes; i += nan_pool.element())
-      std::memcpy(nan_pool.raw.data() + i, pattern, nan_pool.element());
+      kk::kv_element_store_nan(c.dtype, nan_pool.raw.data() + i);
     upload(v_pool, nan_pool.raw);
   }
 

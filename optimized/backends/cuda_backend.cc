@@ -163,19 +163,7 @@ Status CudaBackend::init() {
   const int64_t host_elements = per_block * config_.pool.num_host_blocks;
   // The host pool's start value, one element of kv_dtype: its quiet NaN or zero.
   std::vector<std::byte> fill(element, std::byte{0});
-  if (config_.nan_fill_at_start) {
-    float f32 = 0;
-    kernels::F16Bits f16{};
-    kernels::BF16Bits bf16{};
-    kernels::kv_store_nan(&f32);
-    kernels::kv_store_nan(&f16);
-    kernels::kv_store_nan(&bf16);
-    switch (config_.pool.kv_dtype) {
-      case DType::kF32: std::memcpy(fill.data(), &f32, element); break;
-      case DType::kF16: std::memcpy(fill.data(), &f16.bits, element); break;
-      default: std::memcpy(fill.data(), &bf16.bits, element); break;
-    }
-  }
+  if (config_.nan_fill_at_start) kernels::kv_element_store_nan(config_.pool.kv_dtype, fill.data());
   for (int64_t l = 0; l < c.num_layers; ++l) {
     for (std::vector<std::byte*>* pool : {&d.k_pool, &d.v_pool}) {
       void* p = nullptr;
@@ -224,24 +212,8 @@ Status CudaBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std:
   // To fp32: exact from f16 and bf16.
   const auto convert = [&](const std::vector<std::byte>& raw, std::vector<float>& to) {
     to.resize(static_cast<std::size_t>(per_block));
-    for (std::size_t i = 0; i < to.size(); ++i) {
-      const std::byte* e = raw.data() + i * element;
-      switch (config_.pool.kv_dtype) {
-        case DType::kF32: std::memcpy(&to[i], e, sizeof(float)); break;
-        case DType::kF16: {
-          kernels::F16Bits b;
-          std::memcpy(&b.bits, e, 2);
-          to[i] = kernels::kv_to_float(b);
-          break;
-        }
-        default: {
-          kernels::BF16Bits b;
-          std::memcpy(&b.bits, e, 2);
-          to[i] = kernels::kv_to_float(b);
-          break;
-        }
-      }
-    }
+    for (std::size_t i = 0; i < to.size(); ++i)
+      to[i] = kernels::kv_element_to_float(config_.pool.kv_dtype, raw.data() + i * element);
   };
   convert(raw_k, k);
   convert(raw_v, v);
