@@ -30,6 +30,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto c = kvp::ModelConfig::from_json(j);
       if (c.is_ok() && !c->validate().is_ok()) __builtin_trap();
       if (c.is_ok()) (void)c->kv_bytes_per_token(kvp::DType::kBF16);
+      // The same text as a generation_config.json applied to the config it made.
+      if (c.is_ok() && c->apply_generation_config(j).is_ok() && !c->validate().is_ok()) __builtin_trap();
     }
   }
   return 0;

@@ -173,12 +173,6 @@ KVP_HOST_DEVICE inline void rms_norm(const float* x, const float* weight, int64_
   for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * inv_rms) * weight[i];
 }
 
-// Inverse frequency of rotary pair i of a head of `head_dim` dimensions: theta^(-2i/head_dim),
-// computed in float. REQUIRES: 0 <= i < head_dim / 2.
-KVP_HOST_DEVICE inline float rope_inv_freq(int64_t i, int64_t head_dim, float theta) {
-  return 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
-}
-
 // cos and sin of the rotary angles of `position`, one per pair: angle_i = position * inv_freq[i].
 KVP_HOST_DEVICE inline void rope_cos_sin(int64_t position, const float* inv_freq, int64_t half, float* cos_out,
                                          float* sin_out) {

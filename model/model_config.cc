@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -39,7 +40,172 @@ Result<double> get_number(const nlohmann::json& j, const char* key, double fallb
   return it->get<double>();
 }
 
+Status not_implemented(const std::string& key, const nlohmann::json& value, const std::string& why = "") {
+  return Status::error("key '" + key + "' = " + value.dump() + " is not implemented" +
+                       (why.empty() ? std::string(" (it would change the math; refusing rather than ignoring it)")
+                                    : " (" + why + ")"));
+}
+
+bool is_set(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && !it->is_null();
+}
+
+Result<bool> get_bool(const nlohmann::json& j, const char* key, bool fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) return Status::error(std::string("key '") + key + "' must be a boolean, got " + it->dump());
+  return it->get<bool>();
+}
+
+constexpr Architecture kArchitectures[] = {Architecture::kLlama, Architecture::kQwen2, Architecture::kMistral};
+
+std::string supported_architectures() {
+  std::string out;
+  for (Architecture a : kArchitectures) out += (out.empty() ? "" : ", ") + std::string(architecture_class_name(a));
+  return out;
+}
+
+Result<Architecture> read_architecture(const nlohmann::json& j) {
+  std::optional<Architecture> by_class, by_type;
+  if (auto it = j.find("architectures"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() != 1 || !(*it)[0].is_string())
+      return Status::error("key 'architectures' must be a list of one class name, got " + it->dump());
+    const std::string name = (*it)[0].get<std::string>();
+    for (Architecture a : kArchitectures)
+      if (name == architecture_class_name(a)) by_class = a;
+    if (!by_class)
+      return Status::error("key 'architectures': " + name + " is not supported (supported: " +
+                           supported_architectures() + ")");
+  }
+  if (auto it = j.find("model_type"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return Status::error("key 'model_type' must be a string, got " + it->dump());
+    const std::string type = it->get<std::string>();
+    for (Architecture a : kArchitectures)
+      if (type == architecture_model_type(a)) by_type = a;
+    if (!by_type) return Status::error("key 'model_type': '" + type + "' is not supported (llama, qwen2, mistral are)");
+  }
+  if (by_class && by_type && *by_class != *by_type)
+    return Status::error(std::string("key 'model_type': '") + architecture_model_type(*by_type) +
+                         "' does not match architectures " + architecture_class_name(*by_class));
+  if (by_class) return *by_class;
+  if (by_type) return *by_type;
+  return Status::error("neither 'architectures' nor 'model_type' is given: cannot tell which model this is");
+}
+
+// rope_scaling, or transformers v5's rope_parameters (which also carries rope_theta).
+Status read_rope(const nlohmann::json& j, ModelConfig& c) {
+  const char* key = is_set(j, "rope_parameters") ? "rope_parameters" : "rope_scaling";
+  if (!is_set(j, key)) return Status::ok();
+  const nlohmann::json& r = j.at(key);
+  const std::string where = std::string(key) + ".";
+  if (!r.is_object()) return Status::error(std::string("key '") + key + "' must be an object or null, got " + r.dump());
+  std::string type = "default";
+  for (const char* type_key : {"rope_type", "type"}) {
+    if (auto it = r.find(type_key); it != r.end() && !it->is_null()) {
+      if (!it->is_string()) return Status::error("key '" + where + type_key + "' must be a string, got " + it->dump());
+      type = it->get<std::string>();
+      break;
+    }
+  }
+  if (auto it = r.find("rope_theta"); it != r.end() && !it->is_null()) {
+    if (!it->is_number()) return Status::error("key '" + where + "rope_theta' must be a number, got " + it->dump());
+    c.rope_theta = it->get<double>();
+  }
+  if (auto it = r.find("attention_factor"); it != r.end() && !it->is_null() && *it != 1.0)
+    return not_implemented(where + "attention_factor", *it);
+  const auto number = [&](const char* k, double& out) -> Status {
+    auto v = get_number(r, k, std::numeric_limits<double>::quiet_NaN());
+    if (!v) return v.status().with_context(key);
+    if (std::isnan(*v)) return Status::error("key '" + where + k + "' is required for rope type '" + type + "'");
+    out = *v;
+    return Status::ok();
+  };
+  if (type == "default") return Status::ok();
+  if (type == "linear") {
+    c.rope_scaling.type = RopeScaling::Type::kLinear;
+    return number("factor", c.rope_scaling.factor);
+  }
+  if (type == "llama3") {
+    RopeScaling& s = c.rope_scaling;
+    s.type = RopeScaling::Type::kLlama3;
+    KVP_RETURN_IF_ERROR(number("factor", s.factor));
+    KVP_RETURN_IF_ERROR(number("low_freq_factor", s.low_freq_factor));
+    KVP_RETURN_IF_ERROR(number("high_freq_factor", s.high_freq_factor));
+    auto orig = get_int(r, "original_max_position_embeddings", std::nullopt);
+    if (!orig) return orig.status().with_context(key);
+    s.original_max_position_embeddings = *orig;
+    return Status::ok();
+  }
+  return not_implemented(where + "rope_type", type, "rope types default, linear and llama3 are");
+}
+
+Result<std::vector<int32_t>> read_eos(const nlohmann::json& j) {
+  std::vector<int32_t> ids;
+  auto it = j.find("eos_token_id");
+  if (it == j.end() || it->is_null()) return ids;
+  const auto one = [&](const nlohmann::json& v) -> Status {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+      return Status::error("key 'eos_token_id' must be a token id or a list of them, got " + it->dump());
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+    return Status::ok();
+  };
+  if (it->is_array()) {
+    for (const auto& v : *it) KVP_RETURN_IF_ERROR(one(v));
+  } else {
+    KVP_RETURN_IF_ERROR(one(*it));
+  }
+  return ids;
+}
+
+// Keys that change the math in some architecture of the Llama family and that kvproof does
+// not implement; each is refused when set to anything but its neutral value.
+Status refuse_unimplemented(const nlohmann::json& j, Architecture arch) {
+  if (auto it = j.find("hidden_act"); it != j.end() && !it->is_null()) {
+    if (!it->is_string() || (*it != "silu" && *it != "swish"))
+      return not_implemented("hidden_act", *it, "only silu (SwiGLU) is");
+  }
+  for (const char* key : {"hidden_activation", "final_logit_softcapping", "attn_logit_softcapping",
+                          "quantization_config", "dual_chunk_attention_config", "attention_chunk_size",
+                          "no_rope_layers", "embedding_multiplier", "logits_scaling", "residual_multiplier",
+                          "attention_multiplier", "query_pre_attn_scalar"}) {
+    if (is_set(j, key)) return not_implemented(key, j.at(key));
+  }
+  for (const char* key : {"use_qk_norm", "qk_norm", "qk_layernorm", "use_mrope", "use_sliding_window"}) {
+    if (auto it = j.find(key); it != j.end() && !it->is_null() && *it != false) return not_implemented(key, *it);
+  }
+  if (auto it = j.find("partial_rotary_factor"); it != j.end() && !it->is_null() && *it != 1.0)
+    return not_implemented("partial_rotary_factor", *it);
+  if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return Status::error("key 'layer_types' must be a list, got " + it->dump());
+    for (const auto& t : *it)
+      if (t != "full_attention") return not_implemented("layer_types", t, "only full_attention layers are");
+  }
+  // Qwen2 ignores sliding_window unless use_sliding_window (refused above) is true.
+  if (arch != Architecture::kQwen2 && is_set(j, "sliding_window"))
+    return not_implemented("sliding_window", j.at("sliding_window"), "windowed attention is not implemented");
+  return Status::ok();
+}
+
 }  // namespace
+
+const char* architecture_class_name(Architecture a) {
+  switch (a) {
+    case Architecture::kLlama: return "LlamaForCausalLM";
+    case Architecture::kQwen2: return "Qwen2ForCausalLM";
+    case Architecture::kMistral: return "MistralForCausalLM";
+  }
+  return "?";
+}
+
+const char* architecture_model_type(Architecture a) {
+  switch (a) {
+    case Architecture::kLlama: return "llama";
+    case Architecture::kQwen2: return "qwen2";
+    case Architecture::kMistral: return "mistral";
+  }
+  return "?";
+}
 
 Status ModelConfig::validate() const {
   KVP_RETURN_IF_ERROR(positive("vocab_size", vocab_size));
@@ -59,6 +225,41 @@ Status ModelConfig::validate() const {
     return Status::error("rope_theta must be finite and > 1, got " + std::to_string(rope_theta));
   if (!(std::isfinite(rms_norm_eps) && rms_norm_eps > 0.0 && rms_norm_eps < 1.0))
     return Status::error("rms_norm_eps must be in (0, 1), got " + std::to_string(rms_norm_eps));
+  switch (rope_scaling.type) {
+    case RopeScaling::Type::kNone: break;
+    case RopeScaling::Type::kLinear:
+    case RopeScaling::Type::kLlama3: {
+      const RopeScaling& r = rope_scaling;
+      if (!(std::isfinite(r.factor) && r.factor > 0.0))
+        return Status::error("rope_scaling.factor must be finite and > 0, got " + std::to_string(r.factor));
+      if (r.type == RopeScaling::Type::kLinear) break;
+      if (!(std::isfinite(r.low_freq_factor) && r.low_freq_factor > 0.0 && std::isfinite(r.high_freq_factor) &&
+            r.high_freq_factor > r.low_freq_factor))
+        return Status::error("rope_scaling needs 0 < low_freq_factor < high_freq_factor, got " +
+                             std::to_string(r.low_freq_factor) + " and " + std::to_string(r.high_freq_factor));
+      KVP_RETURN_IF_ERROR(
+          positive("rope_scaling.original_max_position_embeddings", r.original_max_position_embeddings));
+      break;
+    }
+  }
+  switch (architecture) {
+    case Architecture::kLlama:
+      if (qkv_bias != o_bias)
+        return Status::error("LlamaForCausalLM has q/k/v and o biases together (attention_bias) or none");
+      break;
+    case Architecture::kQwen2:
+      if (!qkv_bias || o_bias || mlp_bias)
+        return Status::error("Qwen2ForCausalLM has q/k/v biases and no o_proj or MLP biases");
+      break;
+    case Architecture::kMistral:
+      if (qkv_bias || o_bias || mlp_bias) return Status::error("MistralForCausalLM has no biases");
+      break;
+  }
+  for (int32_t id : eos_token_ids) {
+    if (id < 0 || id >= vocab_size)
+      return Status::error("eos_token_id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                           std::to_string(vocab_size) + ")");
+  }
   // Every weight's element count must fit comfortably: the largest are embed/lm_head
   // (vocab x hidden), q/o (q_dim x hidden) and the MLP (intermediate x hidden).
   for (int64_t rows : {vocab_size, q_dim(), intermediate_size}) {
@@ -71,13 +272,21 @@ Status ModelConfig::validate() const {
 
 int64_t ModelConfig::num_parameters() const {
   const int64_t h = hidden_size;
-  const int64_t per_layer = h * q_dim() * 2 + h * kv_dim() * 2 + 3 * h * intermediate_size + 2 * h;
+  int64_t per_layer = h * q_dim() * 2 + h * kv_dim() * 2 + 3 * h * intermediate_size + 2 * h;
+  if (qkv_bias) per_layer += q_dim() + 2 * kv_dim();
+  if (o_bias) per_layer += h;
+  if (mlp_bias) per_layer += 2 * intermediate_size + h;
   return vocab_size * h * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + h;
 }
 
 Result<ModelConfig> ModelConfig::from_json(const nlohmann::json& j) {
   if (!j.is_object()) return Status::error("config must be a JSON object");
   ModelConfig c;
+  auto arch = read_architecture(j);
+  if (!arch) return arch.status();
+  c.architecture = *arch;
+  KVP_RETURN_IF_ERROR(refuse_unimplemented(j, c.architecture));
+
   auto take = [&](int64_t& field, const char* key, std::optional<int64_t> fallback) -> Status {
     auto v = get_int(j, key, fallback);
     if (!v) return v.status();
@@ -98,32 +307,45 @@ Result<ModelConfig> ModelConfig::from_json(const nlohmann::json& j) {
   auto theta = get_number(j, "rope_theta", 10000.0);
   if (!theta) return theta.status();
   c.rope_theta = *theta;
+  KVP_RETURN_IF_ERROR(read_rope(j, c));
   auto eps = get_number(j, "rms_norm_eps", 1e-6);
   if (!eps) return eps.status();
   c.rms_norm_eps = *eps;
 
-  if (auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
-    if (!it->is_boolean()) return Status::error("key 'tie_word_embeddings' must be a boolean, got " + it->dump());
-    c.tie_word_embeddings = it->get<bool>();
+  auto tied = get_bool(j, "tie_word_embeddings", false);
+  if (!tied) return tied.status();
+  c.tie_word_embeddings = *tied;
+  if (c.architecture == Architecture::kQwen2) {
+    c.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o without, whatever the config says
+  } else {
+    auto attention_bias = get_bool(j, "attention_bias", false);
+    if (!attention_bias) return attention_bias.status();
+    auto mlp_bias = get_bool(j, "mlp_bias", false);
+    if (!mlp_bias) return mlp_bias.status();
+    if (c.architecture == Architecture::kMistral && (*attention_bias || *mlp_bias))
+      return not_implemented(*attention_bias ? "attention_bias" : "mlp_bias", true, "MistralForCausalLM has no biases");
+    c.qkv_bias = c.o_bias = *attention_bias;
+    c.mlp_bias = *mlp_bias;
   }
-  if (auto it = j.find("hidden_act"); it != j.end() && !it->is_null()) {
-    if (!it->is_string() || (*it != "silu" && *it != "swish"))
-      return Status::error("hidden_act must be \"silu\" (SwiGLU), got " + it->dump());
-  }
-  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null())
-    return Status::error("rope_scaling is not supported by the reference model, got " + it->dump());
-  for (const char* key : {"attention_bias", "mlp_bias"}) {
-    if (auto it = j.find(key); it != j.end() && !it->is_null() && *it != false)
-      return Status::error(std::string(key) + " is not supported by the reference model");
-  }
+  auto eos = read_eos(j);
+  if (!eos) return eos.status();
+  c.eos_token_ids = std::move(*eos);
   KVP_RETURN_IF_ERROR(c.validate());
   return c;
 }
 
+Status ModelConfig::apply_generation_config(const nlohmann::json& j) {
+  if (!j.is_object()) return Status::error("generation config must be a JSON object");
+  auto eos = read_eos(j);
+  if (!eos) return eos.status();
+  if (j.contains("eos_token_id") && !j.at("eos_token_id").is_null()) eos_token_ids = std::move(*eos);
+  return validate();
+}
+
 nlohmann::json ModelConfig::to_json() const {
-  return nlohmann::json{
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
+  nlohmann::json j{
+      {"architectures", {architecture_class_name(architecture)}},
+      {"model_type", architecture_model_type(architecture)},
       {"vocab_size", vocab_size},
       {"hidden_size", hidden_size},
       {"intermediate_size", intermediate_size},
@@ -136,10 +358,41 @@ nlohmann::json ModelConfig::to_json() const {
       {"max_position_embeddings", max_position_embeddings},
       {"tie_word_embeddings", tie_word_embeddings},
       {"hidden_act", "silu"},
-      {"attention_bias", false},
-      {"mlp_bias", false},
       {"torch_dtype", "float32"},
   };
+  switch (rope_scaling.type) {
+    case RopeScaling::Type::kNone: j["rope_scaling"] = nullptr; break;
+    case RopeScaling::Type::kLinear: j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}}; break;
+    case RopeScaling::Type::kLlama3:
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", rope_scaling.factor},
+                           {"low_freq_factor", rope_scaling.low_freq_factor},
+                           {"high_freq_factor", rope_scaling.high_freq_factor},
+                           {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+      break;
+  }
+  switch (architecture) {
+    case Architecture::kLlama:
+      j["attention_bias"] = qkv_bias;
+      j["mlp_bias"] = mlp_bias;
+      break;
+    case Architecture::kQwen2: j["use_sliding_window"] = false; break;
+    case Architecture::kMistral: j["sliding_window"] = nullptr; break;
+  }
+  if (eos_token_ids.size() == 1) j["eos_token_id"] = eos_token_ids[0];
+  if (eos_token_ids.size() > 1) j["eos_token_id"] = eos_token_ids;
+  return j;
+}
+
+nlohmann::json ModelConfig::generation_config_json() const {
+  if (eos_token_ids.empty()) return nlohmann::json();
+  nlohmann::json j{{"_from_model_config", true}};
+  if (eos_token_ids.size() == 1) {
+    j["eos_token_id"] = eos_token_ids[0];
+  } else {
+    j["eos_token_id"] = eos_token_ids;
+  }
+  return j;
 }
 
 }  // namespace kvp

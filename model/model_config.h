@@ -1,8 +1,16 @@
 // The shape of a Llama-family decoder, as in a Hugging Face config.json.
+//
+// Architectures (config.json `architectures` / `model_type`), all the same decoder math:
+//   LlamaForCausalLM / llama      rope_scaling none, "linear" or "llama3"; attention_bias
+//                                 (q, k, v and o biases) and mlp_bias (gate, up, down)
+//   Qwen2ForCausalLM / qwen2      q, k and v biases always; use_sliding_window must be false
+//   MistralForCausalLM / mistral  sliding_window must be null
+// docs/checkpoints.md lists every key that is read, ignored or refused.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -11,7 +19,30 @@
 
 namespace kvp {
 
+enum class Architecture { kLlama, kQwen2, kMistral };
+
+// config.json `architectures[0]` and `model_type` of each architecture.
+const char* architecture_class_name(Architecture a);
+const char* architecture_model_type(Architecture a);
+
+// rope_scaling (Hugging Face modeling_rope_utils): how the rotary inverse frequencies
+// theta^(-2i/D) are rescaled for long contexts. kNone leaves them as they are.
+//   kLinear  every frequency divided by `factor` (position interpolation)
+//   kLlama3  Llama 3.1/3.2: wavelengths above original_max / low_freq_factor divided by
+//            `factor`, below original_max / high_freq_factor kept, smoothly blended between
+struct RopeScaling {
+  enum class Type { kNone, kLinear, kLlama3 };
+  Type type = Type::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 0;
+
+  bool operator==(const RopeScaling&) const = default;
+};
+
 struct ModelConfig {
+  Architecture architecture = Architecture::kLlama;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -23,6 +54,14 @@ struct ModelConfig {
   double rms_norm_eps = 1e-5;
   int64_t max_position_embeddings = 0;
   bool tie_word_embeddings = false;
+  RopeScaling rope_scaling;
+  // Biases of the projections (all fp32 vectors of the projection's output size).
+  bool qkv_bias = false;  // q_proj, k_proj, v_proj: Qwen2 always, Llama with attention_bias
+  bool o_bias = false;    // o_proj: Llama with attention_bias
+  bool mlp_bias = false;  // gate_proj, up_proj, down_proj: Llama with mlp_bias
+  // Stop tokens: eos_token_id of config.json, replaced by generation_config.json's when that
+  // file gives one (an integer or a list, as Hugging Face's generate reads them).
+  std::vector<int32_t> eos_token_ids;
 
   // Every field positive and finite, num_heads % num_kv_heads == 0, head_dim even (RoPE
   // rotates pairs), sizes small enough that no tensor's element count overflows.
@@ -38,12 +77,19 @@ struct ModelConfig {
   }
   int64_t num_parameters() const;
 
-  // Hugging Face config.json (LlamaForCausalLM). Unknown keys are ignored; required
-  // keys missing, of the wrong type or out of range are errors naming the key.
-  // Rejects rope_scaling, attention/MLP biases and non-SiLU activations: the reference
-  // does not implement them, and silently ignoring them would give wrong numbers.
+  // Hugging Face config.json of one of the architectures above. Keys that change nothing
+  // here (dropout, initializer_range, use_cache, torch_dtype, bos_token_id, ...) are
+  // ignored; required keys missing, of the wrong type or out of range are errors naming the
+  // key. An architecture or model_type not listed above, and every key that would change
+  // the math and is not implemented (another rope type, a sliding window, logit
+  // soft-capping, q/k norms, another activation, a quantization config, ...), is refused
+  // with an error naming the key: silently ignoring it would give wrong numbers.
   static Result<ModelConfig> from_json(const nlohmann::json& j);
+  // generation_config.json: only eos_token_id is read (it replaces the config's).
+  Status apply_generation_config(const nlohmann::json& j);
   nlohmann::json to_json() const;
+  // generation_config.json for to_json()'s config; empty when there are no stop tokens.
+  nlohmann::json generation_config_json() const;
 
   bool operator==(const ModelConfig&) const = default;
 };

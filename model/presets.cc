@@ -43,6 +43,55 @@ ModelConfig small_config() {
   return c;
 }
 
+// Real shapes: each config.json as published on the Hugging Face Hub (every key that the
+// math reads), with seeded random weights instead of the trained ones.
+ModelConfig real_config(Architecture arch, int64_t vocab, int64_t hidden, int64_t intermediate, int64_t layers,
+                        int64_t heads, int64_t kv_heads, int64_t max_positions, double theta, double eps, bool tied,
+                        std::vector<int32_t> eos) {
+  ModelConfig c;
+  c.architecture = arch;
+  c.vocab_size = vocab;
+  c.hidden_size = hidden;
+  c.intermediate_size = intermediate;
+  c.num_layers = layers;
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = hidden / heads;
+  c.max_position_embeddings = max_positions;
+  c.rope_theta = theta;
+  c.rms_norm_eps = eps;
+  c.tie_word_embeddings = tied;
+  c.qkv_bias = arch == Architecture::kQwen2;
+  c.eos_token_ids = std::move(eos);
+  return c;
+}
+
+// HuggingFaceTB/SmolLM2-135M, config.json (snapshot 93efa2f097d58c2a74874c7e644dbc9b0cee75a2).
+ModelConfig smollm2_135m_config() {
+  return real_config(Architecture::kLlama, 49152, 576, 1536, 30, 9, 3, 8192, 100000.0, 1e-5, true, {0});
+}
+
+// Qwen/Qwen2.5-0.5B, config.json (snapshot 060db6499f32faf8b98477b0a26969ef7d8b9987):
+// q/k/v biases, use_sliding_window false.
+ModelConfig qwen25_05b_config() {
+  return real_config(Architecture::kQwen2, 151936, 896, 4864, 24, 14, 2, 32768, 1000000.0, 1e-6, true, {151643});
+}
+
+// meta-llama/Llama-3.2-1B, config.json (snapshot 4e20de362430cd3b72f300e6b0f18e50e7166e08):
+// rope_scaling llama3, factor 32, low/high frequency factors 1 and 4, original 8192 positions.
+ModelConfig llama32_1b_config() {
+  ModelConfig c =
+      real_config(Architecture::kLlama, 128256, 2048, 8192, 16, 32, 8, 131072, 500000.0, 1e-5, true, {128001});
+  c.head_dim = 64;
+  c.rope_scaling = {RopeScaling::Type::kLlama3, 32.0, 1.0, 4.0, 8192};
+  return c;
+}
+
+// TinyLlama/TinyLlama-1.1B-Chat-v1.0, config.json (revision fe8a4ea1ffedaf415f4da2f062534de366a451e6).
+ModelConfig tinyllama_11b_config() {
+  return real_config(Architecture::kLlama, 32000, 2048, 5632, 22, 32, 4, 2048, 10000.0, 1e-5, false, {2});
+}
+
 // Uniform in [-a, a] has variance a^2 / 3.
 void fill_uniform(float* data, std::size_t n, double stddev, uint64_t seed) {
   Rng rng(seed);
@@ -52,11 +101,17 @@ void fill_uniform(float* data, std::size_t n, double stddev, uint64_t seed) {
 
 }  // namespace
 
-std::vector<std::string> preset_names() { return {"tiny", "small", "tiny-draft", "small-draft"}; }
+std::vector<std::string> preset_names() {
+  return {"tiny", "small", "tiny-draft", "small-draft", "smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b", "tinyllama-1.1b"};
+}
 
 Result<ModelConfig> preset_config(std::string_view name) {
   if (name == "tiny") return tiny_config();
   if (name == "small") return small_config();
+  if (name == "smollm2-135m") return smollm2_135m_config();
+  if (name == "qwen2.5-0.5b") return qwen25_05b_config();
+  if (name == "llama-3.2-1b") return llama32_1b_config();
+  if (name == "tinyllama-1.1b") return tinyllama_11b_config();
   if (name == "tiny-draft" || name == "small-draft") {
     ModelConfig c = name == "tiny-draft" ? tiny_config() : small_config();
     c.num_layers = default_draft_layers(c);
@@ -84,6 +139,12 @@ Model make_random_model(const ModelConfig& config, uint64_t seed) {
     std::size_t n = 1;
     for (int64_t d : t.shape) n *= static_cast<std::size_t>(d);
     const uint64_t s = mix_seed(seed, ++stream);
+    if (t.name.ends_with(".bias")) {
+      // Biases of the size Qwen2's q/k/v biases have relative to the projections' outputs
+      // (unit variance): large enough that dropping one changes every logit.
+      fill_uniform(t.data, n, 0.5, s);
+      continue;
+    }
     if (t.shape.size() == 1) {
       // Norm gains near 1.
       Rng rng(s);

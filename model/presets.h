@@ -6,6 +6,12 @@
 //          draft models for speculative decoding: the first quarter of the target's layers
 //          (one, for both) with its embedding, final norm and LM head, so the vocabulary is
 //          the target's and the draft often agrees with it (make_draft_model)
+//   smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, tinyllama-1.1b
+//          the published config.json of HuggingFaceTB/SmolLM2-135M, Qwen/Qwen2.5-0.5B,
+//          meta-llama/Llama-3.2-1B and TinyLlama/TinyLlama-1.1B-Chat-v1.0 (snapshots cited in
+//          presets.cc) with seeded random weights: the engine checked at real shapes (GQA
+//          group 3, 7, 4 and 8; Qwen2 biases; llama3 rope scaling; vocabularies up to 151,936)
+//          without a download
 //
 // Weights are scaled so that each projection keeps unit variance and the logits have a
 // standard deviation of about 2.5: next-token distributions that are neither one-hot nor

@@ -1,6 +1,14 @@
 #include "model/safetensors.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <fstream>
 #include <set>
 #include <system_error>
@@ -164,10 +172,27 @@ Result<SafetensorsHeader> parse_safetensors_header(std::span<const uint8_t> pref
   return h;
 }
 
+SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept { *this = std::move(other); }
+
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+    header_ = std::move(other.header_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
 void SafetensorsFile::read_f32(const SafetensorsEntry& e, std::span<float> out) const {
   KVP_CHECK(out.size() == e.num_elements());
-  const uint8_t* src = bytes.data() + header.data_start + e.begin;
-  KVP_CHECK(header.data_start + e.end <= bytes.size());
+  KVP_CHECK(header_.data_start + e.end <= size_);
+  if (out.empty()) return;
+  const uint8_t* src = data_ + header_.data_start + e.begin;
   for (std::size_t i = 0; i < out.size(); ++i) {
     switch (e.dtype) {
       case DType::kF32: {
@@ -181,23 +206,41 @@ void SafetensorsFile::read_f32(const SafetensorsEntry& e, std::span<float> out) 
       case DType::kF64: KVP_CHECK(false);
     }
   }
+  // The whole pages of this tensor are no longer needed: drop them from this process's
+  // resident set (the page cache keeps them; a later read faults them back in).
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(src) + page - 1) / page * page;
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(src) + (e.end - e.begin)) / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 Result<SafetensorsFile> read_safetensors(const std::filesystem::path& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return Status::error("no such file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::error("cannot open for reading");
-  in.seekg(0, std::ios::end);
-  const auto size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::error(std::string("cannot open for reading: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Status::error(std::string("cannot stat: ") + std::strerror(err));
+  }
   SafetensorsFile f;
-  f.bytes.resize(size);
-  if (size > 0 && !in.read(reinterpret_cast<char*>(f.bytes.data()), static_cast<std::streamsize>(size)))
-    return Status::error("read failed");
-  auto h = parse_safetensors_header(f.bytes, size);
+  f.size_ = static_cast<uint64_t>(st.st_size);
+  if (f.size_ > 0) {
+    void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      f.size_ = 0;
+      return Status::error(std::string("cannot map: ") + std::strerror(err));
+    }
+    f.data_ = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);  // the mapping keeps the file
+  auto h = parse_safetensors_header(std::span<const uint8_t>(f.data_, f.data_ ? f.size_ : 0), f.size_);
   if (!h) return h.status();
-  f.header = std::move(*h);
+  f.header_ = std::move(*h);
   return f;
 }
 
@@ -222,37 +265,45 @@ Status write_safetensors(const std::filesystem::path& path, const std::vector<Sa
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  std::vector<uint8_t> out;
-  out.reserve(8 + text.size() + offset);
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i)));
-  out.insert(out.end(), text.begin(), text.end());
-  // Data in the order of `tensors`, the order the offsets above were assigned in.
-  for (const auto& t : tensors) {
-    for (float v : t.data) {
-      switch (dtype) {
-        case DType::kF32: {
-          uint32_t u = float_bits(v);
-          for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(u >> (8 * i)));
-          break;
-        }
-        case DType::kF16:
-        case DType::kBF16: {
-          uint16_t u = dtype == DType::kF16 ? float_to_f16(v) : float_to_bf16(v);
-          out.push_back(static_cast<uint8_t>(u));
-          out.push_back(static_cast<uint8_t>(u >> 8));
-          break;
-        }
-        case DType::kF64: break;
-      }
-    }
-  }
-
   std::filesystem::path tmp = path;
   tmp += ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) return Status::error("cannot open " + tmp.string() + " for writing");
-    f.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+    uint8_t length[8];
+    for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+    f.write(reinterpret_cast<const char*>(length), 8);
+    f.write(text.data(), static_cast<std::streamsize>(text.size()));
+    // Data in the order of `tensors`, the order the offsets above were assigned in,
+    // converted a chunk at a time.
+    constexpr std::size_t kChunk = std::size_t{1} << 20;
+    std::vector<uint8_t> out;
+    out.reserve(kChunk * 4);
+    for (const auto& t : tensors) {
+      for (std::size_t begin = 0; begin < t.data.size() && f; begin += kChunk) {
+        out.clear();
+        const std::size_t end = std::min(t.data.size(), begin + kChunk);
+        for (std::size_t i = begin; i < end; ++i) {
+          const float v = t.data[i];
+          switch (dtype) {
+            case DType::kF32: {
+              uint32_t u = float_bits(v);
+              for (int b = 0; b < 4; ++b) out.push_back(static_cast<uint8_t>(u >> (8 * b)));
+              break;
+            }
+            case DType::kF16:
+            case DType::kBF16: {
+              uint16_t u = dtype == DType::kF16 ? float_to_f16(v) : float_to_bf16(v);
+              out.push_back(static_cast<uint8_t>(u));
+              out.push_back(static_cast<uint8_t>(u >> 8));
+              break;
+            }
+            case DType::kF64: break;
+          }
+        }
+        f.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+      }
+    }
     f.close();
     if (!f) {
       std::error_code ec;

@@ -49,14 +49,30 @@ struct SafetensorsHeader {
 // file name).
 Result<SafetensorsHeader> parse_safetensors_header(std::span<const uint8_t> prefix, uint64_t file_size);
 
-// A whole file read into memory and validated.
-struct SafetensorsFile {
-  SafetensorsHeader header;
-  std::vector<uint8_t> bytes;
+// A file memory-mapped read-only (never read whole into a buffer) and validated. Pages are
+// read in as tensors are converted and released after each one (read_f32), so loading a
+// checkpoint holds little more than the fp32 weights it produces. Move-only.
+class SafetensorsFile {
+ public:
+  SafetensorsFile() = default;
+  SafetensorsFile(SafetensorsFile&& other) noexcept;
+  SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  ~SafetensorsFile();
 
-  // Converts one tensor to fp32. REQUIRES: entry from this file's header; out has
-  // entry.num_elements() floats.
+  const SafetensorsHeader& header() const { return header_; }
+  uint64_t size() const { return size_; }
+
+  // Converts one tensor to fp32, then lets the kernel drop its pages from this process.
+  // REQUIRES: entry from this file's header; out has entry.num_elements() floats.
   void read_f32(const SafetensorsEntry& entry, std::span<float> out) const;
+
+ private:
+  friend Result<SafetensorsFile> read_safetensors(const std::filesystem::path& path);
+  SafetensorsHeader header_;
+  const uint8_t* data_ = nullptr;  // the mapping; null for an empty file
+  uint64_t size_ = 0;
 };
 Result<SafetensorsFile> read_safetensors(const std::filesystem::path& path);
 
@@ -68,7 +84,8 @@ struct SafetensorsTensorToWrite {
 
 // Writes a file atomically (a temporary file renamed into place): either the complete
 // new file exists afterwards or the old state is untouched. The header is padded with
-// spaces to a multiple of 8 bytes, as the reference implementation does.
+// spaces to a multiple of 8 bytes, as the reference implementation does. The data is
+// converted and written in chunks (no whole-file buffer).
 Status write_safetensors(const std::filesystem::path& path, const std::vector<SafetensorsTensorToWrite>& tensors,
                          DType dtype, const std::map<std::string, std::string>& metadata = {});
 

@@ -22,6 +22,17 @@ ModelWeights allocate_weights(const ModelConfig& c) {
     l.gate_proj = MatrixF::Zero(inter, h);
     l.up_proj = MatrixF::Zero(inter, h);
     l.down_proj = MatrixF::Zero(h, inter);
+    if (c.qkv_bias) {
+      l.q_bias = VectorF::Zero(q);
+      l.k_bias = VectorF::Zero(kv);
+      l.v_bias = VectorF::Zero(kv);
+    }
+    if (c.o_bias) l.o_bias = VectorF::Zero(h);
+    if (c.mlp_bias) {
+      l.gate_bias = VectorF::Zero(inter);
+      l.up_bias = VectorF::Zero(inter);
+      l.down_bias = VectorF::Zero(h);
+    }
   }
   w.norm = VectorF::Zero(h);
   if (!c.tie_word_embeddings) w.lm_head = MatrixF::Zero(vocab, h);
@@ -39,13 +50,20 @@ std::vector<NamedTensor> named_tensors(const ModelConfig& c, ModelWeights& w) {
     LayerWeights& l = w.layers[i];
     vec(p + "input_layernorm.weight", l.input_layernorm);
     mat(p + "self_attn.q_proj.weight", l.q_proj);
+    if (c.qkv_bias) vec(p + "self_attn.q_proj.bias", l.q_bias);
     mat(p + "self_attn.k_proj.weight", l.k_proj);
+    if (c.qkv_bias) vec(p + "self_attn.k_proj.bias", l.k_bias);
     mat(p + "self_attn.v_proj.weight", l.v_proj);
+    if (c.qkv_bias) vec(p + "self_attn.v_proj.bias", l.v_bias);
     mat(p + "self_attn.o_proj.weight", l.o_proj);
+    if (c.o_bias) vec(p + "self_attn.o_proj.bias", l.o_bias);
     vec(p + "post_attention_layernorm.weight", l.post_attention_layernorm);
     mat(p + "mlp.gate_proj.weight", l.gate_proj);
+    if (c.mlp_bias) vec(p + "mlp.gate_proj.bias", l.gate_bias);
     mat(p + "mlp.up_proj.weight", l.up_proj);
+    if (c.mlp_bias) vec(p + "mlp.up_proj.bias", l.up_bias);
     mat(p + "mlp.down_proj.weight", l.down_proj);
+    if (c.mlp_bias) vec(p + "mlp.down_proj.bias", l.down_bias);
   }
   vec("model.norm.weight", w.norm);
   if (!c.tie_word_embeddings) mat("lm_head.weight", w.lm_head);

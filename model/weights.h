@@ -26,6 +26,11 @@ struct LayerWeights {
   MatrixF gate_proj;                 // [intermediate, hidden]
   MatrixF up_proj;                   // [intermediate, hidden]
   MatrixF down_proj;                 // [hidden, intermediate]
+  // Biases, empty unless the config has them (qkv_bias, o_bias, mlp_bias).
+  VectorF q_bias, k_bias, v_bias;  // [q_dim], [kv_dim], [kv_dim]
+  VectorF o_bias;                  // [hidden]
+  VectorF gate_bias, up_bias;      // [intermediate]
+  VectorF down_bias;               // [hidden]
 };
 
 struct ModelWeights {
@@ -53,8 +58,9 @@ struct NamedTensor {
 // Allocates every tensor the config calls for, zero-filled. REQUIRES: c.validate().is_ok().
 ModelWeights allocate_weights(const ModelConfig& c);
 
-// Every tensor of the model in a fixed order (embed, layers 0..n-1, norm, lm_head unless
-// tied), named as in Hugging Face Llama checkpoints. This is the one place those names and
+// Every tensor of the model in a fixed order (embed, layers 0..n-1 with their biases where
+// the config has them, norm, lm_head unless tied), named as in Hugging Face Llama and Qwen2
+// checkpoints (`model.layers.N.self_attn.q_proj.bias`, ...). This is the one place those names and
 // shapes are written down; loading, saving and random initialisation all walk this list.
 // REQUIRES: w was allocated for c.
 std::vector<NamedTensor> named_tensors(const ModelConfig& c, ModelWeights& w);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include <Eigen/Core>
 
@@ -23,15 +24,15 @@ Vector<T> rms_norm(const Vector<T>& x, const Vector<T>& weight, T eps) {
 }
 
 // Rotary position embedding in the Hugging Face "rotate half" convention: dimension i of
-// the first half pairs with dimension i + D/2, rotated by the angle
-// position * theta^(-2i/D). REQUIRES: head.size() even.
+// the first half pairs with dimension i + D/2, rotated by the angle position * inv_freq[i]
+// (inv_freq[i] = theta^(-2i/D), rescaled by rope_scaling: model/rope.h).
+// REQUIRES: head.size() even, inv_freq.size() == head.size() / 2.
 template <typename T>
-void apply_rope(Eigen::Ref<Vector<T>> head, int64_t position, T theta) {
+void apply_rope(Eigen::Ref<Vector<T>> head, int64_t position, const std::vector<T>& inv_freq) {
   const int64_t d = head.size();
   const int64_t half = d / 2;
   for (int64_t i = 0; i < half; ++i) {
-    const T inv_freq = T(1) / std::pow(theta, static_cast<T>(2 * i) / static_cast<T>(d));
-    const T angle = static_cast<T>(position) * inv_freq;
+    const T angle = static_cast<T>(position) * inv_freq[static_cast<std::size_t>(i)];
     const T c = std::cos(angle);
     const T s = std::sin(angle);
     const T x1 = head(i);

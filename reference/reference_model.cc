@@ -1,6 +1,7 @@
 #include "reference/reference_model.h"
 
 #include "common/sampling.h"
+#include "model/rope.h"
 
 namespace kvp {
 
@@ -15,6 +16,13 @@ ref::Vector<T> to(const VectorF& v) {
   return v.template cast<T>();
 }
 
+// y = W x + b: a projection with its bias, if it has one.
+template <typename T>
+ref::Vector<T> linear(const ref::Matrix<T>& w, const ref::Vector<T>& b, const ref::Vector<T>& x) {
+  if (b.size() == 0) return w * x;
+  return w * x + b;
+}
+
 }  // namespace
 
 template <typename T>
@@ -25,8 +33,10 @@ ReferenceModel<T>::ReferenceModel(const Model& model) : config_(model.config) {
   for (const LayerWeights& l : w.layers) {
     layers_.push_back(Layer{to<T>(l.input_layernorm), to<T>(l.post_attention_layernorm), to<T>(l.q_proj),
                             to<T>(l.k_proj), to<T>(l.v_proj), to<T>(l.o_proj), to<T>(l.gate_proj), to<T>(l.up_proj),
-                            to<T>(l.down_proj)});
+                            to<T>(l.down_proj), to<T>(l.q_bias), to<T>(l.k_bias), to<T>(l.v_bias),
+                            to<T>(l.o_bias), to<T>(l.gate_bias), to<T>(l.up_bias), to<T>(l.down_bias)});
   }
+  inv_freq_ = rope_inv_freq<T>(config_);
   norm_ = to<T>(w.norm);
   lm_head_ = to<T>(w.output_embedding(config_));
 }
@@ -63,7 +73,6 @@ typename ReferenceModel<T>::Vector ReferenceModel<T>::forward_one(int32_t token,
                                                                   DenseKVCache<T>& cache) const {
   const int64_t d = config_.head_dim;
   const T eps = static_cast<T>(config_.rms_norm_eps);
-  const T theta = static_cast<T>(config_.rope_theta);
 
   Vector x = embed_tokens_.row(token).transpose();
   for (int64_t l = 0; l < config_.num_layers; ++l) {
@@ -71,13 +80,13 @@ typename ReferenceModel<T>::Vector ReferenceModel<T>::forward_one(int32_t token,
 
     // Attention block: h = RMSNorm(x); q, k, v = h Wq, h Wk, h Wv; RoPE on q and k.
     const Vector h = ref::rms_norm<T>(x, layer.input_layernorm, eps);
-    Vector q = layer.q_proj * h;
-    Vector k = layer.k_proj * h;
-    const Vector v = layer.v_proj * h;
+    Vector q = linear<T>(layer.q_proj, layer.q_bias, h);
+    Vector k = linear<T>(layer.k_proj, layer.k_bias, h);
+    const Vector v = linear<T>(layer.v_proj, layer.v_bias, h);
     for (int64_t head = 0; head < config_.num_heads; ++head)
-      ref::apply_rope<T>(q.segment(head * d, d), position, theta);
+      ref::apply_rope<T>(q.segment(head * d, d), position, inv_freq_);
     for (int64_t kvh = 0; kvh < config_.num_kv_heads; ++kvh) {
-      ref::apply_rope<T>(k.segment(kvh * d, d), position, theta);
+      ref::apply_rope<T>(k.segment(kvh * d, d), position, inv_freq_);
       // K/V of this position go into the cache before attention reads it.
       cache.keys(l, kvh).row(position) = k.segment(kvh * d, d).transpose();
       cache.values(l, kvh).row(position) = v.segment(kvh * d, d).transpose();
@@ -89,13 +98,13 @@ typename ReferenceModel<T>::Vector ReferenceModel<T>::forward_one(int32_t token,
       attn.segment(head * d, d) =
           ref::causal_attention<T>(q.segment(head * d, d), cache.keys(l, kvh), cache.values(l, kvh), position);
     }
-    x += layer.o_proj * attn;
+    x += linear<T>(layer.o_proj, layer.o_bias, attn);
 
     // MLP block (SwiGLU): x += W_down (silu(h W_gate) * (h W_up)).
     const Vector h2 = ref::rms_norm<T>(x, layer.post_attention_layernorm, eps);
-    const Vector gate = (layer.gate_proj * h2).unaryExpr([](T z) { return ref::silu<T>(z); });
-    const Vector up = layer.up_proj * h2;
-    x += layer.down_proj * gate.cwiseProduct(up);
+    const Vector gate = linear<T>(layer.gate_proj, layer.gate_bias, h2).unaryExpr([](T z) { return ref::silu<T>(z); });
+    const Vector up = linear<T>(layer.up_proj, layer.up_bias, h2);
+    x += linear<T>(layer.down_proj, layer.down_bias, gate.cwiseProduct(up));
   }
   return lm_head_ * ref::rms_norm<T>(x, norm_, eps);
 }

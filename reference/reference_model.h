@@ -38,12 +38,15 @@ class ReferenceModel {
   struct Layer {
     Vector input_layernorm, post_attention_layernorm;
     Matrix q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+    // Empty when the model has no such bias; `linear` then adds nothing.
+    Vector q_bias, k_bias, v_bias, o_bias, gate_bias, up_bias, down_bias;
   };
 
   // One token at position cache.length(); K/V are written to the cache, which the caller advances.
   Vector forward_one(int32_t token, int64_t position, DenseKVCache<T>& cache) const;
 
   ModelConfig config_;
+  std::vector<T> inv_freq_;  // rope_inv_freq<T>(config_): rope_scaling applied
   Matrix embed_tokens_;
   std::vector<Layer> layers_;
   Vector norm_;

@@ -131,7 +131,7 @@ TEST(Checkpoint, HalfPrecisionRoundTripsHoldTheRoundedWeights) {
       EXPECT_FALSE(same_weights(m, *loaded));  // rounding really happened
       auto file = read_safetensors(dir.path() / "model.safetensors");
       ASSERT_TRUE(file.is_ok());
-      EXPECT_EQ(file->header.entries.front().dtype, dtype);
+      EXPECT_EQ(file->header().entries.front().dtype, dtype);
     }
   }
 }
@@ -324,8 +324,213 @@ TEST(Checkpoint, SaveIsAtomicAndNeverLeavesTemporaryFiles) {
   // The header is padded to a multiple of 8 bytes, as safetensors writers do.
   auto file = read_safetensors(dir.path() / "model.safetensors");
   ASSERT_TRUE(file.is_ok());
-  EXPECT_EQ(file->header.header_bytes % 8, 0u);
-  EXPECT_EQ(file->header.metadata.at("format"), "pt");
+  EXPECT_EQ(file->header().header_bytes % 8, 0u);
+  EXPECT_EQ(file->header().metadata.at("format"), "pt");
+}
+
+// ---- real architectures and sharded checkpoints ----
+
+// A Qwen2 mini model (q/k/v biases, tied) and a Llama one with llama3 rope, biases and stop
+// tokens: every field the loader reads, round-tripped.
+std::vector<Model> real_layout_models() {
+  ModelConfig q = mini_config(true);
+  q.architecture = Architecture::kQwen2;
+  q.qkv_bias = true;
+  q.rope_theta = 1e6;
+  q.eos_token_ids = {3};
+  ModelConfig l = mini_config(false);
+  l.rope_scaling = {RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 16};
+  l.qkv_bias = l.o_bias = l.mlp_bias = true;
+  l.eos_token_ids = {1, 2};
+  return {make_random_model(q, 8), make_random_model(l, 9)};
+}
+
+TEST(Checkpoint, ShardedExportEqualsSingleFileExportBitForBit) {
+  for (Model& m : real_layout_models()) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      TempDir single, sharded;
+      ASSERT_TRUE(save_checkpoint(m, single.path(), dtype).is_ok());
+      ASSERT_TRUE(save_checkpoint(m, sharded.path(), dtype, 3).is_ok());
+      EXPECT_TRUE(fs::exists(sharded.path() / "model-00003-of-00003.safetensors"));
+      EXPECT_FALSE(fs::exists(sharded.path() / "model.safetensors"));
+      auto a = load_checkpoint(single.path());
+      auto b = load_checkpoint(sharded.path());
+      ASSERT_TRUE(a.is_ok()) << a.status().message();
+      ASSERT_TRUE(b.is_ok()) << b.status().message();
+      EXPECT_EQ(a->config, m.config);
+      EXPECT_EQ(b->config, m.config);
+      EXPECT_TRUE(same_weights(*a, *b));
+      if (dtype == DType::kF32) {
+        EXPECT_TRUE(same_weights(m, *b));
+      }
+    }
+  }
+}
+
+TEST(Checkpoint, ExportingOneLayoutOverAnotherLeavesOneCheckpoint) {
+  TempDir dir;
+  Model m = real_layout_models()[1];
+  ASSERT_TRUE(save_checkpoint(m, dir.path(), DType::kF32, 4).is_ok());
+  ASSERT_TRUE(save_checkpoint(m, dir.path(), DType::kF32, 2).is_ok());
+  EXPECT_FALSE(fs::exists(dir.path() / "model-00004-of-00004.safetensors"));
+  ASSERT_TRUE(save_checkpoint(m, dir.path(), DType::kF32, 1).is_ok());
+  EXPECT_FALSE(fs::exists(dir.path() / "model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(dir.path() / "model-00001-of-00002.safetensors"));
+  EXPECT_TRUE(load_checkpoint(dir.path()).is_ok());
+  EXPECT_FALSE(save_checkpoint(m, dir.path(), DType::kF32, 0).is_ok());
+  EXPECT_FALSE(save_checkpoint(m, dir.path(), DType::kF32, 10000).is_ok());
+}
+
+TEST(ShardIndex, ParserRejectsEachMalformedIndexWithItsReason) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"{ nope", "not valid JSON"},
+      {"[1]", "not a JSON object"},
+      {R"({"metadata": {}})", "no 'weight_map' object"},
+      {R"({"weight_map": {}})", "'weight_map' is empty"},
+      {R"({"weight_map": {"a": 3}})", "must be a shard file name"},
+      {R"({"weight_map": {"a": "../secret.safetensors"}})", "is not a file name in the checkpoint directory"},
+      {R"({"weight_map": {"a": ".."}})", "is not a file name"},
+      {R"({"weight_map": {"a": "x", "a": "y"}})", "names a tensor twice"},
+      {R"({"metadata": {"total_size": -1}, "weight_map": {"a": "x"}})", "total_size"},
+      {R"({"metadata": 7, "weight_map": {"a": "x"}})", "'metadata' must be an object"},
+  };
+  for (const auto& [text, reason] : cases) {
+    auto r = parse_shard_index(text);
+    ASSERT_FALSE(r.is_ok()) << text;
+    EXPECT_NE(r.status().message().find(reason), std::string::npos) << text << " -> " << r.status().message();
+  }
+  auto ok = parse_shard_index(R"({"metadata": {"total_size": 12}, "weight_map": {"a": "s1", "b": "s2"}})");
+  ASSERT_TRUE(ok.is_ok());
+  EXPECT_EQ(ok->weight_map.at("b"), "s2");
+  EXPECT_EQ(ok->total_size, 12u);
+}
+
+class MalformedShardedCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = real_layout_models()[0];
+    ASSERT_TRUE(save_checkpoint(model_, dir_.path(), DType::kF32, 2).is_ok());
+    std::ifstream in(dir_.path() / "model.safetensors.index.json");
+    index_ = nlohmann::json::parse(in);
+  }
+  std::string load_error() {
+    auto m = load_checkpoint(dir_.path());
+    return m.is_ok() ? std::string("<accepted>") : m.status().message();
+  }
+  void write_index() { std::ofstream(dir_.path() / "model.safetensors.index.json", std::ios::trunc) << index_.dump(); }
+  fs::path shard(int i) const { return dir_.path() / ("model-0000" + std::to_string(i) + "-of-00002.safetensors"); }
+  // Rewrites shard i with the given tensors (zeros), in the given dtype name.
+  void write_shard(int i, const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) {
+    std::vector<std::vector<float>> storage;
+    for (const auto& [name, shape] : tensors) {
+      std::size_t n = 1;
+      for (int64_t d : shape) n *= static_cast<std::size_t>(d);
+      storage.emplace_back(n, 0.0f);
+    }
+    std::vector<SafetensorsTensorToWrite> out;
+    for (std::size_t k = 0; k < tensors.size(); ++k) out.push_back({tensors[k].first, tensors[k].second, storage[k]});
+    ASSERT_TRUE(write_safetensors(shard(i), out, DType::kF32).is_ok());
+  }
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shard_tensors(int i) {
+    auto f = read_safetensors(shard(i));
+    std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+    for (const auto& e : f->header().entries) out.push_back({e.name, e.shape});
+    return out;
+  }
+  TempDir dir_;
+  Model model_;
+  nlohmann::json index_;
+};
+
+TEST_F(MalformedShardedCheckpoint, ValidShardedCheckpointLoads) { EXPECT_EQ(load_error(), "<accepted>"); }
+
+TEST_F(MalformedShardedCheckpoint, MissingShardIsNamed) {
+  fs::remove(shard(2));
+  const std::string e = load_error();
+  EXPECT_NE(e.find("model-00002-of-00002.safetensors: missing shard"), std::string::npos) << e;
+}
+
+TEST_F(MalformedShardedCheckpoint, TensorListedButAbsentFromItsShard) {
+  auto t = shard_tensors(2);
+  const std::string dropped = t.back().first;
+  t.pop_back();
+  write_shard(2, t);
+  const std::string e = load_error();
+  EXPECT_NE(e.find("model-00002-of-00002.safetensors: tensor '" + dropped +
+                   "': listed in model.safetensors.index.json for this shard but absent from it"),
+            std::string::npos)
+      << e;
+}
+
+TEST_F(MalformedShardedCheckpoint, TensorInTwoShards) {
+  auto t2 = shard_tensors(2);
+  t2.push_back(shard_tensors(1).front());
+  write_shard(2, t2);
+  const std::string e = load_error();
+  EXPECT_NE(e.find("tensor 'model.embed_tokens.weight' is in two shards"), std::string::npos) << e;
+}
+
+TEST_F(MalformedShardedCheckpoint, IndexNamingTheWrongShard) {
+  index_["weight_map"]["model.norm.weight"] = "model-00001-of-00002.safetensors";
+  write_index();
+  const std::string e = load_error();
+  EXPECT_NE(e.find("tensor 'model.norm.weight': model.safetensors.index.json puts it in model-00001-of-00002"),
+            std::string::npos)
+      << e;
+}
+
+TEST_F(MalformedShardedCheckpoint, TensorNotInTheIndex) {
+  index_["weight_map"].erase("model.norm.weight");
+  write_index();
+  const std::string e = load_error();
+  EXPECT_NE(e.find("tensor 'model.norm.weight': not listed in model.safetensors.index.json"), std::string::npos) << e;
+}
+
+TEST_F(MalformedShardedCheckpoint, IndexThatIsNotJson) {
+  std::ofstream(dir_.path() / "model.safetensors.index.json", std::ios::trunc) << "{\"weight_map\": ";
+  const std::string e = load_error();
+  EXPECT_NE(e.find("model.safetensors.index.json: not valid JSON"), std::string::npos) << e;
+}
+
+TEST_F(MalformedShardedCheckpoint, ShapeNotMatchingTheConfigNamesShardAndTensor) {
+  auto t = shard_tensors(2);
+  t.back().second.back() += 1;
+  write_shard(2, t);
+  const std::string e = load_error();
+  EXPECT_NE(e.find("model-00002-of-00002.safetensors: tensor '" + t.back().first + "': shape"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("does not match config.json"), std::string::npos) << e;
+}
+
+TEST_F(MalformedShardedCheckpoint, UnsupportedDtypesAreNamed) {
+  // A shard whose one tensor is F8_E4M3 or I8 (quantized weights), written by hand.
+  for (const char* dtype : {"F8_E4M3", "I8"}) {
+    const std::string header =
+        std::string(R"({"model.norm.weight":{"dtype":")") + dtype + R"(","shape":[8],"data_offsets":[0,8]}})";
+    write_bytes(shard(2), raw_file(header, 8));
+    const std::string e = load_error();
+    EXPECT_NE(e.find("model-00002-of-00002.safetensors: tensor 'model.norm.weight': dtype '" + std::string(dtype) +
+                     "' is not supported"),
+              std::string::npos)
+        << e;
+  }
+}
+
+TEST_F(MalformedShardedCheckpoint, TruncatedShardIsNamed) {
+  auto bytes = read_bytes(shard(1));
+  bytes.resize(bytes.size() - 5);
+  write_bytes(shard(1), bytes);
+  const std::string e = load_error();
+  EXPECT_NE(e.find("model-00001-of-00002.safetensors: data is truncated"), std::string::npos) << e;
+}
+
+TEST_F(MalformedShardedCheckpoint, ConfigKeyThatChangesTheMathNamesFileAndKey) {
+  std::ifstream in(dir_.path() / "config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["use_sliding_window"] = true;
+  std::ofstream(dir_.path() / "config.json", std::ios::trunc) << j.dump();
+  const std::string e = load_error();
+  EXPECT_NE(e.find("config.json: key 'use_sliding_window' = true is not implemented"), std::string::npos) << e;
 }
 
 }  // namespace

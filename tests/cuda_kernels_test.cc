@@ -123,7 +123,7 @@ TEST(CUDA_KERNEL_SUITE, ProjectIsTheCpuDotOfEveryRowWhateverTheTokenCount) {
       const std::vector<float> x = random_floats(static_cast<std::size_t>(n * in_dim), 2);
       DeviceArray dx(x.size() * sizeof(float)), dy(static_cast<std::size_t>(n * out_dim) * sizeof(float));
       upload(dx, x);
-      ASSERT_EQ(project(dw.as<float>(), out_dim, in_dim, dx.as<float>(), n, dy.as<float>()), "");
+      ASSERT_EQ(project(dw.as<float>(), nullptr, out_dim, in_dim, dx.as<float>(), n, dy.as<float>()), "");
       std::vector<float> want(static_cast<std::size_t>(n * out_dim));
       for (int64_t t = 0; t < n; ++t)
         for (int64_t r = 0; r < out_dim; ++r)
@@ -131,6 +131,15 @@ TEST(CUDA_KERNEL_SUITE, ProjectIsTheCpuDotOfEveryRowWhateverTheTokenCount) {
               kk::dot(w.data() + r * in_dim, x.data() + t * in_dim, in_dim);
       expect_close(download<float>(dy, want.size()), want,
                    "project " + std::to_string(out_dim) + "x" + std::to_string(in_dim) + " n " + std::to_string(n));
+      // With a bias (Qwen2's q/k/v, Llama's attention_bias/mlp_bias): one add after the dot.
+      const std::vector<float> b = random_floats(static_cast<std::size_t>(out_dim), 3);
+      DeviceArray db(b.size() * sizeof(float));
+      upload(db, b);
+      ASSERT_EQ(project(dw.as<float>(), db.as<float>(), out_dim, in_dim, dx.as<float>(), n, dy.as<float>()), "");
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t r = 0; r < out_dim; ++r) want[static_cast<std::size_t>(t * out_dim + r)] += b[static_cast<std::size_t>(r)];
+      expect_close(download<float>(dy, want.size()), want,
+                   "project+bias " + std::to_string(out_dim) + "x" + std::to_string(in_dim) + " n " + std::to_string(n));
     }
   }
 }
@@ -172,7 +181,8 @@ TEST(CUDA_KERNEL_SUITE, EmbedRmsNormSiluAddAndRopeMatchTheCpuLoops) {
   expect_close(download<float>(dgate, gate.size()), gate, "silu_mul then add");
 
   std::vector<float> inv_freq;
-  for (int64_t i = 0; i < head_dim / 2; ++i) inv_freq.push_back(kk::rope_inv_freq(i, head_dim, 10000.0f));
+  for (int64_t i = 0; i < head_dim / 2; ++i)
+    inv_freq.push_back(1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(head_dim)));
   std::vector<float> x = random_floats(static_cast<std::size_t>(n * heads * head_dim), 7);
   const std::vector<int32_t> positions = {0, 1, 17, 300, 4095};
   DeviceArray dq(x.size() * 4), dpos(positions.size() * 4), dfreq(inv_freq.size() * 4);

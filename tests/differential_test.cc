@@ -129,6 +129,34 @@ TEST(Differential, CudaEmuBackendWithBf16KvPassesItsToleranceAndFailsF32s) {
   EXPECT_TRUE(logits_failed) << strict->table();
 }
 
+// The real architectures at small sizes: Qwen2 (q/k/v biases, tied embeddings, group 4),
+// Llama with llama3 rope scaling and every bias, and the same with linear rope scaling; the
+// cpu and cuda-emu backends each against the reference, every check of verify.
+class Architectures : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+TEST_P(Architectures, EngineMatchesReference) {
+  ModelConfig c = *preset_config("tiny");
+  c.num_layers = 2;
+  switch (std::get<0>(GetParam())) {
+    case 0:
+      c.architecture = Architecture::kQwen2;
+      c.qkv_bias = true;
+      c.tie_word_embeddings = true;
+      c.rope_theta = 1e6;
+      break;
+    case 1:
+      c.rope_scaling = {RopeScaling::Type::kLlama3, 32.0, 1.0, 4.0, 64};
+      c.rope_theta = 500000.0;
+      c.qkv_bias = c.o_bias = c.mlp_bias = true;
+      break;
+    default: c.rope_scaling = {RopeScaling::Type::kLinear, 4.0, 1.0, 4.0, 0}; break;
+  }
+  VerifyOptions o = with_block_size(4);
+  o.backend = std::get<1>(GetParam());
+  expect_passes(make_random_model(c, 21), mixed(), o);
+}
+INSTANTIATE_TEST_SUITE_P(Differential, Architectures,
+                         ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Values("cpu", "cuda-emu")));
+
 TEST(Verify, CpuBackendRefusesHalfPrecisionPools) {
   VerifyOptions o;
   o.kv_dtype = DType::kF16;

@@ -53,7 +53,9 @@ TEST(ModelConfig, RejectsBadValuesNamingTheKey) {
   expect_error(j, "rms_norm_eps");
   j = good();
   j["rope_scaling"] = {{"type", "linear"}};
-  expect_error(j, "rope_scaling is not supported");
+  expect_error(j, "key 'rope_scaling.factor' is required for rope type 'linear'");
+  j["rope_scaling"] = {{"type", "su"}, {"factor", 2.0}};
+  expect_error(j, "key 'rope_scaling.rope_type' = \"su\" is not implemented");
   j = good();
   j["hidden_act"] = "gelu";
   expect_error(j, "hidden_act");

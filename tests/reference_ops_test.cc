@@ -28,9 +28,17 @@ TEST(ReferenceOps, RmsNormMatchesHandComputation) {
   EXPECT_NEAR(out(3), 4 / r, 1e-15);
 }
 
+// The unscaled table theta^(-2i/D), written here from the formula.
+void rope_with_theta(V& x, int64_t position, double theta) {
+  std::vector<double> inv_freq;
+  for (Eigen::Index i = 0; i < x.size() / 2; ++i)
+    inv_freq.push_back(std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(x.size())));
+  apply_rope<double>(x, position, inv_freq);
+}
+
 TEST(ReferenceOps, RopeAtPositionZeroIsIdentity) {
   V x = vec({1, 2, 3, 4});
-  apply_rope<double>(x, 0, 10000.0);
+  rope_with_theta(x, 0, 10000.0);
   EXPECT_EQ(x, vec({1, 2, 3, 4}));
 }
 
@@ -38,7 +46,7 @@ TEST(ReferenceOps, RopeRotatesHalvesAtKnownPositions) {
   // head_dim 4, theta 100: pair (0, 2) turns at 100^0 = 1 rad per position, pair (1, 3)
   // at 100^(-1/2) = 0.1 rad per position. At position 3 the angles are 3 and 0.3 rad.
   V x = vec({1, 2, 3, 4});
-  apply_rope<double>(x, 3, 100.0);
+  rope_with_theta(x, 3, 100.0);
   EXPECT_NEAR(x(0), 1 * std::cos(3.0) - 3 * std::sin(3.0), 1e-14);
   EXPECT_NEAR(x(2), 3 * std::cos(3.0) + 1 * std::sin(3.0), 1e-14);
   EXPECT_NEAR(x(1), 2 * std::cos(0.3) - 4 * std::sin(0.3), 1e-14);
@@ -52,8 +60,8 @@ TEST(ReferenceOps, RopeDotProductDependsOnlyOnRelativePosition) {
   const V k = vec({1.1, 0.2, -0.5, 0.9, -1.3, 0.6});
   auto rotated_dot = [&](int64_t m, int64_t n) {
     V a = q, b = k;
-    apply_rope<double>(a, m, 10000.0);
-    apply_rope<double>(b, n, 10000.0);
+    rope_with_theta(a, m, 10000.0);
+    rope_with_theta(b, n, 10000.0);
     return a.dot(b);
   };
   EXPECT_NEAR(rotated_dot(7, 3), rotated_dot(104, 100), 1e-12);

@@ -40,6 +40,7 @@ void add_info_command(CLI::App& app, int& exit_code) {
       return;
     }
     std::printf("model: %s\n", opt->source.describe().c_str());
+    std::printf("  architecture        %s\n", architecture_class_name(c.architecture));
     std::printf("  parameters          %lld\n", static_cast<long long>(c.num_parameters()));
     std::printf("  vocab               %lld\n", static_cast<long long>(c.vocab_size));
     std::printf("  hidden / inter      %lld / %lld\n", static_cast<long long>(c.hidden_size),
@@ -49,7 +50,13 @@ void add_info_command(CLI::App& app, int& exit_code) {
                 static_cast<long long>(c.num_kv_heads), static_cast<long long>(c.group_size()));
     std::printf("  head_dim            %lld\n", static_cast<long long>(c.head_dim));
     std::printf("  rope_theta / eps    %g / %g\n", c.rope_theta, c.rms_norm_eps);
+    std::printf("  rope_scaling        %s\n", j["config"]["rope_scaling"].dump().c_str());
+    std::printf("  biases              q/k/v %s, o %s, mlp %s\n", c.qkv_bias ? "yes" : "no", c.o_bias ? "yes" : "no",
+                c.mlp_bias ? "yes" : "no");
     std::printf("  max positions       %lld\n", static_cast<long long>(c.max_position_embeddings));
+    std::string eos;
+    for (int32_t id : c.eos_token_ids) eos += (eos.empty() ? "" : ", ") + std::to_string(id);
+    std::printf("  stop tokens (eos)   %s\n", eos.empty() ? "none" : eos.c_str());
     std::printf("  lm_head             %s\n", c.tie_word_embeddings ? "tied to embed_tokens" : "separate");
     std::printf("  KV bytes per token  f32 %lld, f16 %lld, bf16 %lld\n",
                 static_cast<long long>(c.kv_bytes_per_token(DType::kF32)),

@@ -6,9 +6,12 @@
 namespace kvp::tools {
 
 void ModelSource::add_options(CLI::App& cmd) {
-  auto* p = cmd.add_option("--preset", preset, "built-in model with seeded random weights (tiny, small)");
-  auto* c =
-      cmd.add_option("--checkpoint", checkpoint, "Hugging Face layout directory: config.json + model.safetensors");
+  std::string names;
+  for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
+  auto* p = cmd.add_option("--preset", preset, "built-in model with seeded random weights: " + names);
+  auto* c = cmd.add_option("--checkpoint", checkpoint,
+                           "Hugging Face directory: config.json + model.safetensors or model.safetensors.index.json "
+                           "and its shards (Llama, Qwen2, Mistral; F32, F16, BF16)");
   p->excludes(c);
   c->excludes(p);
   cmd.add_option("--weight-seed", weight_seed, "seed of a preset's random weights")->needs(p);

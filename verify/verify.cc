@@ -75,7 +75,9 @@ Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const
     CpuBackendConfig bc;
     bc.pool = ec.kv.pool;
     bc.num_threads = o.num_threads;
-    auto backend = CpuBackend::create(model, bc);
+    // Every engine of one verify reads the caller's fp32 weights: no copy (a 1B model's
+    // weights are 5 GB; a verify builds up to six engines).
+    auto backend = CpuBackend::create(std::shared_ptr<const Model>(std::shared_ptr<const Model>(), &model), bc);
     if (!backend) return backend.status();
     live.backend = std::move(*backend);
   } else if (o.backend == KVP_CUDA_FLAVOUR_NAME) {

@@ -133,7 +133,8 @@ std::unique_ptr<Proposer> make_draft_proposer(const Model& draft, int64_t max_nu
                                               int num_threads);
 // An engine on the backend options.backend names (an error names the backends this program
 // has): the pool and schedule of `setup`, the rest from `options` (with options.speculation's
-// proposer; a draft model from `model`'s first layers).
+// proposer; a draft model from `model`'s first layers). The cpu backend reads `model`'s
+// weights in place: REQUIRES model outlives the returned engine.
 Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& options, const EngineSetup& setup);
 // The checks of a plan before it runs (I3 exclusive write, I5 slot mapping, I8 bounds) and
 // of the state after a step (every KvCacheManager invariant). A failure is recorded in

@@ -86,12 +86,15 @@ __global__ void rms_norm_kernel(const float* x, const int32_t* rows, const float
 
 // One thread per output element (t, r); adjacent threads take adjacent rows r of the same
 // token, so they share the token's activations.
-__global__ void project_kernel(const float* w, int64_t out_dim, int64_t in_dim, const float* x, int64_t n, float* y) {
+__global__ void project_kernel(const float* w, const float* bias, int64_t out_dim, int64_t in_dim, const float* x,
+                               int64_t n, float* y) {
   const int64_t i = global_index();
   if (i >= n * out_dim) return;
   const int64_t t = i / out_dim;
   const int64_t r = i % out_dim;
-  y[i] = kvp::kernels::dot(w + r * in_dim, x + t * in_dim, in_dim);
+  float acc = kvp::kernels::dot(w + r * in_dim, x + t * in_dim, in_dim);
+  if (bias != nullptr) acc += bias[r];
+  y[i] = acc;
 }
 
 // One thread per (token, head); cos/sin as the CPU backend computes them.
@@ -348,9 +351,11 @@ std::string rms_norm(const float* d_x, const int32_t* d_rows, const float* d_wei
   return launched("rms_norm_kernel");
 }
 
-std::string project(const float* d_w, int64_t out_dim, int64_t in_dim, const float* d_x, int64_t n, float* d_y) {
+std::string project(const float* d_w, const float* d_bias, int64_t out_dim, int64_t in_dim, const float* d_x,
+                    int64_t n, float* d_y) {
   if (n <= 0) return {};
-  KVP_LAUNCH(project_kernel, grid_for(n * out_dim), dim3(kThreads), 0, nullptr)(d_w, out_dim, in_dim, d_x, n, d_y);
+  KVP_LAUNCH(project_kernel, grid_for(n * out_dim), dim3(kThreads), 0, nullptr)
+  (d_w, d_bias, out_dim, in_dim, d_x, n, d_y);
   return launched("project_kernel");
 }
 

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "kernels/kv_index.h"
+#include "model/rope.h"
 #include "optimized/backends/plan_validation.h"
 
 namespace kvp {
@@ -120,6 +121,14 @@ Status CpuBackendConfig::validate() const {
 
 Result<std::unique_ptr<CpuBackend>> CpuBackend::create(const Model& model, const CpuBackendConfig& config) {
   KVP_RETURN_IF_ERROR(model.config.validate().with_context("model config"));
+  return create(std::make_shared<const Model>(model), config);
+}
+
+Result<std::unique_ptr<CpuBackend>> CpuBackend::create(std::shared_ptr<const Model> shared,
+                                                       const CpuBackendConfig& config) {
+  KVP_CHECK(shared != nullptr);
+  const Model& model = *shared;
+  KVP_RETURN_IF_ERROR(model.config.validate().with_context("model config"));
   KVP_RETURN_IF_ERROR(config.validate().with_context("cpu backend config"));
   KVP_RETURN_IF_ERROR(check_pool_matches_model(config.pool, model.config).with_context("cpu backend config"));
   // Each pool of one layer must be addressable: blocks * block_size * kv_dim floats.
@@ -128,18 +137,20 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::create(const Model& model, const
   if (per_block > (int64_t{1} << 40) / std::max<int64_t>(max_blocks, 1))
     return Status::error("cpu backend config: pool of " + str(max_blocks) + " blocks of " + str(per_block) +
                          " floats is too large");
-  return std::make_unique<CpuBackend>(model, config);
+  return std::make_unique<CpuBackend>(std::move(shared), config);
 }
 
 CpuBackend::CpuBackend(const Model& model, const CpuBackendConfig& config)
-    : model_(model), config_(config), scratch_(std::make_unique<Scratch>()) {
-  KVP_CHECK(model_.config.validate().is_ok());
+    : CpuBackend(std::make_shared<const Model>(model), config) {}
+
+CpuBackend::CpuBackend(std::shared_ptr<const Model> model, const CpuBackendConfig& config)
+    : model_(std::move(model)), config_(config), scratch_(std::make_unique<Scratch>()) {
+  KVP_CHECK(model_ != nullptr);
+  KVP_CHECK(model_->config.validate().is_ok());
   KVP_CHECK(config_.validate().is_ok());
-  KVP_CHECK(check_pool_matches_model(config_.pool, model_.config).is_ok());
-  const ModelConfig& c = model_.config;
-  const int64_t half = c.head_dim / 2;
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq_.push_back(kernels::rope_inv_freq(i, c.head_dim, static_cast<float>(c.rope_theta)));
+  KVP_CHECK(check_pool_matches_model(config_.pool, model_->config).is_ok());
+  const ModelConfig& c = model_->config;
+  inv_freq_ = rope_inv_freq<float>(c);
   const float fill = config_.nan_fill_at_start ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
   const auto device_floats = static_cast<std::size_t>(config_.pool.num_device_blocks * floats_per_block());
   const auto host_floats = static_cast<std::size_t>(config_.pool.num_host_blocks * floats_per_block());
@@ -155,7 +166,7 @@ CpuBackend::CpuBackend(const Model& model, const CpuBackendConfig& config)
 CpuBackend::~CpuBackend() = default;
 
 int64_t CpuBackend::floats_per_block() const {
-  return static_cast<int64_t>(config_.pool.block_size) * model_.config.kv_dim();
+  return static_cast<int64_t>(config_.pool.block_size) * model_->config.kv_dim();
 }
 int64_t CpuBackend::num_device_slots() const {
   return static_cast<int64_t>(config_.pool.num_device_blocks) * config_.pool.block_size;
@@ -165,20 +176,20 @@ int64_t CpuBackend::num_host_slots() const {
 }
 
 const float* CpuBackend::key_at(int64_t layer, int64_t slot) const {
-  KVP_CHECK(layer >= 0 && layer < model_.config.num_layers && slot >= 0 && slot < num_device_slots());
-  return device_k_[static_cast<std::size_t>(layer)].data() + slot * model_.config.kv_dim();
+  KVP_CHECK(layer >= 0 && layer < model_->config.num_layers && slot >= 0 && slot < num_device_slots());
+  return device_k_[static_cast<std::size_t>(layer)].data() + slot * model_->config.kv_dim();
 }
 const float* CpuBackend::value_at(int64_t layer, int64_t slot) const {
-  KVP_CHECK(layer >= 0 && layer < model_.config.num_layers && slot >= 0 && slot < num_device_slots());
-  return device_v_[static_cast<std::size_t>(layer)].data() + slot * model_.config.kv_dim();
+  KVP_CHECK(layer >= 0 && layer < model_->config.num_layers && slot >= 0 && slot < num_device_slots());
+  return device_v_[static_cast<std::size_t>(layer)].data() + slot * model_->config.kv_dim();
 }
 const float* CpuBackend::host_key_at(int64_t layer, int64_t slot) const {
-  KVP_CHECK(layer >= 0 && layer < model_.config.num_layers && slot >= 0 && slot < num_host_slots());
-  return host_k_[static_cast<std::size_t>(layer)].data() + slot * model_.config.kv_dim();
+  KVP_CHECK(layer >= 0 && layer < model_->config.num_layers && slot >= 0 && slot < num_host_slots());
+  return host_k_[static_cast<std::size_t>(layer)].data() + slot * model_->config.kv_dim();
 }
 const float* CpuBackend::host_value_at(int64_t layer, int64_t slot) const {
-  KVP_CHECK(layer >= 0 && layer < model_.config.num_layers && slot >= 0 && slot < num_host_slots());
-  return host_v_[static_cast<std::size_t>(layer)].data() + slot * model_.config.kv_dim();
+  KVP_CHECK(layer >= 0 && layer < model_->config.num_layers && slot >= 0 && slot < num_host_slots());
+  return host_v_[static_cast<std::size_t>(layer)].data() + slot * model_->config.kv_dim();
 }
 
 void CpuBackend::run_ops(const KvPlanOps& ops) {
@@ -188,7 +199,7 @@ void CpuBackend::run_ops(const KvPlanOps& ops) {
     std::memcpy(to.data() + dst * per_block, from.data() + src * per_block,
                 static_cast<std::size_t>(per_block) * sizeof(float));
   };
-  const auto num_layers = static_cast<std::size_t>(model_.config.num_layers);
+  const auto num_layers = static_cast<std::size_t>(model_->config.num_layers);
   for (const BlockCopy& s : ops.swap_out) {
     for (std::size_t l = 0; l < num_layers; ++l) {
       copy_block(device_k_[l], s.src, host_k_[l], s.dst);
@@ -220,7 +231,7 @@ Status CpuBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std::
                               std::vector<float>& v) const {
   const bool host = pool == PoolKind::kHost;
   const int32_t blocks = host ? config_.pool.num_host_blocks : config_.pool.num_device_blocks;
-  if (layer < 0 || layer >= model_.config.num_layers)
+  if (layer < 0 || layer >= model_->config.num_layers)
     return Status::error("read_block: layer " + str(layer) + " out of range");
   if (block < 0 || block >= blocks) return Status::error("read_block: block " + str(block) + " out of range");
   const auto& kp = host ? host_k_ : device_k_;
@@ -234,7 +245,7 @@ Status CpuBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std::
 
 Status CpuBackend::execute(const BatchPlan& plan, StepOutput& out) {
   KVP_RETURN_IF_ERROR(
-      validate_plan(plan, config_.pool, {model_.config.vocab_size, model_.config.max_position_embeddings}));
+      validate_plan(plan, config_.pool, {model_->config.vocab_size, model_->config.max_position_embeddings}));
   auto reads = check_plan_read_scope(plan, config_.pool);
   if (!reads) return reads.status();
   audited_block_reads_ += *reads;
@@ -243,7 +254,8 @@ Status CpuBackend::execute(const BatchPlan& plan, StepOutput& out) {
   return Status::ok();
 }
 
-void CpuBackend::project(const float* w, int64_t out_dim, int64_t in_dim, const float* x, int64_t n, float* y) {
+void CpuBackend::project(const float* w, const VectorF& bias, int64_t out_dim, int64_t in_dim, const float* x,
+                         int64_t n, float* y) {
   // Tokens are taken in tiles so that a tile's inputs stay in cache while each weight row
   // is read once per tile, and in pairs (dot2) that share each load of the row; none of
   // this touches any one dot product's arithmetic, so a token's row is the same whatever
@@ -259,13 +271,16 @@ void CpuBackend::project(const float* w, int64_t out_dim, int64_t in_dim, const 
           kernels::dot2(w_row, x + t * in_dim, x + (t + 1) * in_dim, in_dim, &y[t * out_dim + r],
                         &y[(t + 1) * out_dim + r]);
         if (t < t1) y[t * out_dim + r] = kernels::dot(w_row, x + t * in_dim, in_dim);
+        if (bias.size() != 0) {
+          for (int64_t u = t0; u < t1; ++u) y[u * out_dim + r] += bias[r];
+        }
       }
     }
   });
 }
 
 void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q, float* out) {
-  const ModelConfig& c = model_.config;
+  const ModelConfig& c = model_->config;
   const int64_t d = c.head_dim;
   const int64_t n = plan.num_tokens();
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -289,7 +304,7 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
 }
 
 void CpuBackend::run_model(const BatchPlan& plan, StepOutput& out) {
-  const ModelConfig& c = model_.config;
+  const ModelConfig& c = model_->config;
   const int64_t n = plan.num_tokens();
   const int64_t hidden = c.hidden_size;
   const int64_t d = c.head_dim;
@@ -326,7 +341,7 @@ void CpuBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   resize(s.up, n * c.intermediate_size);
 
   for (int64_t t = 0; t < n; ++t) {
-    const float* e = model_.weights.embed_tokens.data() + plan.token_ids[static_cast<std::size_t>(t)] * hidden;
+    const float* e = model_->weights.embed_tokens.data() + plan.token_ids[static_cast<std::size_t>(t)] * hidden;
     std::copy_n(e, hidden, s.x.data() + t * hidden);
   }
 
@@ -337,12 +352,12 @@ void CpuBackend::run_model(const BatchPlan& plan, StepOutput& out) {
                           cos_table.data() + t * half, sin_table.data() + t * half);
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& w = model_.weights.layers[static_cast<std::size_t>(l)];
+    const LayerWeights& w = model_->weights.layers[static_cast<std::size_t>(l)];
     for (int64_t t = 0; t < n; ++t)
       kernels::rms_norm(s.x.data() + t * hidden, w.input_layernorm.data(), hidden, eps, s.h.data() + t * hidden);
-    project(w.q_proj.data(), c.q_dim(), hidden, s.h.data(), n, s.q.data());
-    project(w.k_proj.data(), c.kv_dim(), hidden, s.h.data(), n, s.k.data());
-    project(w.v_proj.data(), c.kv_dim(), hidden, s.h.data(), n, s.v.data());
+    project(w.q_proj.data(), w.q_bias, c.q_dim(), hidden, s.h.data(), n, s.q.data());
+    project(w.k_proj.data(), w.k_bias, c.kv_dim(), hidden, s.h.data(), n, s.k.data());
+    project(w.v_proj.data(), w.v_bias, c.kv_dim(), hidden, s.h.data(), n, s.v.data());
     for (int64_t t = 0; t < n; ++t) {
       const float* cs = cos_table.data() + t * half;
       const float* sn = sin_table.data() + t * half;
@@ -363,29 +378,29 @@ void CpuBackend::run_model(const BatchPlan& plan, StepOutput& out) {
       std::copy_n(s.v.data() + t * c.kv_dim(), c.kv_dim(), v_pool + at);
     }
     attention(plan, l, s.q.data(), s.attn.data());
-    project(w.o_proj.data(), hidden, c.q_dim(), s.attn.data(), n, s.proj.data());
+    project(w.o_proj.data(), w.o_bias, hidden, c.q_dim(), s.attn.data(), n, s.proj.data());
     for (int64_t i = 0; i < n * hidden; ++i) s.x[static_cast<std::size_t>(i)] += s.proj[static_cast<std::size_t>(i)];
 
     // MLP (SwiGLU): x += W_down (silu(W_gate h) * (W_up h)).
     for (int64_t t = 0; t < n; ++t)
       kernels::rms_norm(s.x.data() + t * hidden, w.post_attention_layernorm.data(), hidden, eps,
                         s.h.data() + t * hidden);
-    project(w.gate_proj.data(), c.intermediate_size, hidden, s.h.data(), n, s.gate.data());
-    project(w.up_proj.data(), c.intermediate_size, hidden, s.h.data(), n, s.up.data());
+    project(w.gate_proj.data(), w.gate_bias, c.intermediate_size, hidden, s.h.data(), n, s.gate.data());
+    project(w.up_proj.data(), w.up_bias, c.intermediate_size, hidden, s.h.data(), n, s.up.data());
     for (int64_t i = 0; i < n * c.intermediate_size; ++i) {
       const auto u = static_cast<std::size_t>(i);
       s.gate[u] = kernels::silu(s.gate[u]) * s.up[u];
     }
-    project(w.down_proj.data(), hidden, c.intermediate_size, s.gate.data(), n, s.proj.data());
+    project(w.down_proj.data(), w.down_bias, hidden, c.intermediate_size, s.gate.data(), n, s.proj.data());
     for (int64_t i = 0; i < n * hidden; ++i) s.x[static_cast<std::size_t>(i)] += s.proj[static_cast<std::size_t>(i)];
   }
 
   if (num_rows == 0) return;
   resize(s.final_h, num_rows * hidden);
   for (int64_t r = 0; r < num_rows; ++r)
-    kernels::rms_norm(s.x.data() + logit_tokens[static_cast<std::size_t>(r)] * hidden, model_.weights.norm.data(),
+    kernels::rms_norm(s.x.data() + logit_tokens[static_cast<std::size_t>(r)] * hidden, model_->weights.norm.data(),
                       hidden, eps, s.final_h.data() + r * hidden);
-  project(model_.weights.output_embedding(c).data(), c.vocab_size, hidden, s.final_h.data(), num_rows,
+  project(model_->weights.output_embedding(c).data(), VectorF(), c.vocab_size, hidden, s.final_h.data(), num_rows,
           out.logits.data());
 }
 

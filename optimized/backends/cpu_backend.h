@@ -47,12 +47,15 @@ class CpuBackend final : public Backend {
   // Copies the model's weights. REQUIRES: model.config.validate() and config.validate() are ok
   // (use create() to get those as a Status instead).
   CpuBackend(const Model& model, const CpuBackendConfig& config);
+  // Shares the weights (no copy: every engine of one verify reads the same fp32 weights).
+  CpuBackend(std::shared_ptr<const Model> model, const CpuBackendConfig& config);
   ~CpuBackend() override;
   CpuBackend(const CpuBackend&) = delete;
   CpuBackend& operator=(const CpuBackend&) = delete;
 
   // As the constructor; an invalid model config or backend config is an error naming the field.
   static Result<std::unique_ptr<CpuBackend>> create(const Model& model, const CpuBackendConfig& config);
+  static Result<std::unique_ptr<CpuBackend>> create(std::shared_ptr<const Model> model, const CpuBackendConfig& config);
 
   // Validates the whole plan first (array sizes, token ids, positions consistent with the
   // context lengths, block ids and slots inside the pools, op block ids inside their pools);
@@ -73,7 +76,7 @@ class CpuBackend final : public Backend {
   const char* name() const override { return "cpu"; }
   const KvPoolShape& pool_shape() const override { return config_.pool; }
 
-  const ModelConfig& model_config() const { return model_.config; }
+  const ModelConfig& model_config() const { return model_->config; }
   const CpuBackendConfig& config() const { return config_; }
   int32_t num_device_blocks() const { return config_.pool.num_device_blocks; }
   int32_t num_host_blocks() const { return config_.pool.num_host_blocks; }
@@ -97,13 +100,15 @@ class CpuBackend final : public Backend {
   int64_t audited_block_reads_ = 0;
   void run_ops(const KvPlanOps& ops);
   void run_model(const BatchPlan& plan, StepOutput& out);
-  // Y[t, r] = dot(W[r, :], X[t, :]) for t < n, r < out_dim, split over rows r.
-  void project(const float* w, int64_t out_dim, int64_t in_dim, const float* x, int64_t n, float* y);
+  // Y[t, r] = dot(W[r, :], X[t, :]) (+ bias[r] when bias is not empty: one fp32 add after
+  // the dot, as the CUDA kernel does) for t < n, r < out_dim, split over rows r.
+  void project(const float* w, const VectorF& bias, int64_t out_dim, int64_t in_dim, const float* x, int64_t n,
+               float* y);
   void attention(const BatchPlan& plan, int64_t layer, const float* q, float* out);
 
   int64_t floats_per_block() const;
 
-  Model model_;
+  std::shared_ptr<const Model> model_;
   CpuBackendConfig config_;
   std::vector<float> inv_freq_;  // [head_dim / 2]
   // Per layer K and V pools.

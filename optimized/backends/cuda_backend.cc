@@ -10,6 +10,7 @@
 #include "kernels/cuda/model_kernels.h"
 #include "kernels/kv_element.h"
 #include "kernels/kv_index.h"
+#include "model/rope.h"
 #include "optimized/backends/plan_validation.h"
 
 namespace kvp {
@@ -40,6 +41,9 @@ struct CudaBackend::Device {
   struct Layer {
     float *input_layernorm = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
     float *post_attention_layernorm = nullptr, *gate = nullptr, *up = nullptr, *down = nullptr;
+    // Biases; null when the model has none.
+    float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr, *o_bias = nullptr;
+    float *gate_bias = nullptr, *up_bias = nullptr, *down_bias = nullptr;
   };
   std::vector<void*> owned;   // device allocations, freed at destruction
   std::vector<void*> pinned;  // pinned host allocations
@@ -150,11 +154,14 @@ Status CudaBackend::init() {
     KVP_RETURN_IF_ERROR(up(&l.gate, w.gate_proj));
     KVP_RETURN_IF_ERROR(up(&l.up, w.up_proj));
     KVP_RETURN_IF_ERROR(up(&l.down, w.down_proj));
+    for (auto [dst, bias] : {std::pair{&l.q_bias, &w.q_bias}, {&l.k_bias, &w.k_bias}, {&l.v_bias, &w.v_bias},
+                             {&l.o_bias, &w.o_bias}, {&l.gate_bias, &w.gate_bias}, {&l.up_bias, &w.up_bias},
+                             {&l.down_bias, &w.down_bias}}) {
+      if (bias->size() != 0) KVP_RETURN_IF_ERROR(up(dst, *bias));
+    }
     d.layers.push_back(l);
   }
-  std::vector<float> inv_freq;
-  for (int64_t i = 0; i < c.head_dim / 2; ++i)
-    inv_freq.push_back(kernels::rope_inv_freq(i, c.head_dim, static_cast<float>(c.rope_theta)));
+  const std::vector<float> inv_freq = rope_inv_freq<float>(c);
   KVP_RETURN_IF_ERROR(d.upload(&d.inv_freq, inv_freq.data(), static_cast<int64_t>(inv_freq.size())));
 
   const int64_t per_block = config_.pool.elements_per_block();
@@ -331,9 +338,9 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   for (std::size_t l = 0; l < d.layers.size(); ++l) {
     const Device::Layer& w = d.layers[l];
     KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(x, nullptr, w.input_layernorm, n, hidden, eps, h));
-    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.q, c.q_dim(), hidden, h, n, q));
-    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.k, c.kv_dim(), hidden, h, n, k));
-    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.v, c.kv_dim(), hidden, h, n, v));
+    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.q, w.q_bias, c.q_dim(), hidden, h, n, q));
+    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.k, w.k_bias, c.kv_dim(), hidden, h, n, k));
+    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.v, w.v_bias, c.kv_dim(), hidden, h, n, v));
     KVP_CUDA_RETURN_IF_ERROR(ck::rope(q, n, c.num_heads, c.head_dim, positions, d.inv_freq));
     KVP_CUDA_RETURN_IF_ERROR(ck::rope(k, n, c.num_kv_heads, c.head_dim, positions, d.inv_freq));
     // Every new token's K/V goes into its slot before attention reads (same stream: ordered).
@@ -343,13 +350,13 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
         q, config_.pool.kv_dtype, d.k_pool[l], d.v_pool[l], d.block_tables.as<int32_t>(), plan.max_blocks_per_seq,
         d.seq_of_token.as<int32_t>(), positions, n, c.num_heads, c.num_kv_heads, c.head_dim, config_.pool.block_size,
         scale, config_.attention_partition, max_partitions, d.attn_workspace.as<float>(), attn));
-    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.o, hidden, c.q_dim(), attn, n, proj));
+    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.o, w.o_bias, hidden, c.q_dim(), attn, n, proj));
     KVP_CUDA_RETURN_IF_ERROR(ck::add_in_place(x, proj, n * hidden));
     KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(x, nullptr, w.post_attention_layernorm, n, hidden, eps, h));
-    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.gate, c.intermediate_size, hidden, h, n, gate));
-    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.up, c.intermediate_size, hidden, h, n, upv));
+    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.gate, w.gate_bias, c.intermediate_size, hidden, h, n, gate));
+    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.up, w.up_bias, c.intermediate_size, hidden, h, n, upv));
     KVP_CUDA_RETURN_IF_ERROR(ck::silu_mul(gate, upv, n * c.intermediate_size));
-    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.down, hidden, c.intermediate_size, gate, n, proj));
+    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.down, w.down_bias, hidden, c.intermediate_size, gate, n, proj));
     KVP_CUDA_RETURN_IF_ERROR(ck::add_in_place(x, proj, n * hidden));
   }
   if (num_rows == 0) return Status::ok();
@@ -359,7 +366,7 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   KVP_CUDA_RETURN_IF_ERROR(
       ck::rms_norm(x, d.logit_rows.as<int32_t>(), d.norm, num_rows, hidden, eps, d.final_h.as<float>()));
   KVP_CUDA_RETURN_IF_ERROR(
-      ck::project(d.lm_head, c.vocab_size, hidden, d.final_h.as<float>(), num_rows, d.logits.as<float>()));
+      ck::project(d.lm_head, nullptr, c.vocab_size, hidden, d.final_h.as<float>(), num_rows, d.logits.as<float>()));
   return cuda_status(ck::copy_to_host(out.logits.data(), d.logits.ptr, fbytes(num_rows * c.vocab_size)));
 }
 
