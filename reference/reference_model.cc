@@ -1,5 +1,7 @@
 #include "reference/reference_model.h"
 
+#include <algorithm>
+
 #include "common/sampling.h"
 #include "model/rope.h"
 
@@ -38,7 +40,7 @@ ReferenceModel<T>::ReferenceModel(const Model& model) : config_(model.config) {
   }
   inv_freq_ = rope_inv_freq<T>(config_);
   norm_ = to<T>(w.norm);
-  lm_head_ = to<T>(w.output_embedding(config_));
+  if (!config_.tie_word_embeddings) lm_head_ = to<T>(w.lm_head);
 }
 
 template <typename T>
@@ -106,14 +108,17 @@ typename ReferenceModel<T>::Vector ReferenceModel<T>::forward_one(int32_t token,
     const Vector up = linear<T>(layer.up_proj, layer.up_bias, h2);
     x += linear<T>(layer.down_proj, layer.down_bias, gate.cwiseProduct(up));
   }
-  return lm_head_ * ref::rms_norm<T>(x, norm_, eps);
+  // Tied embeddings: the LM head is the embedding matrix itself (one fp64 copy, not two).
+  const Matrix& lm_head = config_.tie_word_embeddings ? embed_tokens_ : lm_head_;
+  return lm_head * ref::rms_norm<T>(x, norm_, eps);
 }
 
 template class ReferenceModel<float>;
 template class ReferenceModel<double>;
 
 Result<GenerateResult> reference_generate(const ReferenceModel<float>& model, std::span<const int32_t> prompt,
-                                          int64_t max_tokens, const SamplingParams& params) {
+                                          int64_t max_tokens, const SamplingParams& params,
+                                          std::span<const int32_t> stop_tokens) {
   KVP_RETURN_IF_ERROR(params.validate());
   if (max_tokens < 0) return Status::error("max_tokens must be >= 0");
   const int64_t total = static_cast<int64_t>(prompt.size()) + max_tokens;
@@ -131,7 +136,7 @@ Result<GenerateResult> reference_generate(const ReferenceModel<float>& model, st
     const int32_t token = sample_token(last, params, rng);
     out.tokens.push_back(token);
     out.logits.push_back(last);
-    if (i + 1 == max_tokens) break;
+    if (i + 1 == max_tokens || std::find(stop_tokens.begin(), stop_tokens.end(), token) != stop_tokens.end()) break;
     auto next = model.forward(std::span<const int32_t>(&token, 1), cache);
     if (!next) return next.status();
     last.assign(next->row(0).data(), next->row(0).data() + next->cols());

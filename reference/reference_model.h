@@ -50,7 +50,7 @@ class ReferenceModel {
   Matrix embed_tokens_;
   std::vector<Layer> layers_;
   Vector norm_;
-  Matrix lm_head_;
+  Matrix lm_head_;  // empty when tied: embed_tokens_ is the LM head
 };
 
 extern template class ReferenceModel<float>;
@@ -63,7 +63,9 @@ struct GenerateResult {
   std::vector<std::vector<float>> logits;  // logits that produced each generated token
 };
 
+// Stops early, after appending it, at a token of `stop_tokens` (the engine's rule).
 Result<GenerateResult> reference_generate(const ReferenceModel<float>& model, std::span<const int32_t> prompt,
-                                          int64_t max_tokens, const SamplingParams& params);
+                                          int64_t max_tokens, const SamplingParams& params,
+                                          std::span<const int32_t> stop_tokens = {});
 
 }  // namespace kvp

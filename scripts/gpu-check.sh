@@ -14,9 +14,10 @@
 #      the default shape with f16 and bf16 KV
 #   4b. benchmarks: decode attention bandwidth against copy bandwidth, engine decode tokens/s
 #      CUDA against CPU (JSON under $OUT)
-#   5. our reference against transformers' Llama: a random tiny checkpoint written by
-#      `kvproof export`, greedy logits from `kvproof generate` compared with
-#      LlamaForCausalLM's on the same tokens (scripts/hf_crosscheck.py)
+#   5. our reference against transformers, every architecture: random checkpoints of tiny and
+#      the four real-shape presets written by `kvproof export` (the large ones sharded, bf16),
+#      greedy logits from `kvproof generate` compared with the checkpoint's transformers
+#      class on the same tokens (scripts/hf_crosscheck.py)
 #
 # Exit status: 0 when every step passed, 1 otherwise.
 set -uo pipefail
@@ -96,15 +97,25 @@ if step build 240 build; then
   step bench-engine 120 "$BUILD/bin/cuda_engine_bench" --benchmark_out="$OUT/bench-engine.json" \
     --benchmark_out_format=json
 
-  step export-tiny 30 "$BUILD/bin/kvproof" export --preset tiny --out "$OUT/tiny-checkpoint"
+  # Every architecture kvproof reads, at real shapes: tiny (Llama), the four real-shape
+  # presets (SmolLM2: Llama, tied; Qwen2.5: Qwen2 biases, group 7; Llama 3.2: llama3 rope
+  # scaling; TinyLlama: untied), the larger ones exported sharded in bf16.
   # shellcheck disable=SC2317  # run through step's bash -c
-  gen() {
-    "$BUILD/bin/kvproof" generate --checkpoint "$OUT/tiny-checkpoint" --prompt 1,5,9,17,33,65,129,257,3,7,11 \
-      --max-tokens 16 --temperature 0 --json --top-logits 5 >"$OUT/generate-tiny.json"
+  crosscheck() {
+    local preset="$1" dir="$OUT/checkpoint-$1"
+    shift
+    "$BUILD/bin/kvproof" export --preset "$preset" --out "$dir" "$@" &&
+      "$BUILD/bin/kvproof" generate --checkpoint "$dir" --prompt 1,5,9,17,33,65,129,257,3,7,11 \
+        --max-tokens 12 --temperature 0 --ignore-eos --json --top-logits 5 >"$OUT/generate-$preset.json" &&
+      python3 scripts/hf_crosscheck.py "$dir" "$OUT/generate-$preset.json" &&
+      rm -rf "$dir"
   }
-  export -f gen
-  step generate-tiny 30 gen
-  step hf-crosscheck 120 python3 scripts/hf_crosscheck.py "$OUT/tiny-checkpoint" "$OUT/generate-tiny.json"
+  export -f crosscheck
+  step hf-crosscheck-tiny 120 crosscheck tiny
+  step hf-crosscheck-smollm2-135m 180 crosscheck smollm2-135m
+  step hf-crosscheck-qwen2.5-0.5b 240 crosscheck qwen2.5-0.5b --shards 2 --dtype bf16
+  step hf-crosscheck-llama-3.2-1b 300 crosscheck llama-3.2-1b --shards 3 --dtype bf16
+  step hf-crosscheck-tinyllama-1.1b 300 crosscheck tinyllama-1.1b --shards 3 --dtype bf16
 fi
 
 echo

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Cross-check kvproof's reference model against Hugging Face transformers' Llama.
+"""Cross-check kvproof's reference model against Hugging Face transformers.
 
 Usage: hf_crosscheck.py CHECKPOINT_DIR GENERATE_JSON [--tolerance T]
 
-CHECKPOINT_DIR is a checkpoint written by `kvproof export` (config.json +
-model.safetensors); GENERATE_JSON is the output of
-`kvproof generate --checkpoint CHECKPOINT_DIR --prompt ... --temperature 0 --json --top-logits K`.
-The script runs transformers' LlamaForCausalLM in fp32 on the prompt followed by the generated
+CHECKPOINT_DIR is a checkpoint written by `kvproof export` (config.json + model.safetensors,
+or sharded: model.safetensors.index.json + shards) of any architecture kvproof reads
+(LlamaForCausalLM with or without rope scaling and biases, Qwen2ForCausalLM,
+MistralForCausalLM); GENERATE_JSON is the output of
+`kvproof generate --checkpoint CHECKPOINT_DIR --prompt ... --temperature 0 --ignore-eos --json --top-logits K`.
+The script runs the checkpoint's own transformers class (AutoModelForCausalLM: the class
+config.json names) in fp32 on the prompt followed by the generated
 tokens, and for every generation step compares kvproof's top logits with transformers' logits
 of the same tokens at the same position: |ours - hf| <= T * max|hf row|, and kvproof's greedy
 token must be transformers' argmax (unless the top two are within the tolerance).
@@ -17,7 +20,7 @@ import json
 import sys
 
 import torch
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 
 def main() -> int:
@@ -37,7 +40,8 @@ def main() -> int:
     tokens = prompt + [s["token"] for s in steps]
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM.from_pretrained(args.checkpoint, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(args.checkpoint, torch_dtype=torch.float32)
+    arch = type(model).__name__
     model.eval()
     with torch.no_grad():
         # Step i's logits are the prediction after prompt + the first i generated tokens.
@@ -64,7 +68,7 @@ def main() -> int:
     for line in failures[:20]:
         print("  " + line)
     verdict = "PASS" if not failures else "FAIL"
-    print(f"hf-crosscheck: {verdict}: {len(steps)} steps, worst relative logit difference {worst:.3g} "
+    print(f"hf-crosscheck: {verdict}: {arch}, {len(steps)} steps, worst relative logit difference {worst:.3g} "
           f"(tolerance {args.tolerance:g})")
     return 0 if not failures else 1
 

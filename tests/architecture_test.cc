@@ -1,6 +1,7 @@
 // The Llama-family architectures kvproof reads (Llama with rope scaling and biases, Qwen2,
 // Mistral), checked against published facts: the models' config.json files as published,
 // the llama3 rope formula evaluated independently, and the bias arithmetic.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -278,6 +279,23 @@ TEST(Biases, EveryBiasIsAddedToItsProjection) {
   Model none = a;
   for (LayerWeights& l : none.weights.layers) l.v_bias.setZero();
   EXPECT_GT((la - logits_of(none)).cwiseAbs().maxCoeff(), 1e-2 * la.cwiseAbs().maxCoeff());
+}
+
+// ---- stop tokens ----
+
+TEST(StopTokens, GenerationStopsAfterTheFirstEosOfTheList) {
+  const Model m = *make_preset("tiny");
+  const ReferenceModel<float> ref(m);
+  const std::vector<int32_t> prompt = {5, 17, 300};
+  const auto all = *reference_generate(ref, prompt, 12, {});
+  ASSERT_EQ(all.tokens.size(), 12u);
+  const int32_t eos = all.tokens[3];
+  const auto first = static_cast<std::size_t>(std::find(all.tokens.begin(), all.tokens.end(), eos) - all.tokens.begin());
+  const std::vector<int32_t> stops = {511, eos};  // a list, the second one generated
+  const auto stopped = *reference_generate(ref, prompt, 12, {}, stops);
+  ASSERT_EQ(stopped.tokens.size(), first + 1);
+  EXPECT_TRUE(std::equal(stopped.tokens.begin(), stopped.tokens.end(), all.tokens.begin()));
+  EXPECT_EQ(stopped.tokens.back(), eos);
 }
 
 }  // namespace

@@ -10,7 +10,8 @@
 // determinism bitwise instead (a token alone and in a batch).
 //
 // Attention grid: head dim {64, 128} (256 on a GPU), block size {1, 8, 16, 32}, (query heads,
-// KV heads) in {(8,8), (32,8), (32,1)}, every KV dtype, contexts 1, block size +- 1,
+// KV heads) in {(8,8), (32,8), (32,1)}, plus the real models' (9,3), (14,2) and (32,4) at
+// head dim 64, every KV dtype, contexts 1, block size +- 1,
 // partition size +- 1 and several partitions long; block tables drawn without replacement
 // from a pool four times larger than the sequences, every slot that is not theirs NaN.
 #include <algorithm>
@@ -455,6 +456,11 @@ std::vector<GridCase> grid() {
     for (int64_t b : {1, 8, 16, 32})
       for (auto [h, kv] : {std::pair<int64_t, int64_t>{8, 8}, {32, 8}, {32, 1}})
         for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) cases.push_back({d, b, h, kv, t});
+  // The real models' heads (model/presets.h): SmolLM2-135M 9/3 (group 3), Qwen2.5-0.5B 14/2
+  // (group 7), TinyLlama-1.1B 32/4 (group 8), all head dim 64 (Llama-3.2-1B's 32/8 is above).
+  for (auto [h, kv] : {std::pair<int64_t, int64_t>{9, 3}, {14, 2}, {32, 4}})
+    for (int64_t b : {1, 16})
+      for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) cases.push_back({64, b, h, kv, t});
 #endif
   return cases;
 }

@@ -92,7 +92,7 @@ TEST(Engine, StopTokenEndsTheRequest) {
   Engine e(e_config, backend);
   RequestSpec s = spec(10, 20);
   // The first generated token is (token 9 * 31 + 9 * 17) % 64.
-  s.stop_token = static_cast<int32_t>((s.prompt[9] * 31 + 9 * 17) % kVocab);
+  s.stop_tokens = {static_cast<int32_t>((s.prompt[9] * 31 + 9 * 17) % kVocab)};
   const RequestId id = e.add_request(s);
   ASSERT_TRUE(run_to_end(e).is_ok());
   EXPECT_EQ(e.request(id).finish, FinishReason::kStop);

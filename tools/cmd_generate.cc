@@ -20,7 +20,7 @@ namespace {
 // from the engine's per-request stream of the same seed.
 Result<GenerateResult> engine_generate(const Model& model, const BackendChoice& choice,
                                        const std::vector<int32_t>& prompt, int64_t max_tokens,
-                                       const SamplingParams& sampling) {
+                                       const SamplingParams& sampling, const std::vector<int32_t>& stop_tokens) {
   verify::VerifyOptions o;
   if (Status s = choice.apply(o); !s) return s;
   const int64_t length = static_cast<int64_t>(prompt.size()) + max_tokens;
@@ -40,6 +40,7 @@ Result<GenerateResult> engine_generate(const Model& model, const BackendChoice& 
   spec.max_tokens = max_tokens;
   spec.sampling = sampling;
   spec.capture_logits = true;
+  spec.stop_tokens = stop_tokens;
   const RequestId id = live->engine->add_request(spec);
   while (live->engine->has_unfinished()) KVP_RETURN_IF_ERROR(live->engine->step());
   const Request& r = live->engine->request(id);
@@ -63,6 +64,7 @@ void add_generate_command(CLI::App& app, int& exit_code) {
     SamplingParams sampling;
     int top_logits = 5;
     bool json = false;
+    bool ignore_eos = false;
     BackendChoice backend;
   };
   auto opt = std::make_shared<Options>();
@@ -81,6 +83,9 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--seed", opt->sampling.seed, "sampling seed");
   cmd->add_option("--top-logits", opt->top_logits, "with --json: top logits per step")->check(CLI::Range(1, 100));
   cmd->add_flag("--json", opt->json, "print JSON with the top logits of every step");
+  cmd->add_flag("--ignore-eos", opt->ignore_eos,
+                "generate max-tokens tokens; by default generation stops after the model's eos_token_id "
+                "(config.json / generation_config.json)");
   cmd->callback([opt, &exit_code] {
     auto fail = [&](const std::string& msg) {
       std::fprintf(stderr, "kvproof generate: %s\n", msg.c_str());
@@ -91,9 +96,10 @@ void add_generate_command(CLI::App& app, int& exit_code) {
     if (Status s = opt->sampling.validate(); !s) return fail(s.message());
     auto model = opt->source.load();
     if (!model) return fail(model.status().message());
+    const std::vector<int32_t> stop = opt->ignore_eos ? std::vector<int32_t>{} : model->config.eos_token_ids;
     auto out = opt->backend.backend == "reference"
-                   ? reference_generate(ReferenceModel<float>(*model), *prompt, opt->max_tokens, opt->sampling)
-                   : engine_generate(*model, opt->backend, *prompt, opt->max_tokens, opt->sampling);
+                   ? reference_generate(ReferenceModel<float>(*model), *prompt, opt->max_tokens, opt->sampling, stop)
+                   : engine_generate(*model, opt->backend, *prompt, opt->max_tokens, opt->sampling, stop);
     if (!out) return fail(out.status().message());
 
     if (!opt->json) {

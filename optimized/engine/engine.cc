@@ -340,7 +340,7 @@ void Engine::verify_drafts(Request& r, const StepOutput& out, int32_t row0, Step
   FinishReason finish = FinishReason::kNone;
   for (int32_t j = 0; j <= a.num_accepted; ++j) {
     const int32_t t = j < a.num_accepted ? drafts[static_cast<std::size_t>(j)] : a.next_token;
-    if (r.spec.stop_token && t == *r.spec.stop_token) {
+    if (r.spec.is_stop(t)) {
       finish = FinishReason::kStop;
     } else if (generated + j + 1 >= r.spec.max_tokens) {
       finish = FinishReason::kLength;
@@ -411,7 +411,7 @@ StepUpdate::Token Engine::next_token(Request& r, std::span<const float> logits) 
     r.time.first_token_s = now();
   }
   FinishReason finish = FinishReason::kNone;
-  if (r.spec.stop_token && token == *r.spec.stop_token) {
+  if (r.spec.is_stop(token)) {
     finish = FinishReason::kStop;
   } else if (k + 1 >= r.spec.max_tokens) {
     finish = FinishReason::kLength;

@@ -1,6 +1,7 @@
 // A request as the engine sees it: what the user asked for, and what became of it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -28,7 +29,12 @@ struct RequestSpec {
   int64_t max_tokens = 16;
   SamplingParams sampling;
   int64_t tenant = 0;
-  std::optional<int32_t> stop_token;  // finishes (reason stop) when generated
+  // Finishes (reason stop) when it generates any of these (a model's eos_token_id list, or
+  // a workload's stop_token).
+  std::vector<int32_t> stop_tokens;
+  bool is_stop(int32_t token) const {
+    return std::find(stop_tokens.begin(), stop_tokens.end(), token) != stop_tokens.end();
+  }
   // Teacher forcing (a test hook): the i-th generated token is forced_tokens[i] instead of
   // a sampled one, for as many tokens as given.
   std::vector<int32_t> forced_tokens;

@@ -110,7 +110,7 @@ Result<WorkloadRequest> parse_request(const json& r, int64_t vocab, uint64_t see
   if (r.contains("stop_token")) {
     auto stop = int_field(r, "stop_token", 0, 0, vocab - 1);
     if (!stop) return stop.status();
-    w.spec.stop_token = static_cast<int32_t>(*stop);
+    w.spec.stop_tokens = {static_cast<int32_t>(*stop)};
   }
   auto n = int_field(r, "n", 1, 1, 64);
   if (!n) return n.status();
