@@ -216,6 +216,66 @@ TEST(Verify, ChecksThatDoNotApplyAreNotVacuous) {
   }
 }
 
+// The false alarms of a vacuity rule that counted what the workload could not give: each of
+// these correct runs must pass, with the check that had nothing to see marked n/a and why.
+const CheckResult& check_named(const VerifyReport& r, const std::string& name) {
+  for (const CheckResult& c : r.checks)
+    if (c.name == name) return c;
+  static const CheckResult none("<none>");
+  ADD_FAILURE() << "no check " << name << "\n" << r.table();
+  return none;
+}
+
+TEST(Vacuity, CancelAfterItsRequestFinishedIsCheckedAsANoOp) {
+  WorkloadRequest r;
+  r.spec.prompt = {5, 6, 7, 8};
+  r.spec.max_tokens = 3;
+  r.cancel_step = 8;  // after it finished (step 3 or so), while another request keeps the run going
+  WorkloadRequest other = r;
+  other.cancel_step.reset();
+  other.arrival_step = 10;
+  VerifyReport report;
+  expect_passes(tiny(), Workload{"late-cancel", {r, other}}, VerifyOptions{}, &report);
+  const CheckResult& c = check_named(report, "cancellation[recompute]");
+  EXPECT_TRUE(c.applies);
+  EXPECT_EQ(c.count, 1);
+  EXPECT_NE(c.detail.find("no cancel took effect: 1 arrived after its request finished"), std::string::npos)
+      << c.detail;
+  EXPECT_TRUE(report.nothing_verified.empty()) << report.table();
+}
+
+TEST(Vacuity, EveryRequestCancelledStillChecksTheirComputedPositions) {
+  Workload w = mixed();
+  for (WorkloadRequest& r : w.requests) r.cancel_step = r.arrival_step + 2;
+  VerifyReport report;
+  expect_passes(tiny(), w, VerifyOptions{}, &report);
+  const CheckResult& logits = check_named(report, "logits-vs-reference[recompute]");
+  EXPECT_GT(logits.count, 0);
+  const CheckResult& iso = check_named(report, "non-interference[recompute]");
+  EXPECT_FALSE(iso.applies);
+  EXPECT_NE(iso.detail.find("no request finished normally"), std::string::npos) << iso.detail;
+  EXPECT_NE(report.table().find("n/a"), std::string::npos);
+}
+
+TEST(Vacuity, SampledRequestsUnderSpeculationGetTheDeterminismCheck) {
+  Workload w = mixed();
+  for (WorkloadRequest& r : w.requests) {
+    r.spec.sampling.temperature = 0.9f;
+    r.spec.sampling.seed = 7;
+  }
+  VerifyOptions o;
+  o.speculation.proposer = ProposerKind::kNgram;
+  o.speculation.k = 3;
+  o.modes = {PreemptionMode::kRecompute};
+  VerifyReport report;
+  expect_passes(tiny(), w, o, &report);
+  EXPECT_FALSE(check_named(report, "non-interference[recompute]").applies);
+  const CheckResult& det = check_named(report, "determinism[recompute]");
+  EXPECT_TRUE(det.applies);
+  EXPECT_GT(det.count, 0);
+  EXPECT_TRUE(report.nothing_verified.empty()) << report.table();
+}
+
 // The isolation audit on its default multi-tenant workload: every check passes and covers
 // something (the backend's own tenant-scope check saw every block read).
 TEST(Audit, MultiTenantWorkloadPassesEveryIsolationCheck) {
@@ -228,6 +288,49 @@ TEST(Audit, MultiTenantWorkloadPassesEveryIsolationCheck) {
   EXPECT_GT(report->block_reuses, 0);
   EXPECT_EQ(report->checks[2].name, "backend-read-scope");
   EXPECT_EQ(report->checks[2].count, report->block_reads);
+}
+
+// Both halves of isolation: the multi-tenant shape shows reuse within every tenant and
+// identical prefixes across tenants that were not shared; a disabled prefix cache would pass
+// "no cross-tenant sharing" too, so without reuse the evidence is vacuous and fails.
+TEST(Audit, IsolationEvidenceShowsBothHalvesOnTheMultiTenantShape) {
+  auto report = run_audit(tiny(), *builtin_workload("multi-tenant", 512, 0), AuditOptions{});
+  ASSERT_TRUE(report.is_ok()) << report.status().message();
+  EXPECT_TRUE(report->passed()) << report->summary();
+  EXPECT_EQ(report->reuses_within_tenant.size(), 3u) << report->summary();
+  for (const auto& [tenant, n] : report->reuses_within_tenant) EXPECT_GT(n, 0) << "tenant " << tenant;
+  EXPECT_EQ(report->tenant_pairs.size(), 3u) << report->summary();
+  for (const auto& [pair, e] : report->tenant_pairs) {
+    EXPECT_GT(e.identical_prefix_requests, 0) << pair.first << "," << pair.second;
+    EXPECT_EQ(e.shared_blocks, 0) << pair.first << "," << pair.second;
+  }
+  EXPECT_NE(report->summary().find("tenants 0 and 1:"), std::string::npos) << report->summary();
+}
+
+TEST(Audit, NoReuseWithinATenantIsVacuousUnlessAllowed) {
+  AuditOptions a;
+  a.engine.prefix_caching = false;
+  auto report = run_audit(tiny(), *builtin_workload("multi-tenant", 512, 0), a);
+  ASSERT_TRUE(report.is_ok()) << report.status().message();
+  EXPECT_FALSE(report->passed()) << report->summary();
+  EXPECT_NE(report->summary().find("isolation not demonstrated: the cache never reused a block within a tenant"),
+            std::string::npos)
+      << report->summary();
+  a.allow_empty = true;
+  auto allowed = run_audit(tiny(), *builtin_workload("multi-tenant", 512, 0), a);
+  ASSERT_TRUE(allowed.is_ok());
+  EXPECT_TRUE(allowed->passed()) << allowed->summary();
+}
+
+TEST(Audit, GlobalSharingShowsBlocksSharedAcrossTenants) {
+  AuditOptions a;
+  a.engine.global_prefix_sharing = true;
+  auto report = run_audit(tiny(), *builtin_workload("multi-tenant", 512, 0), a);
+  ASSERT_TRUE(report.is_ok()) << report.status().message();
+  EXPECT_TRUE(report->passed()) << report->summary();
+  int64_t shared = 0;
+  for (const auto& [pair, e] : report->tenant_pairs) shared += e.shared_blocks;
+  EXPECT_GT(shared, 0) << report->summary();
 }
 
 }  // namespace

@@ -15,6 +15,7 @@ void add_audit_command(CLI::App& app, int& exit_code) {
     std::string preemption = "recompute", json_out, event_log;
     BackendChoice backend;
     verify::VerifyOptions v;
+    bool allow_empty = false;
   };
   auto opt = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
@@ -29,6 +30,9 @@ void add_audit_command(CLI::App& app, int& exit_code) {
                 "share prefixes across tenants (off by default)");
   cmd->add_option("--event-log", opt->event_log, "write the KV-cache event log (JSON lines) to this file");
   cmd->add_option("--json", opt->json_out, "write the report as JSON to this file");
+  cmd->add_flag("--allow-empty", opt->allow_empty,
+                "pass even when the isolation evidence is vacuous (no reuse within a tenant, or no identical "
+                "prefix across tenants)");
   cmd->callback([opt, &exit_code] {
     auto fail = [&](const std::string& msg) {
       std::fprintf(stderr, "kvproof audit: %s\n", msg.c_str());
@@ -44,6 +48,7 @@ void add_audit_command(CLI::App& app, int& exit_code) {
     a.engine.modes = {opt->preemption == "swap" ? PreemptionMode::kSwap : PreemptionMode::kRecompute};
     a.engine.max_model_len = std::min<int64_t>(a.engine.max_model_len, model.config.max_position_embeddings);
     a.event_log_path = opt->event_log;
+    a.allow_empty = opt->allow_empty;
     std::printf("kvproof audit: %s, backend %s, KV %s, block size %d, %d blocks + %d host, %s sharing, %s\n",
                 opt->inputs.describe(workload).c_str(), a.engine.backend.c_str(), opt->backend.kv_dtype.c_str(),
                 a.engine.block_size, a.engine.num_blocks, a.engine.num_host_blocks,

@@ -17,6 +17,66 @@
 
 namespace kvp::verify {
 
+namespace {
+
+// Both halves of isolation from the event log (who allocated each block, which prefix hits
+// handed it to whom) and the requests' tokens (which requests of different tenants had an
+// identical prefix of whole blocks). See audit.h.
+void collect_isolation_evidence(const EventLog& log, const Engine& engine, int32_t block_size, AuditReport& report) {
+  std::map<int64_t, int64_t> tenant_of;    // sequence -> tenant
+  std::map<int64_t, int64_t> owner_tenant;  // device block -> tenant of the sequence that wrote it
+  for (const std::string& line : log.lines()) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) continue;
+    const std::string ev = j.value("ev", "");
+    const auto seq_tenant = [&](const char* key) { return tenant_of[j.value(key, int64_t{-1})]; };
+    if (ev == "add") {
+      tenant_of[j.value("seq", int64_t{-1})] = j.value("tenant", int64_t{0});
+    } else if (ev == "fork") {
+      tenant_of[j.value("child", int64_t{-1})] = seq_tenant("parent");
+    } else if (ev == "alloc") {
+      owner_tenant[j.value("block", int64_t{-1})] = seq_tenant("seq");
+    } else if (ev == "cow") {
+      owner_tenant[j.value("dst", int64_t{-1})] = seq_tenant("seq");
+    } else if (ev == "swap_in" && j.contains("pairs") && j["pairs"].is_array()) {
+      for (const auto& p : j["pairs"])
+        if (p.is_array() && p.size() == 2 && p[1].is_number_integer())
+          owner_tenant[p[1].get<int64_t>()] = seq_tenant("seq");
+    } else if (ev == "share" && j.value("reason", "") == "prefix_hit") {
+      const int64_t reader = seq_tenant("seq");
+      const int64_t owner = owner_tenant[j.value("block", int64_t{-1})];
+      if (reader == owner) {
+        ++report.reuses_within_tenant[reader];
+      } else {
+        ++report.tenant_pairs[{std::min(reader, owner), std::max(reader, owner)}].shared_blocks;
+      }
+    }
+  }
+  std::vector<const Request*> requests;
+  for (const auto& [id, r] : engine.requests())
+    if (r->finish != FinishReason::kRejected) requests.push_back(r.get());
+  for (std::size_t a = 0; a < requests.size(); ++a) {
+    for (std::size_t b = a + 1; b < requests.size(); ++b) {
+      const Request& x = *requests[a];
+      const Request& y = *requests[b];
+      if (x.spec.tenant == y.spec.tenant) continue;
+      const auto& tx = x.spec.prompt;
+      const auto& ty = y.spec.prompt;
+      const std::size_t n = std::min(tx.size(), ty.size());
+      std::size_t same = 0;
+      while (same < n && tx[same] == ty[same]) ++same;
+      const auto blocks = static_cast<int64_t>(same) / block_size;
+      if (blocks == 0) continue;
+      TenantPairEvidence& e = report.tenant_pairs[{std::min(x.spec.tenant, y.spec.tenant),
+                                                   std::max(x.spec.tenant, y.spec.tenant)}];
+      ++e.identical_prefix_requests;
+      e.longest_identical_blocks = std::max(e.longest_identical_blocks, blocks);
+    }
+  }
+}
+
+}  // namespace
+
 bool AuditReport::passed() const {
   for (const CheckResult& c : checks)
     if (!c.passed) return false;
@@ -39,7 +99,7 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
   report.tenants = static_cast<int64_t>(tenants.size());
   CheckResult inv("invariants-every-step"), reads("ownership-of-every-read"), scope("backend-read-scope"),
       stale("no-stale-read (NaN scan)"), replay("event-log-replay"), logits("logits-vs-reference"),
-      greedy("greedy-tokens"), terminal("terminal-states");
+      greedy("greedy-tokens"), terminal("terminal-states"), evidence("isolation-evidence");
 
   auto live = make_engine(model, o, {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
   if (!live) return live.status();
@@ -122,7 +182,25 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
   } else {
     replay.detail = options.event_log_path.empty() ? "in memory" : "written to " + options.event_log_path;
   }
-  report.checks = {inv, reads, scope, stale, replay, logits, greedy, terminal};
+  // Both halves: reuse within a tenant, and identical prefixes across tenants kept apart.
+  if (run) collect_isolation_evidence(log, engine, o.block_size, report);
+  int64_t within = 0, identical_across = 0;
+  for (const auto& [t, n] : report.reuses_within_tenant) within += n;
+  for (const auto& [pair, e] : report.tenant_pairs) identical_across += e.identical_prefix_requests;
+  evidence.count = within + identical_across;
+  std::string missing;
+  if (within == 0) missing = "the cache never reused a block within a tenant";
+  if (report.tenants >= 2 && !o.global_prefix_sharing && identical_across == 0)
+    missing += (missing.empty() ? "" : ", and ") + std::string("no two tenants had an identical prefix");
+  if (!missing.empty()) {
+    evidence.passed = options.allow_empty;
+    evidence.detail = "isolation not demonstrated: " + missing + (options.allow_empty ? " (allowed by --allow-empty)" : "");
+  } else {
+    evidence.detail = std::to_string(within) + " prefix-cache hits within a tenant; " +
+                      std::to_string(identical_across) + " cross-tenant request pairs with identical prefixes" +
+                      (o.global_prefix_sharing ? " (global sharing)" : ", none shared");
+  }
+  report.checks = {inv, reads, scope, stale, replay, logits, greedy, terminal, evidence};
   return report;
 }
 
@@ -143,7 +221,22 @@ std::string AuditReport::summary() const {
                 static_cast<long long>(block_reuses), static_cast<long long>(prefix_hit_tokens),
                 static_cast<long long>(poisoned_blocks), static_cast<long long>(logits_scanned),
                 static_cast<long long>(event_log_lines));
-  out << line << "verdict: " << (passed() ? "PASS" : "FAIL") << "\n";
+  out << line;
+  for (const auto& [tenant, n] : reuses_within_tenant) {
+    std::snprintf(line, sizeof line, "tenant %lld: %lld blocks reused from its own requests through the prefix cache\n",
+                  static_cast<long long>(tenant), static_cast<long long>(n));
+    out << line;
+  }
+  for (const auto& [pair, e] : tenant_pairs) {
+    std::snprintf(line, sizeof line,
+                  "tenants %lld and %lld: %lld request pairs with an identical prefix (up to %lld blocks), %lld blocks "
+                  "shared between them\n",
+                  static_cast<long long>(pair.first), static_cast<long long>(pair.second),
+                  static_cast<long long>(e.identical_prefix_requests), static_cast<long long>(e.longest_identical_blocks),
+                  static_cast<long long>(e.shared_blocks));
+    out << line;
+  }
+  out << "verdict: " << (passed() ? "PASS" : "FAIL") << "\n";
   return out.str();
 }
 
@@ -162,6 +255,15 @@ nlohmann::json AuditReport::to_json() const {
                   {"poisoned_blocks", poisoned_blocks},
                   {"logits_scanned", logits_scanned},
                   {"event_log_lines", event_log_lines}};
+  nlohmann::json within = nlohmann::json::object();
+  for (const auto& [t, n] : reuses_within_tenant) within[std::to_string(t)] = n;
+  nlohmann::json pairs = nlohmann::json::array();
+  for (const auto& [p, e] : tenant_pairs)
+    pairs.push_back({{"tenants", {p.first, p.second}},
+                     {"identical_prefix_requests", e.identical_prefix_requests},
+                     {"longest_identical_blocks", e.longest_identical_blocks},
+                     {"shared_blocks", e.shared_blocks}});
+  j["isolation_evidence"] = {{"reuses_within_tenant", within}, {"tenant_pairs", pairs}};
   return j;
 }
 

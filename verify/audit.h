@@ -12,11 +12,21 @@
 //   - the event log written and re-checked by the independent replayer (I1-I5, and I4
 //     across tenants from the log alone);
 //   - every request's logits at every position against the reference (a request that read
-//     another's state would not match).
+//     another's state would not match);
+//   - both halves of isolation, from the event log and the requests' tokens (the pairing
+//     vLLM closed its own trap with, PR #53347: "different salt => no reuse" is vacuous
+//     unless "same salt => reuse" is seen too): per tenant, the blocks the prefix cache
+//     handed from one request to another of that tenant; per tenant pair, the requests with
+//     an identical prefix of whole blocks, and the blocks shared between them (none unless
+//     global sharing). No reuse within a tenant, or (with two tenants or more, tenant-scoped)
+//     no identical prefix across tenants, means the isolation evidence is vacuous: the
+//     check fails unless allow_empty.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -30,6 +40,14 @@ namespace kvp::verify {
 struct AuditOptions {
   VerifyOptions engine;        // pool and schedule (one preemption mode: engine.modes[0])
   std::string event_log_path;  // where the log is written ("" = kept in memory only)
+  bool allow_empty = false;    // pass even when the isolation evidence is vacuous
+};
+
+// One tenant pair's evidence (tenant_a < tenant_b).
+struct TenantPairEvidence {
+  int64_t identical_prefix_requests = 0;  // request pairs whose tokens agree on >= 1 whole block
+  int64_t longest_identical_blocks = 0;
+  int64_t shared_blocks = 0;  // prefix-cache hits across the pair (0 unless global sharing)
 };
 
 struct AuditReport {
@@ -44,6 +62,8 @@ struct AuditReport {
   int64_t tenants = 0;
   int64_t logits_scanned = 0;
   int64_t event_log_lines = 0;
+  std::map<int64_t, int64_t> reuses_within_tenant;  // tenant -> prefix-cache hits from its own blocks
+  std::map<std::pair<int64_t, int64_t>, TenantPairEvidence> tenant_pairs;
 
   bool passed() const;
   std::string summary() const;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -171,6 +172,72 @@ void install_step_checks(Engine& engine, CheckResult& inv) {
 
 namespace {
 double row_max_abs(const ref::Matrix<double>& m, Eigen::Index r) { return m.row(r).cwiseAbs().maxCoeff(); }
+
+// A request as it was when it first reached a terminal state: a cancel that arrives later
+// is a no-op, so none of this may change afterwards.
+struct FinishedSnapshot {
+  FinishReason finish = FinishReason::kNone;
+  int64_t finish_step = -1;
+  std::vector<int32_t> tokens;
+  uint64_t logits_hash = 0;
+};
+
+uint64_t hash_logits(const Request& r) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over every row's size and bits
+  const auto mix = [&h](uint64_t v) {
+    for (int b = 0; b < 8; ++b) h = (h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
+  };
+  for (const std::vector<float>& row : r.logits) {
+    mix(row.size());
+    for (float x : row) {
+      uint32_t u = 0;
+      std::memcpy(&u, &x, sizeof u);
+      mix(u);
+    }
+  }
+  return h;
+}
+
+void record_finished(const Engine& e, std::map<RequestId, FinishedSnapshot>& snapshots) {
+  for (const auto& [id, r] : e.requests()) {
+    if (!r->finished() || snapshots.count(id)) continue;
+    snapshots[id] = {r->finish, r->time.finish_step, r->tokens, hash_logits(*r)};
+  }
+}
+
+// The cancels of a workload that arrived after their request had finished (Engine::cancel
+// ignores them), each checked as a no-op: the request keeps the terminal state, tokens and
+// logits it finished with. Returns how many there were; the first difference fails `check`.
+int64_t check_late_cancels(const Engine& engine, const Workload& w, const WorkloadRun& run,
+                           const std::map<RequestId, FinishedSnapshot>& snapshots, CheckResult& check) {
+  int64_t late = 0;
+  for (std::size_t i = 0; i < w.requests.size(); ++i) {
+    if (!w.requests[i].cancel_step || run.ids[i] < 0) continue;
+    const Request& r = engine.request(run.ids[i]);
+    if (r.cancel_requested) continue;  // it took effect: check_cancellations covers it
+    ++late;
+    const std::string who = "request " + std::to_string(run.ids[i]) + " (cancel at step " +
+                            std::to_string(*w.requests[i].cancel_step) + ", after it finished)";
+    auto it = snapshots.find(run.ids[i]);
+    std::string diff;
+    if (!r.finished() || it == snapshots.end())
+      diff = "the cancel was ignored but the request never finished";
+    else if (it->second.finish_step > *w.requests[i].cancel_step)
+      diff = "it finished at step " + std::to_string(it->second.finish_step) + ", after the cancel";
+    else if (r.finish != it->second.finish || r.time.finish_step != it->second.finish_step)
+      diff = "its terminal state changed from " + std::string(to_string(it->second.finish)) + " to " +
+             to_string(r.finish);
+    else if (r.tokens != it->second.tokens)
+      diff = "its tokens changed after it finished";
+    else if (hash_logits(r) != it->second.logits_hash)
+      diff = "its logits changed after it finished";
+    if (!diff.empty() && check.passed) {
+      check.passed = false;
+      check.detail = who + ": " + diff;
+    }
+  }
+  return late;
+}
 }  // namespace
 
 void check_against_reference(const ReferenceModel<double>& oracle, const Request& r, double tol, CheckResult& logits,
@@ -255,7 +322,14 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
     if (!live) return live.status();
     Engine& engine = *live->engine;
     install_step_checks(engine, inv);
+    std::map<RequestId, FinishedSnapshot> finished_at;
+    engine.set_step_observer([&inv, &finished_at](const Engine& e, const BatchPlan& plan) {
+      Status s = check_state(e, plan, inv);
+      record_finished(e, finished_at);
+      return s;
+    });
     auto run = run_workload(engine, workload, o.max_steps);
+    record_finished(engine, finished_at);
     if (!run && inv.passed) {
       inv.passed = false;
       inv.detail = "engine run failed: " + run.status().message();
@@ -301,11 +375,17 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
     }
     // Non-interference: sample requests re-run alone under another schedule.
     std::vector<std::size_t> sample;
+    std::vector<RequestId> sampled_under_speculation;  // left out: see verify.h
     for (std::size_t i = 0; run && i < ids.size(); ++i) {
       const Request& r = engine.request(ids[i]);
-      if (o.speculation.enabled() && !r.spec.sampling.greedy()) continue;  // see verify.h
-      if (r.finish == FinishReason::kLength || r.finish == FinishReason::kStop) sample.push_back(i);
+      if (r.finish != FinishReason::kLength && r.finish != FinishReason::kStop) continue;
+      if (o.speculation.enabled() && !r.spec.sampling.greedy()) {
+        sampled_under_speculation.push_back(ids[i]);
+        continue;
+      }
+      sample.push_back(i);
     }
+    const bool any_eligible = !sample.empty();
     // The most preempted requests, plus one parallel sample (it shared blocks and copied on write).
     std::stable_sort(sample.begin(), sample.end(), [&](std::size_t a, std::size_t b) {
       return engine.request(ids[a]).num_preemptions > engine.request(ids[b]).num_preemptions;
@@ -356,15 +436,49 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
                            std::to_string(std::max(1, o.prefill_chunk_size / 2 - 1)) + ", " + mode_name(alt_mode) + ")";
       }
     }
-    if (isolation.count == 0 && isolation.passed) isolation.detail = "no finished request to sample";
     if (isolation.passed && isolation.count > 0) {
       int64_t forked = 0;
       for (std::size_t i : sample) forked += engine.request(ids[i]).parent >= 0 ? 1 : 0;
       isolation.detail = std::to_string(forked) + " of them parallel samples (forked, copy-on-write)";
     }
 
+    // Sampled requests under speculation: the strongest check that holds for them is
+    // determinism, the same workload on an identical engine (same schedule) giving them the
+    // same tokens and logits bit for bit.
+    CheckResult determinism("determinism[" + m + "]");
+    if (o.speculation.enabled() && sampled_under_speculation.empty()) {
+      determinism.applies = false;
+      determinism.detail = "not applicable: no sampled request finished normally";
+    } else if (o.speculation.enabled()) {
+      auto twin = make_engine(model, o, {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
+      if (!twin) return twin.status();
+      auto again = run_workload(*twin->engine, workload, o.max_steps);
+      for (RequestId id : sampled_under_speculation) {
+        ++determinism.count;
+        std::string diff;
+        if (!again) {
+          diff = "the re-run failed: " + again.status().message();
+        } else if (!twin->engine->requests().count(id)) {
+          diff = "unknown in the re-run";
+        } else {
+          const Request& a = engine.request(id);
+          const Request& b = twin->engine->request(id);
+          if (a.tokens != b.tokens) diff = "tokens differ in an identical re-run";
+          else if (a.logits != b.logits) diff = "logits differ bitwise in an identical re-run";
+        }
+        if (!diff.empty() && determinism.passed) {
+          determinism.passed = false;
+          determinism.detail = "request " + std::to_string(id) + ": " + diff;
+        }
+      }
+      if (determinism.passed)
+        determinism.detail = "sampled requests under speculation, re-run under the same schedule: tokens and logits "
+                             "bitwise equal";
+    }
+
     // Cancellation: each cancelled request ended at its cancellation's step boundary with its
     // blocks released (checked after every step too, as part of the invariants).
+    // A cancel that arrived after its request finished is a no-op, checked as one.
     std::map<std::string, int64_t> cancelled_in;
     for (std::size_t i = 0; run && i < ids.size(); ++i) {
       const Request& r = engine.request(ids[i]);
@@ -372,16 +486,24 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       ++cancellation.count;
       ++cancelled_in[r.cancelled_in.empty() ? "finished first" : r.cancelled_in];
     }
+    const int64_t late_cancels = run ? check_late_cancels(engine, workload, *run, finished_at, cancellation) : 0;
     if (Status s = check_cancellations(engine); run && !s) {
+      if (cancellation.passed) cancellation.detail = s.message();
       cancellation.passed = false;
-      cancellation.detail = s.message();
-    } else {
+    } else if (cancellation.passed) {
       for (const auto& [state, n] : cancelled_in)
         cancellation.detail +=
             (cancellation.detail.empty() ? "cancelled while " : ", ") + state + " " + std::to_string(n);
+      if (late_cancels > 0)
+        cancellation.detail += (cancellation.detail.empty() ? "no cancel took effect: " : "; ") +
+                               std::to_string(late_cancels) +
+                               " arrived after its request finished (checked as a no-op: terminal state, tokens and "
+                               "logits unchanged)";
     }
+    cancellation.count += late_cancels;
     cancellation.applies = std::any_of(workload.requests.begin(), workload.requests.end(),
                                        [](const WorkloadRequest& w) { return w.cancel_step.has_value(); });
+    if (!cancellation.applies) cancellation.detail = "not applicable: the workload cancels nothing";
 
     // What applies: greedy tokens only with a greedy sampled token; recompute only after a
     // preemption; non-interference only with a request that finished normally.
@@ -395,16 +517,28 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
         any_greedy = true;
     }
     greedy.applies = any_greedy;
+    if (!greedy.applies) greedy.detail = "not applicable: no greedy request generated a token";
     recompute.applies = recompute.count > 0;
-    if (!recompute.applies && recompute.detail.empty()) recompute.detail = "no preemption happened";
-    isolation.applies = finished_normally > 0;
+    if (!recompute.applies && recompute.detail.empty()) recompute.detail = "not applicable: no preemption happened";
+    isolation.applies = any_eligible;
+    if (!isolation.applies) {
+      isolation.detail = finished_normally == 0
+                             ? "not applicable: no request finished normally (stop or length)"
+                             : "not applicable: every finished request was sampled under speculation (their draws "
+                               "depend on the schedule); determinism[" +
+                                   m + "] re-runs them under the same one";
+    }
     if (logits.passed) {
       const Tolerance tol = tolerance_for(o);
       logits.detail = "tolerance " + fmt(tol.value) + " (" + tol.source + ")";
     }
-    if (run && finished_normally == 0)
-      report.nothing_verified.push_back("finished requests[" + m + "] (none finished normally)");
-    for (CheckResult* c : {&inv, &terminal, &leak, &logits, &greedy, &recompute, &isolation, &cancellation}) {
+    // Vacuous only when nothing about the engine's outputs was checked: a run whose requests
+    // were all cancelled still had its computed positions checked against the oracle.
+    if (run && logits.count == 0)
+      report.nothing_verified.push_back("engine outputs[" + m + "] (no position's logits were checked)");
+    for (CheckResult* c :
+         {&inv, &terminal, &leak, &logits, &greedy, &recompute, &isolation, &determinism, &cancellation}) {
+      if (c == &determinism && !o.speculation.enabled()) continue;
       if (run && c->applies && c->count == 0) report.nothing_verified.push_back(c->name);
       report.checks.push_back(*c);
     }
@@ -442,7 +576,10 @@ std::string VerifyReport::table() const {
   std::snprintf(line, sizeof line, "%-34s %-6s %10s %10s  %s\n", "check", "result", "count", "worst", "detail");
   out << line;
   for (const CheckResult& c : checks) {
-    std::snprintf(line, sizeof line, "%-34s %-6s %10lld %10s  %s\n", c.name.c_str(), c.passed ? "PASS" : "FAIL",
+    // n/a: the workload gave the check nothing to look at (its detail says why); a check
+    // that applied and saw nothing is listed under "nothing verified for" and fails the run.
+    const char* result = !c.passed ? "FAIL" : !c.applies ? "n/a" : "PASS";
+    std::snprintf(line, sizeof line, "%-34s %-6s %10lld %10s  %s\n", c.name.c_str(), result,
                   static_cast<long long>(c.count), c.worst_error > 0 ? fmt(c.worst_error).c_str() : "-",
                   c.detail.c_str());
     out << line;
@@ -486,6 +623,10 @@ nlohmann::json VerifyReport::to_json() const {
   for (const CheckResult& c : checks)
     j["checks"].push_back({{"name", c.name},
                            {"passed", c.passed},
+                           {"outcome", !c.passed   ? "failed"
+                                       : !c.applies ? "not applicable"
+                                       : c.count == 0 ? "nothing verified"
+                                                      : "checked"},
                            {"count", c.count},
                            {"worst_error", c.worst_error},
                            {"detail", c.detail}});

@@ -16,9 +16,13 @@
 //                size, preemption mode): bitwise equal tokens and logits (N1)
 //   cancellation every cancelled request ended at the first step boundary after its
 //                cancellation, whatever it was doing, with its blocks released
-// One run per preemption mode. A run that verifies nothing (no request finished normally,
-// or a check that applies saw zero items) fails with "nothing verified for: ..." unless
-// allow_empty.
+//                (a cancel that arrives after its request finished is a no-op, checked as
+//                one: the request keeps the terminal state, tokens and logits it had)
+// One run per preemption mode. Each check reads one of three outcomes: checked N items;
+// not applicable (n/a: the workload gave it nothing to check, and its detail says why, e.g.
+// "no preemption happened"); or nothing verified (it applied and saw nothing), which fails
+// the run unless allow_empty, as does a run in which no position's logits were checked at
+// all (nothing about the engine's outputs was verified).
 //
 // With speculation on (VerifyOptions::speculation), the engine under test decodes
 // speculatively and every check above applies to it; besides, the same workload runs
@@ -28,7 +32,10 @@
 //                up to where the shorter run stopped); the report gives the acceptance rate,
 //                mean accepted length and target forwards per generated token.
 // Sampled requests are left out of the isolation re-runs then: their speculative draws
-// depend on how many drafts each step verified, which the schedule decides.
+// depend on how many drafts each step verified, which the schedule decides. They get the
+// strongest check that holds instead:
+//   determinism  the workload re-run on an identical engine (same schedule) gives every
+//                sampled request the same tokens and logits bit for bit
 #pragma once
 
 #include <cstdint>
