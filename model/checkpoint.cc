@@ -198,7 +198,8 @@ Result<Model> load_checkpoint(const fs::path& dir) {
   std::set<std::string> expected_names;
   for (const auto& t : expected) expected_names.insert(t.name);
   const std::string kind = std::string(architecture_class_name(m.config.architecture)) +
-                           (m.config.tie_word_embeddings ? " model with tied embeddings" : " model") + " with this config";
+                           (m.config.tie_word_embeddings ? " model with tied embeddings" : " model") +
+                           " with this config";
   for (const auto& [name, source] : open.tensors) {
     if (!expected_names.count(name))
       return Status::error(source.path.string() + ": tensor " + quoted(name) + ": unexpected (not part of a " + kind +
@@ -233,8 +234,8 @@ Status save_checkpoint(const Model& model, const fs::path& dir, DType dtype, int
     tensors.push_back({t.name, t.shape, std::span<const float>(t.data, n)});
   }
   if (shards < 1 || static_cast<std::size_t>(shards) > tensors.size())
-    return Status::error("shards must be in [1, " + std::to_string(tensors.size()) + "] (the model's tensor count), got " +
-                         std::to_string(shards));
+    return Status::error("shards must be in [1, " + std::to_string(tensors.size()) +
+                         "] (the model's tensor count), got " + std::to_string(shards));
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Status::error(dir.string() + ": cannot create directory: " + ec.message());
@@ -266,8 +267,9 @@ Status save_checkpoint(const Model& model, const fs::path& dir, DType dtype, int
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       const std::size_t left_tensors = tensors.size() - i;
       const std::size_t left_groups = groups.size() - g;
-      if (!groups[g].empty() && (left_tensors < left_groups + 1 ||
-                                 done >= total / static_cast<uint64_t>(shards) * static_cast<uint64_t>(g + 1)) &&
+      if (!groups[g].empty() &&
+          (left_tensors < left_groups + 1 ||
+           done >= total / static_cast<uint64_t>(shards) * static_cast<uint64_t>(g + 1)) &&
           g + 1 < groups.size())
         ++g;
       groups[g].push_back(tensors[i]);

@@ -41,9 +41,9 @@ Result<double> get_number(const nlohmann::json& j, const char* key, double fallb
 }
 
 Status not_implemented(const std::string& key, const nlohmann::json& value, const std::string& why = "") {
-  return Status::error("key '" + key + "' = " + value.dump() + " is not implemented" +
-                       (why.empty() ? std::string(" (it would change the math; refusing rather than ignoring it)")
-                                    : " (" + why + ")"));
+  return Status::error(
+      "key '" + key + "' = " + value.dump() + " is not implemented" +
+      (why.empty() ? std::string(" (it would change the math; refusing rather than ignoring it)") : " (" + why + ")"));
 }
 
 bool is_set(const nlohmann::json& j, const char* key) {
@@ -75,8 +75,8 @@ Result<Architecture> read_architecture(const nlohmann::json& j) {
     for (Architecture a : kArchitectures)
       if (name == architecture_class_name(a)) by_class = a;
     if (!by_class)
-      return Status::error("key 'architectures': " + name + " is not supported (supported: " +
-                           supported_architectures() + ")");
+      return Status::error("key 'architectures': " + name +
+                           " is not supported (supported: " + supported_architectures() + ")");
   }
   if (auto it = j.find("model_type"); it != j.end() && !it->is_null()) {
     if (!it->is_string()) return Status::error("key 'model_type' must be a string, got " + it->dump());
@@ -165,10 +165,10 @@ Status refuse_unimplemented(const nlohmann::json& j, Architecture arch) {
     if (!it->is_string() || (*it != "silu" && *it != "swish"))
       return not_implemented("hidden_act", *it, "only silu (SwiGLU) is");
   }
-  for (const char* key : {"hidden_activation", "final_logit_softcapping", "attn_logit_softcapping",
-                          "quantization_config", "dual_chunk_attention_config", "attention_chunk_size",
-                          "no_rope_layers", "embedding_multiplier", "logits_scaling", "residual_multiplier",
-                          "attention_multiplier", "query_pre_attn_scalar"}) {
+  for (const char* key :
+       {"hidden_activation", "final_logit_softcapping", "attn_logit_softcapping", "quantization_config",
+        "dual_chunk_attention_config", "attention_chunk_size", "no_rope_layers", "embedding_multiplier",
+        "logits_scaling", "residual_multiplier", "attention_multiplier", "query_pre_attn_scalar"}) {
     if (is_set(j, key)) return not_implemented(key, j.at(key));
   }
   for (const char* key : {"use_qk_norm", "qk_norm", "qk_layernorm", "use_mrope", "use_sliding_window"}) {
@@ -362,7 +362,9 @@ nlohmann::json ModelConfig::to_json() const {
   };
   switch (rope_scaling.type) {
     case RopeScaling::Type::kNone: j["rope_scaling"] = nullptr; break;
-    case RopeScaling::Type::kLinear: j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}}; break;
+    case RopeScaling::Type::kLinear:
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
+      break;
     case RopeScaling::Type::kLlama3:
       j["rope_scaling"] = {{"rope_type", "llama3"},
                            {"factor", rope_scaling.factor},

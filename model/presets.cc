@@ -102,7 +102,8 @@ void fill_uniform(float* data, std::size_t n, double stddev, uint64_t seed) {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"tiny", "small", "tiny-draft", "small-draft", "smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b", "tinyllama-1.1b"};
+  return {"tiny",         "small",        "tiny-draft",   "small-draft",
+          "smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b", "tinyllama-1.1b"};
 }
 
 Result<ModelConfig> preset_config(std::string_view name) {

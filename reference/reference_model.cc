@@ -35,8 +35,8 @@ ReferenceModel<T>::ReferenceModel(const Model& model) : config_(model.config) {
   for (const LayerWeights& l : w.layers) {
     layers_.push_back(Layer{to<T>(l.input_layernorm), to<T>(l.post_attention_layernorm), to<T>(l.q_proj),
                             to<T>(l.k_proj), to<T>(l.v_proj), to<T>(l.o_proj), to<T>(l.gate_proj), to<T>(l.up_proj),
-                            to<T>(l.down_proj), to<T>(l.q_bias), to<T>(l.k_bias), to<T>(l.v_bias),
-                            to<T>(l.o_bias), to<T>(l.gate_bias), to<T>(l.up_bias), to<T>(l.down_bias)});
+                            to<T>(l.down_proj), to<T>(l.q_bias), to<T>(l.k_bias), to<T>(l.v_bias), to<T>(l.o_bias),
+                            to<T>(l.gate_bias), to<T>(l.up_bias), to<T>(l.down_bias)});
   }
   inv_freq_ = rope_inv_freq<T>(config_);
   norm_ = to<T>(w.norm);

@@ -59,8 +59,10 @@ const json kTinyLlama = json::parse(R"({
   "transformers_version": "4.35.0", "use_cache": true, "vocab_size": 32000})");
 
 TEST(Architectures, PublishedConfigsLoadAsTheirPresets) {
-  for (const auto& [name, j] : {std::pair{"smollm2-135m", kSmolLM2}, {"qwen2.5-0.5b", kQwen25},
-                                {"llama-3.2-1b", kLlama32}, {"tinyllama-1.1b", kTinyLlama}}) {
+  for (const auto& [name, j] : {std::pair{"smollm2-135m", kSmolLM2},
+                                {"qwen2.5-0.5b", kQwen25},
+                                {"llama-3.2-1b", kLlama32},
+                                {"tinyllama-1.1b", kTinyLlama}}) {
     auto c = ModelConfig::from_json(j);
     ASSERT_TRUE(c.is_ok()) << name << ": " << c.status().message();
     EXPECT_EQ(*c, *preset_config(name)) << name;
@@ -106,10 +108,15 @@ TEST(Architectures, UnimplementedArchitecturesAndKeysAreRefusedByName) {
   expect_refused(j, "neither 'architectures' nor 'model_type'");
 
   const std::pair<const char*, json> math_keys[] = {
-      {"final_logit_softcapping", 30.0}, {"attn_logit_softcapping", 50.0},
+      {"final_logit_softcapping", 30.0},
+      {"attn_logit_softcapping", 50.0},
       {"quantization_config", {{"quant_method", "gptq"}}},
-      {"hidden_activation", "gelu_pytorch_tanh"}, {"use_qk_norm", true}, {"partial_rotary_factor", 0.5},
-      {"hidden_act", "gelu"}, {"sliding_window", 4096}, {"layer_types", {"sliding_attention"}},
+      {"hidden_activation", "gelu_pytorch_tanh"},
+      {"use_qk_norm", true},
+      {"partial_rotary_factor", 0.5},
+      {"hidden_act", "gelu"},
+      {"sliding_window", 4096},
+      {"layer_types", {"sliding_attention"}},
   };
   for (const auto& [key, value] : math_keys) {
     j = kSmolLM2;
@@ -290,7 +297,8 @@ TEST(StopTokens, GenerationStopsAfterTheFirstEosOfTheList) {
   const auto all = *reference_generate(ref, prompt, 12, {});
   ASSERT_EQ(all.tokens.size(), 12u);
   const int32_t eos = all.tokens[3];
-  const auto first = static_cast<std::size_t>(std::find(all.tokens.begin(), all.tokens.end(), eos) - all.tokens.begin());
+  const auto first =
+      static_cast<std::size_t>(std::find(all.tokens.begin(), all.tokens.end(), eos) - all.tokens.begin());
   const std::vector<int32_t> stops = {511, eos};  // a list, the second one generated
   const auto stopped = *reference_generate(ref, prompt, 12, {}, stops);
   ASSERT_EQ(stopped.tokens.size(), first + 1);

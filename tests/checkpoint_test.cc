@@ -497,8 +497,7 @@ TEST_F(MalformedShardedCheckpoint, ShapeNotMatchingTheConfigNamesShardAndTensor)
   t.back().second.back() += 1;
   write_shard(2, t);
   const std::string e = load_error();
-  EXPECT_NE(e.find("model-00002-of-00002.safetensors: tensor '" + t.back().first + "': shape"), std::string::npos)
-      << e;
+  EXPECT_NE(e.find("model-00002-of-00002.safetensors: tensor '" + t.back().first + "': shape"), std::string::npos) << e;
   EXPECT_NE(e.find("does not match config.json"), std::string::npos) << e;
 }
 

@@ -138,9 +138,11 @@ TEST(CUDA_KERNEL_SUITE, ProjectIsTheCpuDotOfEveryRowWhateverTheTokenCount) {
       upload(db, b);
       ASSERT_EQ(project(dw.as<float>(), db.as<float>(), out_dim, in_dim, dx.as<float>(), n, dy.as<float>()), "");
       for (int64_t t = 0; t < n; ++t)
-        for (int64_t r = 0; r < out_dim; ++r) want[static_cast<std::size_t>(t * out_dim + r)] += b[static_cast<std::size_t>(r)];
-      expect_close(download<float>(dy, want.size()), want,
-                   "project+bias " + std::to_string(out_dim) + "x" + std::to_string(in_dim) + " n " + std::to_string(n));
+        for (int64_t r = 0; r < out_dim; ++r)
+          want[static_cast<std::size_t>(t * out_dim + r)] += b[static_cast<std::size_t>(r)];
+      expect_close(
+          download<float>(dy, want.size()), want,
+          "project+bias " + std::to_string(out_dim) + "x" + std::to_string(in_dim) + " n " + std::to_string(n));
     }
   }
 }

@@ -23,7 +23,7 @@ namespace {
 // handed it to whom) and the requests' tokens (which requests of different tenants had an
 // identical prefix of whole blocks). See audit.h.
 void collect_isolation_evidence(const EventLog& log, const Engine& engine, int32_t block_size, AuditReport& report) {
-  std::map<int64_t, int64_t> tenant_of;    // sequence -> tenant
+  std::map<int64_t, int64_t> tenant_of;     // sequence -> tenant
   std::map<int64_t, int64_t> owner_tenant;  // device block -> tenant of the sequence that wrote it
   for (const std::string& line : log.lines()) {
     auto j = nlohmann::json::parse(line, nullptr, false);
@@ -67,8 +67,8 @@ void collect_isolation_evidence(const EventLog& log, const Engine& engine, int32
       while (same < n && tx[same] == ty[same]) ++same;
       const auto blocks = static_cast<int64_t>(same) / block_size;
       if (blocks == 0) continue;
-      TenantPairEvidence& e = report.tenant_pairs[{std::min(x.spec.tenant, y.spec.tenant),
-                                                   std::max(x.spec.tenant, y.spec.tenant)}];
+      TenantPairEvidence& e =
+          report.tenant_pairs[{std::min(x.spec.tenant, y.spec.tenant), std::max(x.spec.tenant, y.spec.tenant)}];
       ++e.identical_prefix_requests;
       e.longest_identical_blocks = std::max(e.longest_identical_blocks, blocks);
     }
@@ -194,7 +194,8 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
     missing += (missing.empty() ? "" : ", and ") + std::string("no two tenants had an identical prefix");
   if (!missing.empty()) {
     evidence.passed = options.allow_empty;
-    evidence.detail = "isolation not demonstrated: " + missing + (options.allow_empty ? " (allowed by --allow-empty)" : "");
+    evidence.detail =
+        "isolation not demonstrated: " + missing + (options.allow_empty ? " (allowed by --allow-empty)" : "");
   } else {
     evidence.detail = std::to_string(within) + " prefix-cache hits within a tenant; " +
                       std::to_string(identical_across) + " cross-tenant request pairs with identical prefixes" +
@@ -232,8 +233,8 @@ std::string AuditReport::summary() const {
                   "tenants %lld and %lld: %lld request pairs with an identical prefix (up to %lld blocks), %lld blocks "
                   "shared between them\n",
                   static_cast<long long>(pair.first), static_cast<long long>(pair.second),
-                  static_cast<long long>(e.identical_prefix_requests), static_cast<long long>(e.longest_identical_blocks),
-                  static_cast<long long>(e.shared_blocks));
+                  static_cast<long long>(e.identical_prefix_requests),
+                  static_cast<long long>(e.longest_identical_blocks), static_cast<long long>(e.shared_blocks));
     out << line;
   }
   out << "verdict: " << (passed() ? "PASS" : "FAIL") << "\n";

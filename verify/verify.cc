@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -225,8 +225,8 @@ int64_t check_late_cancels(const Engine& engine, const Workload& w, const Worklo
     else if (it->second.finish_step > *w.requests[i].cancel_step)
       diff = "it finished at step " + std::to_string(it->second.finish_step) + ", after the cancel";
     else if (r.finish != it->second.finish || r.time.finish_step != it->second.finish_step)
-      diff = "its terminal state changed from " + std::string(to_string(it->second.finish)) + " to " +
-             to_string(r.finish);
+      diff =
+          "its terminal state changed from " + std::string(to_string(it->second.finish)) + " to " + to_string(r.finish);
     else if (r.tokens != it->second.tokens)
       diff = "its tokens changed after it finished";
     else if (hash_logits(r) != it->second.logits_hash)
@@ -463,8 +463,10 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
         } else {
           const Request& a = engine.request(id);
           const Request& b = twin->engine->request(id);
-          if (a.tokens != b.tokens) diff = "tokens differ in an identical re-run";
-          else if (a.logits != b.logits) diff = "logits differ bitwise in an identical re-run";
+          if (a.tokens != b.tokens)
+            diff = "tokens differ in an identical re-run";
+          else if (a.logits != b.logits)
+            diff = "logits differ bitwise in an identical re-run";
         }
         if (!diff.empty() && determinism.passed) {
           determinism.passed = false;
@@ -472,8 +474,9 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
         }
       }
       if (determinism.passed)
-        determinism.detail = "sampled requests under speculation, re-run under the same schedule: tokens and logits "
-                             "bitwise equal";
+        determinism.detail =
+            "sampled requests under speculation, re-run under the same schedule: tokens and logits "
+            "bitwise equal";
     }
 
     // Cancellation: each cancelled request ended at its cancellation's step boundary with its
@@ -623,8 +626,8 @@ nlohmann::json VerifyReport::to_json() const {
   for (const CheckResult& c : checks)
     j["checks"].push_back({{"name", c.name},
                            {"passed", c.passed},
-                           {"outcome", !c.passed   ? "failed"
-                                       : !c.applies ? "not applicable"
+                           {"outcome", !c.passed      ? "failed"
+                                       : !c.applies   ? "not applicable"
                                        : c.count == 0 ? "nothing verified"
                                                       : "checked"},
                            {"count", c.count},

@@ -351,8 +351,8 @@ std::string rms_norm(const float* d_x, const int32_t* d_rows, const float* d_wei
   return launched("rms_norm_kernel");
 }
 
-std::string project(const float* d_w, const float* d_bias, int64_t out_dim, int64_t in_dim, const float* d_x,
-                    int64_t n, float* d_y) {
+std::string project(const float* d_w, const float* d_bias, int64_t out_dim, int64_t in_dim, const float* d_x, int64_t n,
+                    float* d_y) {
   if (n <= 0) return {};
   KVP_LAUNCH(project_kernel, grid_for(n * out_dim), dim3(kThreads), 0, nullptr)
   (d_w, d_bias, out_dim, in_dim, d_x, n, d_y);

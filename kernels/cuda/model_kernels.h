@@ -65,8 +65,8 @@ std::string rms_norm(const float* d_x, const int32_t* d_rows, const float* d_wei
 // d_y[t, r] = dot(d_w[r, :], d_x[t, :]) (+ d_bias[r], one fp32 add after the dot, when d_bias
 // is not null) for t < n, r < out_dim: one thread per element, each reduced over in_dim in
 // dot()'s fixed order whatever n (batch-invariant).
-std::string project(const float* d_w, const float* d_bias, int64_t out_dim, int64_t in_dim, const float* d_x,
-                    int64_t n, float* d_y);
+std::string project(const float* d_w, const float* d_bias, int64_t out_dim, int64_t in_dim, const float* d_x, int64_t n,
+                    float* d_y);
 // Rotary embedding in place of d_x [n, heads, head_dim] at d_positions[t].
 std::string rope(float* d_x, int64_t n, int64_t heads, int64_t head_dim, const int32_t* d_positions,
                  const float* d_inv_freq);

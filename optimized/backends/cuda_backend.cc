@@ -154,8 +154,12 @@ Status CudaBackend::init() {
     KVP_RETURN_IF_ERROR(up(&l.gate, w.gate_proj));
     KVP_RETURN_IF_ERROR(up(&l.up, w.up_proj));
     KVP_RETURN_IF_ERROR(up(&l.down, w.down_proj));
-    for (auto [dst, bias] : {std::pair{&l.q_bias, &w.q_bias}, {&l.k_bias, &w.k_bias}, {&l.v_bias, &w.v_bias},
-                             {&l.o_bias, &w.o_bias}, {&l.gate_bias, &w.gate_bias}, {&l.up_bias, &w.up_bias},
+    for (auto [dst, bias] : {std::pair{&l.q_bias, &w.q_bias},
+                             {&l.k_bias, &w.k_bias},
+                             {&l.v_bias, &w.v_bias},
+                             {&l.o_bias, &w.o_bias},
+                             {&l.gate_bias, &w.gate_bias},
+                             {&l.up_bias, &w.up_bias},
                              {&l.down_bias, &w.down_bias}}) {
       if (bias->size() != 0) KVP_RETURN_IF_ERROR(up(dst, *bias));
     }
