@@ -193,25 +193,34 @@ void SafetensorsFile::read_f32(const SafetensorsEntry& e, std::span<float> out) 
   KVP_CHECK(header_.data_start + e.end <= size_);
   if (out.empty()) return;
   const uint8_t* src = data_ + header_.data_start + e.begin;
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    switch (e.dtype) {
-      case DType::kF32: {
-        uint32_t u = static_cast<uint32_t>(src[4 * i]) | static_cast<uint32_t>(src[4 * i + 1]) << 8 |
-                     static_cast<uint32_t>(src[4 * i + 2]) << 16 | static_cast<uint32_t>(src[4 * i + 3]) << 24;
-        out[i] = bits_float(u);
-        break;
+  const std::size_t element = dtype_size(e.dtype);
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  // Converted a chunk at a time; the whole pages behind each finished chunk are dropped from
+  // this process's resident set at once (the page cache keeps them; a later read faults them
+  // back in), so a load never holds more than one chunk of file pages beside the fp32 weights.
+  constexpr std::size_t kChunk = std::size_t{1} << 22;  // elements
+  uintptr_t released = (reinterpret_cast<uintptr_t>(src) + page - 1) / page * page;
+  for (std::size_t begin = 0; begin < out.size(); begin += kChunk) {
+    const std::size_t end = std::min(out.size(), begin + kChunk);
+    for (std::size_t i = begin; i < end; ++i) {
+      switch (e.dtype) {
+        case DType::kF32: {
+          uint32_t u = static_cast<uint32_t>(src[4 * i]) | static_cast<uint32_t>(src[4 * i + 1]) << 8 |
+                       static_cast<uint32_t>(src[4 * i + 2]) << 16 | static_cast<uint32_t>(src[4 * i + 3]) << 24;
+          out[i] = bits_float(u);
+          break;
+        }
+        case DType::kF16: out[i] = f16_to_float(static_cast<uint16_t>(src[2 * i] | src[2 * i + 1] << 8)); break;
+        case DType::kBF16: out[i] = bf16_to_float(static_cast<uint16_t>(src[2 * i] | src[2 * i + 1] << 8)); break;
+        case DType::kF64: KVP_CHECK(false);
       }
-      case DType::kF16: out[i] = f16_to_float(static_cast<uint16_t>(src[2 * i] | src[2 * i + 1] << 8)); break;
-      case DType::kBF16: out[i] = bf16_to_float(static_cast<uint16_t>(src[2 * i] | src[2 * i + 1] << 8)); break;
-      case DType::kF64: KVP_CHECK(false);
+    }
+    const uintptr_t done = (reinterpret_cast<uintptr_t>(src) + end * element) / page * page;
+    if (done > released) {
+      ::madvise(reinterpret_cast<void*>(released), done - released, MADV_DONTNEED);
+      released = done;
     }
   }
-  // The whole pages of this tensor are no longer needed: drop them from this process's
-  // resident set (the page cache keeps them; a later read faults them back in).
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t first = (reinterpret_cast<uintptr_t>(src) + page - 1) / page * page;
-  const uintptr_t last = (reinterpret_cast<uintptr_t>(src) + (e.end - e.begin)) / page * page;
-  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 Result<SafetensorsFile> read_safetensors(const std::filesystem::path& path) {
