@@ -6,6 +6,8 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -174,35 +176,46 @@ namespace {
 double row_max_abs(const ref::Matrix<double>& m, Eigen::Index r) { return m.row(r).cwiseAbs().maxCoeff(); }
 
 // A request as it was when it first reached a terminal state: a cancel that arrives later
-// is a no-op, so none of this may change afterwards.
+// is a no-op, so none of this may change afterwards. Its logits are kept as one digest per
+// position (the rows themselves are released once checked: see run_verify).
 struct FinishedSnapshot {
   FinishReason finish = FinishReason::kNone;
   int64_t finish_step = -1;
   std::vector<int32_t> tokens;
-  uint64_t logits_hash = 0;
+  std::vector<std::optional<uint64_t>> rows;  // FNV-1a of each logits row's bits; none: no row
+  bool released = false;                      // the engine dropped its logits after the check
 };
 
-uint64_t hash_logits(const Request& r) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over every row's size and bits
-  const auto mix = [&h](uint64_t v) {
-    for (int b = 0; b < 8; ++b) h = (h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
-  };
-  for (const std::vector<float>& row : r.logits) {
-    mix(row.size());
-    for (float x : row) {
-      uint32_t u = 0;
-      std::memcpy(&u, &x, sizeof u);
-      mix(u);
-    }
+uint64_t hash_row(const std::vector<float>& row) {
+  uint64_t h = 1469598103934665603ull;
+  for (float x : row) {
+    uint32_t u = 0;
+    std::memcpy(&u, &x, sizeof u);
+    for (int b = 0; b < 4; ++b) h = (h ^ ((u >> (8 * b)) & 0xff)) * 1099511628211ull;
   }
   return h;
+}
+
+std::vector<std::optional<uint64_t>> row_digests(const Request& r) {
+  std::vector<std::optional<uint64_t>> out;
+  for (const std::vector<float>& row : r.logits)
+    out.push_back(row.empty() ? std::nullopt : std::optional<uint64_t>(hash_row(row)));
+  return out;
 }
 
 void record_finished(const Engine& e, std::map<RequestId, FinishedSnapshot>& snapshots) {
   for (const auto& [id, r] : e.requests()) {
     if (!r->finished() || snapshots.count(id)) continue;
-    snapshots[id] = {r->finish, r->time.finish_step, r->tokens, hash_logits(*r)};
+    snapshots[id] = {r->finish, r->time.finish_step, r->tokens, row_digests(*r), false};
   }
+}
+
+// The logits a request holds now are the ones it finished with: the same digests, or (once
+// released) the same number of rows, all empty.
+bool logits_unchanged(const Request& r, const FinishedSnapshot& s) {
+  if (!s.released) return row_digests(r) == s.rows;
+  return r.logits.size() == s.rows.size() &&
+         std::all_of(r.logits.begin(), r.logits.end(), [](const std::vector<float>& row) { return row.empty(); });
 }
 
 // The cancels of a workload that arrived after their request had finished (Engine::cancel
@@ -229,7 +242,7 @@ int64_t check_late_cancels(const Engine& engine, const Workload& w, const Worklo
           "its terminal state changed from " + std::string(to_string(it->second.finish)) + " to " + to_string(r.finish);
     else if (r.tokens != it->second.tokens)
       diff = "its tokens changed after it finished";
-    else if (hash_logits(r) != it->second.logits_hash)
+    else if (!logits_unchanged(r, it->second))
       diff = "its logits changed after it finished";
     if (!diff.empty() && check.passed) {
       check.passed = false;
@@ -328,8 +341,26 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       record_finished(e, finished_at);
       return s;
     });
-    auto run = run_workload(engine, workload, o.max_steps);
-    record_finished(engine, finished_at);
+    // Each request is checked against the oracle as soon as it finishes, and (without
+    // speculation, whose comparison with plain decoding reads every row at the end) its
+    // logits are then released: one run never holds every request's logits at once, so
+    // verify's memory stays near the weights and the pools. Later bitwise comparisons read
+    // the per-row digests of the snapshot.
+    const bool release = !o.speculation.enabled();
+    std::set<RequestId> checked;
+    const auto check_finished = [&](Engine& e) {
+      record_finished(e, finished_at);
+      for (auto& [id, snap] : finished_at) {
+        if (!checked.insert(id).second) continue;
+        const Request& r = e.request(id);
+        if (r.finish != FinishReason::kRejected)
+          check_against_reference(oracle, r, tolerance_for(o).value, logits, greedy, "request " + std::to_string(id));
+        if (release) snap.released = e.release_logits(id);
+      }
+      return Status::ok();
+    };
+    auto run = run_workload(engine, workload, o.max_steps, check_finished);
+    (void)check_finished(engine);
     if (!run && inv.passed) {
       inv.passed = false;
       inv.detail = "engine run failed: " + run.status().message();
@@ -365,7 +396,6 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
     for (std::size_t i = 0; run && i < ids.size(); ++i) {
       const Request& r = engine.request(ids[i]);
       if (r.finish == FinishReason::kRejected) continue;
-      check_against_reference(oracle, r, tolerance_for(o).value, logits, greedy, "request " + std::to_string(ids[i]));
       recompute.count += r.num_preemptions;
       if (r.recomputed_logit_mismatches > 0 && recompute.passed) {
         recompute.passed = false;
@@ -419,15 +449,16 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
         continue;
       }
       const Request& again = alone->engine->request(solo->ids[0]);
+      const std::vector<std::optional<uint64_t>>& rows = finished_at.at(ids[i]).rows;
       std::string diff;
       if (again.tokens != original.tokens)
         diff = "tokens differ";
-      else if (again.logits.size() != original.logits.size())
-        diff = "logits for " + std::to_string(again.logits.size()) + " vs " + std::to_string(original.logits.size()) +
-               " positions";
+      else if (again.logits.size() != rows.size())
+        diff =
+            "logits for " + std::to_string(again.logits.size()) + " vs " + std::to_string(rows.size()) + " positions";
       // Positions served from the prefix cache in one run have no logits there: compare the rest.
       for (std::size_t p = 0; diff.empty() && p < again.logits.size(); ++p)
-        if (!again.logits[p].empty() && !original.logits[p].empty() && again.logits[p] != original.logits[p])
+        if (!again.logits[p].empty() && rows[p] && hash_row(again.logits[p]) != *rows[p])
           diff = "logits at position " + std::to_string(p) + " differ bitwise";
       if (!diff.empty() && isolation.passed) {
         isolation.passed = false;

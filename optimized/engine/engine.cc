@@ -198,6 +198,13 @@ void Engine::record_finish(Request& r) {
   if (r.finish == FinishReason::kCancelled) ++counters_.cancellations;
 }
 
+bool Engine::release_logits(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || !it->second->finished()) return false;
+  for (std::vector<float>& row : it->second->logits) std::vector<float>().swap(row);
+  return true;
+}
+
 bool Engine::forget(RequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end() || !it->second->finished()) return false;

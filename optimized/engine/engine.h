@@ -68,6 +68,12 @@ class Engine {
   // and its device and host blocks are released. Unknown or finished: no-op.
   void cancel(RequestId id);
 
+  // Drops the logits a finished request captured (every row becomes empty; the row count
+  // stays), for a driver that has consumed them: verify checks each request against the
+  // oracle as it finishes, so one run never holds every request's logits at once. Returns
+  // false and changes nothing for an unknown or unfinished id.
+  bool release_logits(RequestId id);
+
   // Drops the record of a finished request (its id is never reused). A long-running driver
   // (kvproof simulate) calls it once it has read the request's results, so memory and the
   // per-step walk over requests stay bounded by the requests in flight. metrics() no longer

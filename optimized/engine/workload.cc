@@ -256,7 +256,8 @@ Result<Workload> builtin_workload(const std::string& name, int64_t vocab, uint64
   return w;
 }
 
-Result<WorkloadRun> run_workload(Engine& engine, const Workload& w, int64_t max_steps) {
+Result<WorkloadRun> run_workload(Engine& engine, const Workload& w, int64_t max_steps,
+                                 const std::function<Status(Engine&)>& after_step) {
   WorkloadRun run;
   run.ids.assign(w.requests.size(), -1);
   std::multimap<int64_t, std::size_t> arrivals, cancels;
@@ -274,6 +275,7 @@ Result<WorkloadRun> run_workload(Engine& engine, const Workload& w, int64_t max_
     if (s >= max_steps) return Status::error("workload did not finish within " + std::to_string(max_steps) + " steps");
     KVP_RETURN_IF_ERROR(engine.step());
     ++run.steps;
+    if (after_step) KVP_RETURN_IF_ERROR(after_step(engine));
   }
   return run;
 }

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -55,7 +56,9 @@ struct WorkloadRun {
   int64_t steps = 0;
 };
 // Adds requests at their arrival steps, cancels at their cancel steps, and steps the engine
-// until every request has ended. Error: a step failed, or `max_steps` passed (no progress).
-Result<WorkloadRun> run_workload(Engine& engine, const Workload& w, int64_t max_steps);
+// until every request has ended, calling `after_step` (when given) after each step. Error: a
+// step or after_step failed, or `max_steps` passed (no progress).
+Result<WorkloadRun> run_workload(Engine& engine, const Workload& w, int64_t max_steps,
+                                 const std::function<Status(Engine&)>& after_step = {});
 
 }  // namespace kvp
