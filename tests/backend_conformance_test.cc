@@ -585,53 +585,96 @@ TEST_P(BackendConformance, RejectsMalformedPlansWithoutChangingAnything) {
   const auto backend_owned = make_backend(tiny(), 8, bs, 1, kernels::kDefaultAttentionPartition, 2);
   Backend& backend = *backend_owned;
   const BatchPlan good = make_plan({{{3, 6}, tokens_for(6, tiny().config.vocab_size, 80), 0}}, bs);
+  // Each case breaks one rule of validate_plan and nothing else, and must be refused for
+  // that rule's reason: a rule whose cases another rule also caught could be dropped unseen.
   struct Case {
     const char* what;
     void (*mutate)(BatchPlan&);
+    const char* reason;  // a fragment of that rule's message, and of no other's
   };
   const Case cases[] = {
-      {"block id past the pool", [](BatchPlan& p) { p.block_tables[1] = 8; }},
-      {"negative block id in use", [](BatchPlan& p) { p.block_tables[0] = -1; }},
-      {"slot past the pool", [](BatchPlan& p) { p.slot_mapping[2] = 32; }},
-      {"slot below -1", [](BatchPlan& p) { p.slot_mapping[2] = -2; }},
-      {"positions shorter than tokens", [](BatchPlan& p) { p.positions.pop_back(); }},
-      {"slot_mapping longer than tokens", [](BatchPlan& p) { p.slot_mapping.push_back(0); }},
-      {"query_start too short", [](BatchPlan& p) { p.query_start.pop_back(); }},
-      {"query_start not ending at num_tokens", [](BatchPlan& p) { p.query_start[1] = 5; }},
-      {"context_lens missing", [](BatchPlan& p) { p.context_lens.clear(); }},
-      {"needs_logits too long", [](BatchPlan& p) { p.needs_logits.push_back(1); }},
-      {"block_tables size", [](BatchPlan& p) { p.block_tables.push_back(0); }},
-      {"context needs more blocks than the table", [](BatchPlan& p) { p.context_lens[0] = 9; }},
-      {"positions not the last of the context", [](BatchPlan& p) { p.positions[0] = 1; }},
-      {"token outside the vocabulary", [](BatchPlan& p) { p.token_ids[0] = 512; }},
-      {"negative token", [](BatchPlan& p) { p.token_ids[0] = -3; }},
+      {"block id past the pool", [](BatchPlan& p) { p.block_tables[1] = 8; },
+       "block table entry 1: block 8 is outside the device pool"},
+      {"negative block id in use", [](BatchPlan& p) { p.block_tables[0] = -1; },
+       "block table entry 0: block -1 is outside the device pool"},
+      {"slot past the pool", [](BatchPlan& p) { p.slot_mapping[2] = 32; }, "slot_mapping[2] = 32 is outside"},
+      {"slot below -1", [](BatchPlan& p) { p.slot_mapping[2] = -2; }, "slot_mapping[2] = -2 is outside"},
+      {"positions shorter than tokens", [](BatchPlan& p) { p.positions.pop_back(); },
+       "positions and slot_mapping must each have num_tokens"},
+      {"slot_mapping longer than tokens", [](BatchPlan& p) { p.slot_mapping.push_back(0); },
+       "positions and slot_mapping must each have num_tokens"},
+      {"query_start too short", [](BatchPlan& p) { p.query_start.pop_back(); }, "query_start has 1 entries"},
+      {"query_start not starting at 0", [](BatchPlan& p) { p.query_start[0] = 1; }, "query_start[0] must be 0"},
+      {"query_start not ending at num_tokens", [](BatchPlan& p) { p.query_start[1] = 5; },
+       "query_start[num_seqs] = 5 but the plan has 6 tokens"},
+      {"context_lens missing", [](BatchPlan& p) { p.context_lens.clear(); },
+       "context_lens, needs_logits and logits_all must each have"},
+      {"needs_logits too long", [](BatchPlan& p) { p.needs_logits.push_back(1); },
+       "context_lens, needs_logits and logits_all must each have"},
+      {"block_tables size", [](BatchPlan& p) { p.block_tables.push_back(0); }, "block_tables has 3 entries"},
+      {"negative max_blocks_per_seq",
+       [](BatchPlan& p) {
+         p.max_blocks_per_seq = -1;
+         p.block_tables.clear();
+       },
+       "max_blocks_per_seq must be >= 0"},
+      {"context shorter than the new tokens",
+       [](BatchPlan& p) {
+         p.context_lens[0] = 5;  // 6 new tokens
+       },
+       "is shorter than its 6 new tokens"},
+      {"context needs more blocks than the table",
+       [](BatchPlan& p) {
+         p.context_lens[0] = 9;
+         for (int t = 0; t < 6; ++t) p.positions[static_cast<std::size_t>(t)] = 3 + t;
+       },
+       "needs 3 blocks, max_blocks_per_seq is 2"},
+      {"positions not the last of the context", [](BatchPlan& p) { p.positions[0] = 1; },
+       "positions[0] = 1, expected 0"},
+      {"token outside the vocabulary", [](BatchPlan& p) { p.token_ids[0] = 512; },
+       "token_ids[0] = 512 is outside the vocabulary"},
+      {"negative token", [](BatchPlan& p) { p.token_ids[0] = -3; }, "token_ids[0] = -3 is outside the vocabulary"},
       {"context past max_position_embeddings",
        [](BatchPlan& p) {
+         // Positions, table and blocks all consistent with the long context: only the
+         // max_position_embeddings rule (2048 for tiny) can refuse it.
          p.context_lens[0] = 4000;
          p.max_blocks_per_seq = 1000;
          p.block_tables.assign(1000, 0);
-       }},
+         for (int t = 0; t < 6; ++t) p.positions[static_cast<std::size_t>(t)] = 4000 - 6 + t;
+       },
+       "context_len 4000 exceeds max_position_embeddings 2048"},
       {"swap_out to a host block past the pool",
        [](BatchPlan& p) {
          p.ops.swap_out.push_back({0, 2});
-       }},
+       },
+       "swap_out destination: block 2 is outside the host pool"},
       {"swap_out from a device block past the pool",
        [](BatchPlan& p) {
          p.ops.swap_out.push_back({8, 0});
-       }},
+       },
+       "swap_out source: block 8 is outside the device pool"},
+      {"block copy from a block past the pool",
+       [](BatchPlan& p) {
+         p.ops.block_copies.push_back({9, 0});
+       },
+       "block copy source: block 9"},
       {"block copy to a block past the pool",
        [](BatchPlan& p) {
          p.ops.block_copies.push_back({0, 9});
-       }},
-      {"poison of a negative block", [](BatchPlan& p) { p.ops.poison.push_back(-1); }},
+       },
+       "block copy destination: block 9"},
+      {"poison of a negative block", [](BatchPlan& p) { p.ops.poison.push_back(-1); }, "poison: block -1"},
       {"swap_in from a host block past the pool",
        [](BatchPlan& p) {
          p.ops.swap_in.push_back({5, 0});
-       }},
+       },
+       "swap_in source: block 5 is outside the host pool"},
       {"swap_in to a device block past the pool",
        [](BatchPlan& p) {
          p.ops.swap_in.push_back({0, 100});
-       }},
+       },
+       "swap_in destination: block 100 is outside the device pool"},
   };
   // Written once, so that a rejected plan's ops (poison of block 3) or K/V writes would show.
   StepOutput first;
@@ -655,7 +698,7 @@ TEST_P(BackendConformance, RejectsMalformedPlansWithoutChangingAnything) {
     const Status st = backend.execute(bad, out);
     EXPECT_FALSE(st.is_ok()) << c.what;
     if (!st.is_ok()) {
-      EXPECT_FALSE(st.message().empty());
+      EXPECT_NE(st.message().find(c.reason), std::string::npos) << c.what << ": " << st.message();
     }
     EXPECT_EQ(out.vocab_size, -7) << c.what;
   }

@@ -52,6 +52,28 @@ TEST(BlockAllocator, GenerationMakesStaleHandlesDetectable) {
   EXPECT_FALSE(a.is_current(h));
 }
 
+// A handle outlives an eviction: a cached block, released (evictable), revived by a
+// prefix-cache hit (retain: same content, the handle stays current), released again, then
+// evicted and handed out to a new owner. That last hand-out must change the generation, so
+// a (block, generation) handle held across the eviction is refused as stale.
+TEST(BlockAllocator, HandleHeldAcrossAnEvictionIsStale) {
+  BlockAllocator a(1);
+  const int32_t b = a.allocate().block;
+  a.mark_cached(b);
+  const BlockHandle h = a.handle(b);
+  a.release(b);
+  ASSERT_EQ(a.state(b), BlockState::kEvictable);
+  EXPECT_TRUE(a.is_current(h));
+  a.retain(b);  // a prefix-cache hit on the released block: still the same content
+  EXPECT_TRUE(a.is_current(h));
+  a.release(b);
+  const BlockAllocator::Allocation again = a.allocate();
+  ASSERT_EQ(again.block, b);
+  ASSERT_TRUE(again.evicted);  // the only block: taken from the evictable list
+  EXPECT_FALSE(a.is_current(h));
+  EXPECT_NE(a.generation(b), h.generation);
+}
+
 TEST(BlockAllocator, FreshBlocksAreReusedBeforeEvictableOnes) {
   BlockAllocator a(3);
   const int32_t b0 = a.allocate().block;
