@@ -231,6 +231,7 @@ class Driver {
   std::unique_ptr<CostModelBackend> backend_;
   std::unique_ptr<Engine> engine_;
   int64_t checked_steps_ = 0;  // steps whose every invariant checker passed (--check)
+  ProgressWatch progress_;     // S1: the run fails once it stops making progress (check_progress)
   std::unique_ptr<ContiguousAllocator> alloc_;
   std::vector<Outcome> outcomes_;
   std::unordered_map<RequestId, Live> live_;
@@ -557,6 +558,7 @@ Result<SimReport> Driver::run() {
     }
     const double t0 = now;
     Status s = engine_->step();
+    if (s) s = check_progress(*engine_, progress_);
     if (!s) return s.with_context(o_.check ? "simulate --check" : "simulate");
     after_step(t0);
     if (o_.progress && (++steps & 255) == 0)

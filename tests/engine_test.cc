@@ -40,11 +40,39 @@ RequestSpec spec(int64_t prompt_len, int64_t max_tokens, int32_t first = 1) {
 }
 
 Status run_to_end(Engine& e, int64_t max_steps = 10000) {
+  ProgressWatch watch;
   for (int64_t i = 0; i < max_steps && e.has_unfinished(); ++i) {
     KVP_RETURN_IF_ERROR(e.step());
     KVP_RETURN_IF_ERROR(check_all(e.kv()));
+    KVP_RETURN_IF_ERROR(check_progress(e, watch));
   }
   return e.has_unfinished() ? Status::error("did not finish") : Status::ok();
+}
+
+// S1 progress: a leak that leaves a request unschedulable forever is reported within
+// kMaxIdleSteps steps, naming the stuck request, instead of spinning to the step limit.
+TEST(Engine, ARunThatStopsMakingProgressFailsWithAnS1ViolationNamingTheStuckRequest) {
+  const EngineConfig e_config = small_config(8);
+  testing::FakeBackend backend(e_config.kv.pool, kVocab);
+  Engine e(e_config, backend);
+  // A planted leak: a sequence the scheduler does not know holds every device block.
+  std::vector<int32_t> hog(32, 7);
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(e.kv_mutable().add_sequence(9999, 0, hog).is_ok());
+  ASSERT_TRUE(e.kv_mutable().allocate_slots(9999, 32, slots).is_ok());
+  const RequestId id = e.add_request(spec(8, 4));
+  int64_t steps = 0;
+  ProgressWatch watch;
+  Status s = Status::ok();
+  while (s && steps < 1000) {
+    s = e.step();
+    ++steps;
+    if (s) s = check_progress(e, watch);
+  }
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(steps, kMaxIdleSteps + 1);
+  EXPECT_NE(s.message().find("S1 progress"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("stuck: " + std::to_string(id) + " (waiting)"), std::string::npos) << s.message();
 }
 
 TEST(Engine, RejectsRequestsThatCanNeverRunWithAReasonAndChangesNothingElse) {

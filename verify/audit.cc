@@ -129,7 +129,8 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
   });
   engine.set_step_observer([&](const Engine& e, const BatchPlan& plan) { return check_state(e, plan, inv); });
 
-  auto run = run_workload(engine, workload, o.max_steps);
+  ProgressWatch progress;
+  auto run = run_workload(engine, workload, o.max_steps, [&](Engine& e) { return check_progress(e, progress); });
   scope.count = live->backend->audited_block_reads();
   if (!run && inv.passed && reads.passed) {
     CheckResult& blamed = run.status().message().find("audit:") != std::string::npos ? scope : inv;

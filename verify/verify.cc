@@ -259,22 +259,32 @@ void check_against_reference(const ReferenceModel<double>& oracle, const Request
   for (std::size_t p = 0; p < r.logits.size(); ++p)
     if (!r.logits[p].empty()) last = static_cast<int64_t>(p);
   if (last < 0) return;
+  // The oracle runs the sequence a chunk of positions at a time on one dense cache (the
+  // same arithmetic as all at once: it processes positions one by one in order), so only a
+  // chunk's fp64 logits are held at once, not the whole sequence's.
+  constexpr int64_t kOracleChunk = 16;
   auto cache = oracle.make_cache(last + 1);
-  auto ref = oracle.forward(std::span<const int32_t>(r.tokens.data(), static_cast<std::size_t>(last + 1)), cache);
-  if (!ref) {
-    logits.passed = false;
-    logits.detail = label + ": reference failed: " + ref.status().message();
-    return;
-  }
-  const int64_t vocab = ref->cols();
+  Result<ReferenceModel<double>::Matrix> ref = ReferenceModel<double>::Matrix();
+  int64_t ref_begin = 0;  // position of ref's row 0
+  const int64_t vocab = oracle.config().vocab_size;
   for (int64_t p = 0; p <= last; ++p) {
     const std::vector<float>& got = r.logits[static_cast<std::size_t>(p)];
+    if (p >= ref_begin + (ref ? ref->rows() : 0)) {
+      ref_begin = p;
+      const int64_t n = std::min(kOracleChunk, last + 1 - p);
+      ref = oracle.forward(std::span<const int32_t>(r.tokens.data() + p, static_cast<std::size_t>(n)), cache);
+      if (!ref) {
+        logits.passed = false;
+        logits.detail = label + ": reference failed: " + ref.status().message();
+        return;
+      }
+    }
     if (got.empty()) continue;
     ++logits.count;
-    const double scale = row_max_abs(*ref, p);
+    const double scale = row_max_abs(*ref, p - ref_begin);
     double err = 0;
     for (int64_t v = 0; v < vocab; ++v) {
-      const double d = std::abs(static_cast<double>(got[static_cast<std::size_t>(v)]) - (*ref)(p, v));
+      const double d = std::abs(static_cast<double>(got[static_cast<std::size_t>(v)]) - (*ref)(p - ref_begin, v));
       err = std::max(err, std::isnan(d) ? INFINITY : d);
     }
     const double rel = err / scale;
@@ -289,11 +299,11 @@ void check_against_reference(const ReferenceModel<double>& oracle, const Request
     const bool sampled_here = k >= 0 && k < r.num_generated() && k >= static_cast<int64_t>(r.spec.forced_tokens.size());
     if (!sampled_here || !r.spec.sampling.greedy()) continue;
     Eigen::Index best = 0;
-    ref->row(p).maxCoeff(&best);
+    ref->row(p - ref_begin).maxCoeff(&best);
     double second = -INFINITY;
     for (int64_t v = 0; v < vocab; ++v)
-      if (v != best) second = std::max(second, (*ref)(p, v));
-    if ((*ref)(p, best) - second <= tol * scale) continue;  // too close to call
+      if (v != best) second = std::max(second, (*ref)(p - ref_begin, v));
+    if ((*ref)(p - ref_begin, best) - second <= tol * scale) continue;  // too close to call
     ++greedy.count;
     const int32_t engine_token = r.tokens[static_cast<std::size_t>(p + 1)];
     if (engine_token != best && greedy.passed) {
@@ -359,7 +369,11 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       }
       return Status::ok();
     };
-    auto run = run_workload(engine, workload, o.max_steps, check_finished);
+    ProgressWatch progress;
+    auto run = run_workload(engine, workload, o.max_steps, [&](Engine& e) {
+      KVP_RETURN_IF_ERROR(check_progress(e, progress));
+      return check_finished(e);
+    });
     (void)check_finished(engine);
     if (!run && inv.passed) {
       inv.passed = false;

@@ -46,6 +46,33 @@ Status check_cancellations(const Engine& e) {
   return Status::ok();
 }
 
+Status check_progress(const Engine& e, ProgressWatch& w, int64_t max_idle_steps) {
+  const EngineCounters& c = e.counters();
+  const int64_t progress = c.scheduled_tokens + c.cancellations + c.rejections;
+  if (progress != w.last_progress || !e.has_unfinished()) {
+    w.last_progress = progress;
+    w.idle_steps = 0;
+    return Status::ok();
+  }
+  if (++w.idle_steps < max_idle_steps) return Status::ok();
+  std::string stuck;
+  int listed = 0;
+  for (const auto& [id, r] : e.requests()) {
+    if (r->finished()) continue;
+    if (++listed > 8) {
+      stuck += ", ...";
+      break;
+    }
+    const char* state = r->state == RequestState::kWaiting   ? "waiting"
+                        : r->state == RequestState::kSwapped ? "swapped"
+                                                             : "running";
+    stuck += (stuck.empty() ? "" : ", ") + std::to_string(id) + " (" + state + ")";
+  }
+  return Status::error(
+      "S1 progress: " + std::to_string(w.idle_steps) +
+      " steps in a row scheduled no token and ended no request while requests are unfinished; stuck: " + stuck);
+}
+
 Status check_engine_state(const Engine& e) {
   KVP_RETURN_IF_ERROR(check_all(e.kv()));
   KVP_RETURN_IF_ERROR(check_token_history(e));

@@ -27,4 +27,17 @@ Status check_cancellations(const Engine& e);
 // check_cancellations.
 Status check_engine_state(const Engine& e);
 
+// S1 progress: while some request is unfinished, a step schedules a token or ends a request
+// (a cancellation or rejection) at least once every `max_idle_steps` steps. A correct
+// engine never idles with work queued (every runnable request gets scheduled; a preempted
+// one resumes), so a run that does is stuck: a leaked block, a reservation never freed.
+// Call after every step with the same `watch`; the error names the stuck requests and their
+// states, so a driving loop fails at once instead of spinning to its step limit.
+inline constexpr int64_t kMaxIdleSteps = 32;
+struct ProgressWatch {
+  int64_t last_progress = -1;  // scheduled tokens + cancellations + rejections at the last progress
+  int64_t idle_steps = 0;
+};
+Status check_progress(const Engine& e, ProgressWatch& watch, int64_t max_idle_steps = kMaxIdleSteps);
+
 }  // namespace kvp

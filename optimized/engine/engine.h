@@ -101,6 +101,8 @@ class Engine {
   const Scheduler& scheduler() const { return scheduler_; }
   const EngineConfig& config() const { return config_; }
   EngineMetrics metrics() const;
+  // The running totals metrics() is built from, without its per-request walk.
+  const EngineCounters& counters() const { return counters_; }
 
  private:
   void reject(Request& r, std::string reason);
