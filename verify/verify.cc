@@ -339,15 +339,21 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
     CheckResult inv("invariants[" + m + "]"), terminal("terminal-states[" + m + "]"), leak("no-leak[" + m + "]"),
         logits("logits-vs-reference[" + m + "]"), greedy("greedy-tokens[" + m + "]"),
         recompute("recompute-bitwise[" + m + "]"), isolation("non-interference[" + m + "]"),
-        cancellation("cancellation[" + m + "]");
+        cancellation("cancellation[" + m + "]"), timeline("latency-timeline[" + m + "]");
 
     auto live = make_engine(model, o, {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
     if (!live) return live.status();
     Engine& engine = *live->engine;
     install_step_checks(engine, inv);
     std::map<RequestId, FinishedSnapshot> finished_at;
-    engine.set_step_observer([&inv, &finished_at](const Engine& e, const BatchPlan& plan) {
+    TimelineWitness witness;
+    engine.set_plan_observer([&inv, &witness](const Engine& e, const BatchPlan& plan) {
+      record_timeline(e, plan, /*after_step=*/false, witness);
+      return check_plan(e, plan, inv);
+    });
+    engine.set_step_observer([&inv, &finished_at, &witness](const Engine& e, const BatchPlan& plan) {
       Status s = check_state(e, plan, inv);
+      record_timeline(e, plan, /*after_step=*/true, witness);
       record_finished(e, finished_at);
       return s;
     });
@@ -391,6 +397,14 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       if ((!r.finished() || r.finish == FinishReason::kNone) && terminal.passed) {
         terminal.passed = false;
         terminal.detail = "request " + std::to_string(ids[i]) + " did not reach a terminal state";
+      }
+    }
+    // Queue time, TTFT, TPOT and end-to-end come from each request's timeline: the same
+    // steps, derived again from the plans as they ran.
+    if (run) {
+      if (Status s = check_timeline(engine, witness, &timeline.count); !s) {
+        timeline.passed = false;
+        timeline.detail = s.message();
       }
     }
     // No leak, then all free after a flush.
@@ -585,7 +599,7 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
     if (run && logits.count == 0)
       report.nothing_verified.push_back("engine outputs[" + m + "] (no position's logits were checked)");
     for (CheckResult* c :
-         {&inv, &terminal, &leak, &logits, &greedy, &recompute, &isolation, &determinism, &cancellation}) {
+         {&inv, &terminal, &leak, &timeline, &logits, &greedy, &recompute, &isolation, &determinism, &cancellation}) {
       if (c == &determinism && !o.speculation.enabled()) continue;
       if (run && c->applies && c->count == 0) report.nothing_verified.push_back(c->name);
       report.checks.push_back(*c);

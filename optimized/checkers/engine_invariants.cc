@@ -73,6 +73,43 @@ Status check_progress(const Engine& e, ProgressWatch& w, int64_t max_idle_steps)
       " steps in a row scheduled no token and ended no request while requests are unfinished; stuck: " + stuck);
 }
 
+void record_timeline(const Engine& e, const BatchPlan& plan, bool after_step, TimelineWitness& w) {
+  if (!after_step) {
+    for (int64_t id : plan.seq_ids) w.first_scheduled.emplace(id, plan.step);
+    return;
+  }
+  for (const auto& [id, r] : e.requests()) {
+    if (r->num_generated() > 0) w.first_token.emplace(id, plan.step);
+    if (r->finished()) w.finished.emplace(id, plan.step);
+  }
+}
+
+Status check_timeline(const Engine& e, const TimelineWitness& w, int64_t* compared) {
+  int64_t n = 0;
+  Status first = Status::ok();
+  for (const auto& [id, r] : e.requests()) {
+    if (r->finish == FinishReason::kRejected || !r->finished()) continue;
+    const RequestTimeline& t = r->time;
+    const std::string who = "request " + std::to_string(id);
+    const auto expect = [&](const char* what, int64_t got, const std::map<RequestId, int64_t>& seen) -> Status {
+      auto it = seen.find(id);
+      const int64_t want = it == seen.end() ? -1 : it->second;
+      if (got != want)
+        return Status::error(who + ": " + what + " step " + std::to_string(got) + ", but the steps show " +
+                             std::to_string(want));
+      return Status::ok();
+    };
+    // A forked parallel sample inherits its parent's timeline (it was scheduled and produced
+    // its first token as part of the parent): only its finish is its own.
+    if (first && r->parent < 0) first = expect("first scheduled", t.first_scheduled_step, w.first_scheduled);
+    if (first && r->parent < 0) first = expect("first token", t.first_token_step, w.first_token);
+    if (first) first = expect("finish", t.finish_step, w.finished);
+    ++n;
+  }
+  if (compared != nullptr) *compared = n;
+  return first;
+}
+
 Status check_engine_state(const Engine& e) {
   KVP_RETURN_IF_ERROR(check_all(e.kv()));
   KVP_RETURN_IF_ERROR(check_token_history(e));

@@ -2,6 +2,9 @@
 // KV-cache manager. Same contract as invariants.h: ok, or the first violation named.
 #pragma once
 
+#include <cstdint>
+#include <map>
+
 #include "common/status.h"
 #include "optimized/checkers/invariants.h"
 #include "optimized/engine/engine.h"
@@ -34,6 +37,20 @@ Status check_engine_state(const Engine& e);
 // Call after every step with the same `watch`; the error names the stuck requests and their
 // states, so a driving loop fails at once instead of spinning to its step limit.
 inline constexpr int64_t kMaxIdleSteps = 32;
+
+// The latency timeline, derived twice: a witness records, from the plans and the requests'
+// states as the steps run (not from RequestTimeline), the step each request was first
+// scheduled in, produced its first token in and ended in. check_timeline compares each
+// request's own timeline (which queue time, TTFT, TPOT and end-to-end are computed from)
+// with the witness, exactly: a first-scheduled step that moves when a preempted or swapped
+// request is scheduled again, or a first token or finish recorded at the wrong step, fails.
+struct TimelineWitness {
+  std::map<RequestId, int64_t> first_scheduled, first_token, finished;
+};
+// Call from the plan observer (after_step false) and the step observer (after_step true).
+void record_timeline(const Engine& e, const BatchPlan& plan, bool after_step, TimelineWitness& w);
+// Returns ok or the first request whose timeline differs; `compared` counts the requests checked.
+Status check_timeline(const Engine& e, const TimelineWitness& w, int64_t* compared = nullptr);
 struct ProgressWatch {
   int64_t last_progress = -1;  // scheduled tokens + cancellations + rejections at the last progress
   int64_t idle_steps = 0;
