@@ -195,6 +195,53 @@ RC_GTEST_PROP(EngineProperty, TargetRequestIsBitwiseIndependentOfNeighboursAndSc
   RC_CLASSIFY(sa.speculation.enabled() != sb.speculation.enabled(), "speculative against plain");
 }
 
+// Admitted means schedulable: over pool sizes, watermarks, block, chunk and budget sizes,
+// a request that add_request does not reject runs to its end when it is alone (S1 within
+// kMaxIdleSteps), and one that it rejects says why. An admission check weaker than the
+// scheduler's (say, one that forgets the watermark) admits requests that wait forever.
+RC_GTEST_PROP(EngineProperty, EveryAdmittedRequestCanBeScheduledAlone, ()) {
+  const int32_t bs = *rc::gen::element(1, 2, 3, 4, 8, 16);
+  EngineConfig c;
+  c.kv.pool.block_size = bs;
+  c.kv.pool.num_device_blocks = *rc::gen::inRange(1, 13);
+  c.kv.pool.num_host_blocks = *rc::gen::inRange(0, 7);
+  c.kv.watermark_blocks = *rc::gen::inRange(0, 4);
+  c.kv.enable_prefix_caching = *rc::gen::arbitrary<bool>();
+  c.scheduler.max_num_batched_tokens = *rc::gen::inRange(1, 64);
+  c.scheduler.max_num_seqs = *rc::gen::inRange(1, 4);
+  c.scheduler.max_model_len = *rc::gen::inRange(1, 97);
+  c.scheduler.prefill_chunk_size = *rc::gen::inRange(1, 40);
+  c.scheduler.admission = *rc::gen::element(AdmissionRule::kOptimistic, AdmissionRule::kConservative);
+  c.scheduler.preemption = *rc::gen::element(PreemptionMode::kRecompute, PreemptionMode::kSwap);
+  c.vocab_size = 64;
+  RC_PRE(validate(c).is_ok());
+  testing::FakeBackend backend(c.kv.pool, c.vocab_size);
+  Engine engine(c, backend);
+  RequestSpec spec;
+  // Mostly near the limits (the whole pool, max_model_len), where admission is decided.
+  const int64_t len_limit = std::min<int64_t>(c.scheduler.max_model_len, int64_t{c.kv.pool.num_device_blocks} * bs);
+  const int64_t total = std::max<int64_t>(2, len_limit + *rc::gen::inRange(-3, 3));
+  const auto prompt = static_cast<int>(*rc::gen::inRange<int64_t>(1, total));
+  for (int t = 0; t < prompt; ++t) spec.prompt.push_back(*rc::gen::inRange(0, 64));
+  spec.max_tokens = total - prompt;
+  const RequestId id = engine.add_request(spec);
+  const Request& r = engine.request(id);
+  RC_TAG(r.finish == FinishReason::kRejected ? "rejected" : "admitted");
+  if (r.finish == FinishReason::kRejected) {
+    RC_ASSERT(!r.reject_reason.empty());
+    return;
+  }
+  ProgressWatch watch;
+  for (int step = 0; step < 10000 && engine.has_unfinished(); ++step) {
+    RC_ASSERT(engine.step().is_ok());
+    const Status progress = check_progress(engine, watch);
+    RC_ASSERT_FALSE(!progress.is_ok() && (RC_LOG() << progress.message() << "\n", true));
+  }
+  RC_ASSERT(!engine.has_unfinished());
+  RC_ASSERT(r.finish == FinishReason::kLength);
+  RC_ASSERT(r.num_generated() == spec.max_tokens);
+}
+
 RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmallPool, ()) {
   const Schedule s = draw_schedule();
   const auto prefix = draw_prefix();
