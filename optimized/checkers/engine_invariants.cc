@@ -87,7 +87,9 @@ void record_timeline(const Engine& e, const BatchPlan& plan, bool after_step, Ti
 Status check_timeline(const Engine& e, const TimelineWitness& w, int64_t* compared) {
   int64_t n = 0;
   Status first = Status::ok();
-  for (const auto& [id, r] : e.requests()) {
+  for (const auto& entry : e.requests()) {
+    const RequestId id = entry.first;
+    const Request* r = entry.second.get();
     if (r->finish == FinishReason::kRejected || !r->finished()) continue;
     const RequestTimeline& t = r->time;
     const std::string who = "request " + std::to_string(id);
