@@ -351,10 +351,11 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       record_timeline(e, plan, /*after_step=*/false, witness);
       return check_plan(e, plan, inv);
     });
-    engine.set_step_observer([&inv, &finished_at, &witness](const Engine& e, const BatchPlan& plan) {
+    // Finished requests are snapshotted by check_finished below, after every step and before
+    // run_workload issues the next step's cancels: once per step, not here as well.
+    engine.set_step_observer([&inv, &witness](const Engine& e, const BatchPlan& plan) {
       Status s = check_state(e, plan, inv);
       record_timeline(e, plan, /*after_step=*/true, witness);
-      record_finished(e, finished_at);
       return s;
     });
     // Each request is checked against the oracle as soon as it finishes, and (without
