@@ -8,8 +8,16 @@
 //     table: a wrong slot, a skipped copy-on-write, a wrong prefix hit, a lost swap or a
 //     stale block all show up here (I3, I4, I5, I7 end to end).
 //   - per sequence: its tokens, slot count and residency, compared with the manager's.
-// Each command checks every invariant checker, and a failed allocation or swap must leave
-// a snapshot of the whole state unchanged (atomicity).
+// A failed allocation or swap must leave a snapshot of the whole state unchanged
+// (atomicity). How much is checked after each command is the harness's scope:
+//   kEverything (the property tests): every invariant checker (check_all) and every
+//       resident sequence read back through its table, after every command;
+//   kTouched (the operation fuzzer): work in proportion to the command: the sequences it
+//       touched are compared with the model and read back, each allocation's slots are
+//       checked (I3, I5 for the plan), and every kFullCheckEvery commands, and in drain(),
+//       everything is checked as in kEverything. A corruption of a sequence the command did
+//       not touch (a skipped copy-on-write seen by the other holder, a refcount left
+//       behind) is found at the next full check, within the same input.
 // Command kind 10 is a speculative step: draft tokens appended and given slots (written),
 // never final, then all but the accepted ones rolled back with truncate and the accepted
 // ones marked final; the prefix cache must never register a rejected draft (I9), and every
@@ -35,13 +43,17 @@ struct Op {
   int c = 0;
 };
 
+enum class CheckScope { kEverything, kTouched };
+
 class KvHarness {
  public:
-  explicit KvHarness(const KvCacheConfig& config);
+  explicit KvHarness(const KvCacheConfig& config, CheckScope scope = CheckScope::kEverything);
+  static constexpr int64_t kFullCheckEvery = 16;
 
   // Applies one command; an error describes the first broken check.
   Status apply(const Op& op);
-  // Frees every sequence, flushes the cache, and checks that every block is free (I6).
+  // Checks everything (as kEverything does after each command), then frees every sequence,
+  // flushes the cache, and checks that every block is free (I6).
   Status drain();
 
   const KvCacheManager& manager() const { return m_; }
@@ -79,7 +91,9 @@ class KvHarness {
   SeqId pick(int a) const;  // an existing sequence (or -1)
   Status allocate(SeqId s, int64_t n);
   void apply_plan_ops();
-  Status check();
+  Status check();                   // everything
+  Status check_sequence(SeqId id);  // one sequence against the model, read back through its table
+  void touch(SeqId s) { touched_.push_back(s); }
 
   KvCacheConfig config_;
   KvCacheManager m_;
@@ -88,6 +102,8 @@ class KvHarness {
   SeqId next_id_ = 0;
   ChainHashMemo hash_memo_;
   int64_t commands_ = 0;
+  CheckScope scope_;
+  std::vector<SeqId> touched_;  // by the current command
 };
 
 }  // namespace kvp::testing

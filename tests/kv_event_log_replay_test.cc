@@ -59,6 +59,28 @@ TEST(EventLogReplay, AManagerLogReplaysCleanly) {
   EXPECT_EQ(r.device_in_use, 0);
   EXPECT_EQ(r.device_cached, 0);
   EXPECT_GT(r.lines, 20);
+  // The typed events (no JSON) replay to the same end state.
+  const ReplayResult typed = replay_events(log.events());
+  EXPECT_TRUE(typed.ok()) << typed.message;
+  EXPECT_EQ(typed.lines, r.lines);
+  EXPECT_EQ(typed.device_in_use, r.device_in_use);
+}
+
+// The typed path runs the same handlers: a violation is found and named by event number.
+TEST(EventLogReplay, TypedEventsGetTheSameChecks) {
+  const std::vector<KvEvent> events = {kv_event::Init{4, 2, 4, false}, kv_event::Add{1, 0}, kv_event::Add{2, 0},
+                                       kv_event::Alloc{1, 3}, kv_event::Alloc{2, 3}};
+  expect_failure(replay_events(events), Kind::kViolation, "event 5: I1: alloc of device block 3, in use");
+  expect_failure(replay_events(std::vector<KvEvent>{kv_event::Add{1, 0}}), Kind::kMalformed,
+                 "event 1: the first event must be init");
+  expect_failure(replay_events(std::vector<KvEvent>{kv_event::Init{4, 2, 0, false}}), Kind::kMalformed,
+                 "block_size must be in [1,");
+}
+
+TEST(EventLogReplay, RejectsBlockIdsBeyondInt32) {
+  expect_failure(
+      replay_lines({kInit, R"({"ev":"add","seq":1,"tenant":0})", R"({"ev":"alloc","seq":1,"block":4294967296})"}),
+      Kind::kMalformed, "line 3: field \"block\" out of range");
 }
 
 TEST(EventLogReplay, EmptyLogIsMalformed) {

@@ -36,19 +36,34 @@ struct Seq {
 
 class Model {
  public:
-  std::optional<Failure> apply(const Json& j);
+  static Failure malformed(std::string r) { return {ReplayResult::Kind::kMalformed, std::move(r)}; }
+  static Failure violation(std::string r) { return {ReplayResult::Kind::kViolation, std::move(r)}; }
+
+  std::optional<Failure> apply(const KvEvent& e);
   void fill(ReplayResult& r) const;
   std::optional<Failure> check_all() const;
   bool initialized() const { return init_; }
 
- private:
-  static Failure malformed(std::string r) { return {ReplayResult::Kind::kMalformed, std::move(r)}; }
-  static Failure violation(std::string r) { return {ReplayResult::Kind::kViolation, std::move(r)}; }
+  // One handler per event type (kv_event.h); each re-checks what its event claims.
+  std::optional<Failure> on(const kv_event::Init& e);
+  std::optional<Failure> on(const kv_event::Add& e);
+  std::optional<Failure> on(const kv_event::Fork& e);
+  std::optional<Failure> on(const kv_event::Alloc& e);
+  std::optional<Failure> on(const kv_event::Share& e);
+  std::optional<Failure> on(const kv_event::Cow& e);
+  std::optional<Failure> on(const kv_event::Release& e);
+  std::optional<Failure> on(const kv_event::Slots& e);
+  std::optional<Failure> on(const kv_event::Cache& e);
+  std::optional<Failure> on(const kv_event::Evict& e);
+  std::optional<Failure> on(const kv_event::SwapOut& e) { return swap(e.seq, e.pairs, true); }
+  std::optional<Failure> on(const kv_event::SwapIn& e) { return swap(e.seq, e.pairs, false); }
+  std::optional<Failure> on(const kv_event::Poison& e);
+  std::optional<Failure> on(const kv_event::Free& e);
 
-  std::optional<Failure> get_int(const Json& j, const char* key, int64_t& out) const;
-  std::optional<Failure> get_block(const Json& j, const char* key, bool host, int64_t& out) const;
-  std::optional<Failure> get_seq(const Json& j, const char* key, Seq*& out);
-  std::optional<Failure> get_pairs(const Json& j, std::vector<std::pair<int64_t, int64_t>>& out) const;
+ private:
+  std::optional<Failure> block_in_pool(int64_t b, bool host) const;
+  std::optional<Failure> find_seq(int64_t id, Seq*& out);
+  std::optional<Failure> swap(int64_t id, const std::vector<BlockCopy>& pairs, bool out);
   std::optional<Failure> check_blocks(const std::vector<int64_t>& device_blocks,
                                       const std::vector<int64_t>& host_blocks) const;
   std::optional<Failure> check_table(int64_t id, const Seq& s) const;
@@ -64,9 +79,11 @@ class Model {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-std::optional<Failure> Model::get_int(const Json& j, const char* key, int64_t& out) const {
+// ---- decoding: one JSON line into a KvEvent, or a "malformed" failure ----
+
+std::optional<Failure> get_int(const Json& j, const char* key, int64_t& out) {
   auto it = j.find(key);
-  if (it == j.end()) return malformed(std::string("missing field \"") + key + "\"");
+  if (it == j.end()) return Model::malformed(std::string("missing field \"") + key + "\"");
   if (it->is_number_integer() && !it->is_number_unsigned()) {
     out = it->get<int64_t>();
     return std::nullopt;
@@ -74,42 +91,166 @@ std::optional<Failure> Model::get_int(const Json& j, const char* key, int64_t& o
   if (it->is_number_unsigned()) {
     const auto u = it->get<uint64_t>();
     if (u > static_cast<uint64_t>(INT64_MAX)) {
-      return malformed(std::string("field \"") + key + "\" out of range");
+      return Model::malformed(std::string("field \"") + key + "\" out of range");
     }
     out = static_cast<int64_t>(u);
     return std::nullopt;
   }
-  return malformed(std::string("field \"") + key + "\" is not an integer");
+  return Model::malformed(std::string("field \"") + key + "\" is not an integer");
 }
 
-std::optional<Failure> Model::get_block(const Json& j, const char* key, bool host, int64_t& out) const {
-  if (auto f = get_int(j, key, out)) return f;
-  const int64_t n = host ? static_cast<int64_t>(host_.size()) : static_cast<int64_t>(device_.size());
-  if (out < 0 || out >= n) {
-    return violation(std::string(host ? "host" : "device") + " block " + str(out) + " outside the pool of " + str(n));
+// A block id or pool size: an int32 (no pool holds 2^31 blocks, see kMaxBlocks).
+std::optional<Failure> get_i32(const Json& j, const char* key, int32_t& out) {
+  int64_t v = 0;
+  if (auto f = get_int(j, key, v)) return f;
+  if (v < INT32_MIN || v > INT32_MAX) return Model::malformed(std::string("field \"") + key + "\" out of range");
+  out = static_cast<int32_t>(v);
+  return std::nullopt;
+}
+
+std::optional<Failure> get_pairs(const Json& j, std::vector<BlockCopy>& out) {
+  auto it = j.find("pairs");
+  if (it == j.end()) return Model::malformed("missing field \"pairs\"");
+  if (!it->is_array()) return Model::malformed("field \"pairs\" is not an array");
+  for (const Json& p : *it) {
+    if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() || !p[1].is_number_integer()) {
+      return Model::malformed("field \"pairs\" holds an element that is not [int, int]");
+    }
+    const auto a = p[0].get<int64_t>(), b = p[1].get<int64_t>();
+    if (a < INT32_MIN || a > INT32_MAX || b < INT32_MIN || b > INT32_MAX) {
+      return Model::malformed("field \"pairs\" holds a block id out of range");
+    }
+    out.push_back(BlockCopy{static_cast<int32_t>(a), static_cast<int32_t>(b)});
   }
   return std::nullopt;
 }
 
-std::optional<Failure> Model::get_seq(const Json& j, const char* key, Seq*& out) {
-  int64_t id = 0;
-  if (auto f = get_int(j, key, id)) return f;
+std::optional<Failure> decode_init(const Json& j, KvEvent& out) {
+  kv_event::Init e;
+  if (auto f = get_i32(j, "device_blocks", e.device_blocks)) return f;
+  if (auto f = get_i32(j, "host_blocks", e.host_blocks)) return f;
+  if (auto f = get_i32(j, "block_size", e.block_size)) return f;
+  auto g = j.find("global_prefix");
+  if (g != j.end() && !g->is_boolean()) return Model::malformed("field \"global_prefix\" is not a boolean");
+  e.global_prefix = g != j.end() && g->get<bool>();
+  out = e;
+  return std::nullopt;
+}
+
+std::optional<Failure> decode_share(const Json& j, KvEvent& out) {
+  kv_event::Share e;
+  if (auto f = get_int(j, "seq", e.seq)) return f;
+  if (auto f = get_i32(j, "block", e.block)) return f;
+  auto r = j.find("reason");
+  if (r == j.end() || !r->is_string()) return Model::malformed("missing string field \"reason\"");
+  const std::string reason = r->get<std::string>();
+  if (reason == "prefix_hit") {
+    e.reason = kv_event::ShareReason::kPrefixHit;
+  } else if (reason == "fork") {
+    e.reason = kv_event::ShareReason::kFork;
+  } else {
+    return Model::malformed("unknown share reason \"" + reason + "\"");
+  }
+  out = e;
+  return std::nullopt;
+}
+
+std::optional<Failure> decode_swap(const Json& j, bool swap_out, KvEvent& out) {
+  int64_t seq = 0;
+  std::vector<BlockCopy> pairs;
+  if (auto f = get_int(j, "seq", seq)) return f;
+  if (auto f = get_pairs(j, pairs)) return f;
+  if (swap_out) {
+    out = kv_event::SwapOut{seq, std::move(pairs)};
+  } else {
+    out = kv_event::SwapIn{seq, std::move(pairs)};
+  }
+  return std::nullopt;
+}
+
+// An event whose fields are all integers: 64-bit ones (`wide`) and block ids (`narrow`).
+using WideFields = std::initializer_list<std::pair<const char*, int64_t*>>;
+using NarrowFields = std::initializer_list<std::pair<const char*, int32_t*>>;
+std::optional<Failure> get_fields(const Json& j, WideFields wide, NarrowFields narrow) {
+  for (const auto& [key, field] : wide) {
+    if (auto f = get_int(j, key, *field)) return f;
+  }
+  for (const auto& [key, field] : narrow) {
+    if (auto f = get_i32(j, key, *field)) return f;
+  }
+  return std::nullopt;
+}
+
+std::optional<Failure> decode(const Json& j, KvEvent& out) {
+  if (!j.is_object()) return Model::malformed("not a JSON object");
+  auto ev_it = j.find("ev");
+  if (ev_it == j.end() || !ev_it->is_string()) return Model::malformed("missing string field \"ev\"");
+  const std::string ev = ev_it->get<std::string>();
+  auto simple = [&](auto& e, WideFields wide, NarrowFields narrow) -> std::optional<Failure> {
+    if (auto f = get_fields(j, wide, narrow)) return f;
+    out = e;
+    return std::nullopt;
+  };
+  if (ev == "init") return decode_init(j, out);
+  if (ev == "share") return decode_share(j, out);
+  if (ev == "swap_out" || ev == "swap_in") return decode_swap(j, ev == "swap_out", out);
+  if (ev == "add") {
+    kv_event::Add e;
+    return simple(e, {{"seq", &e.seq}, {"tenant", &e.tenant}}, {});
+  }
+  if (ev == "fork") {
+    kv_event::Fork e;
+    return simple(e, {{"parent", &e.parent}, {"child", &e.child}}, {});
+  }
+  if (ev == "alloc") {
+    kv_event::Alloc e;
+    return simple(e, {{"seq", &e.seq}}, {{"block", &e.block}});
+  }
+  if (ev == "cow") {
+    kv_event::Cow e;
+    return simple(e, {{"seq", &e.seq}, {"index", &e.index}}, {{"src", &e.src}, {"dst", &e.dst}});
+  }
+  if (ev == "release") {
+    kv_event::Release e;
+    return simple(e, {{"seq", &e.seq}}, {{"block", &e.block}});
+  }
+  if (ev == "slots") {
+    kv_event::Slots e;
+    return simple(e, {{"seq", &e.seq}, {"len", &e.len}}, {});
+  }
+  if (ev == "cache") {
+    kv_event::Cache e;
+    return simple(e, {}, {{"block", &e.block}});
+  }
+  if (ev == "evict") {
+    kv_event::Evict e;
+    return simple(e, {}, {{"block", &e.block}});
+  }
+  if (ev == "poison") {
+    kv_event::Poison e;
+    return simple(e, {}, {{"block", &e.block}});
+  }
+  if (ev == "free") {
+    kv_event::Free e;
+    return simple(e, {{"seq", &e.seq}}, {});
+  }
+  return Model::malformed("unknown event \"" + ev + "\"");
+}
+
+// ---- the model ----
+
+std::optional<Failure> Model::block_in_pool(int64_t b, bool host) const {
+  const int64_t n = host ? static_cast<int64_t>(host_.size()) : static_cast<int64_t>(device_.size());
+  if (b < 0 || b >= n) {
+    return violation(std::string(host ? "host" : "device") + " block " + str(b) + " outside the pool of " + str(n));
+  }
+  return std::nullopt;
+}
+
+std::optional<Failure> Model::find_seq(int64_t id, Seq*& out) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return violation("unknown sequence " + str(id));
   out = &it->second;
-  return std::nullopt;
-}
-
-std::optional<Failure> Model::get_pairs(const Json& j, std::vector<std::pair<int64_t, int64_t>>& out) const {
-  auto it = j.find("pairs");
-  if (it == j.end()) return malformed("missing field \"pairs\"");
-  if (!it->is_array()) return malformed("field \"pairs\" is not an array");
-  for (const Json& p : *it) {
-    if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() || !p[1].is_number_integer()) {
-      return malformed("field \"pairs\" holds an element that is not [int, int]");
-    }
-    out.emplace_back(p[0].get<int64_t>(), p[1].get<int64_t>());
-  }
   return std::nullopt;
 }
 
@@ -165,238 +306,225 @@ std::optional<Failure> Model::check_all() const {
   return std::nullopt;
 }
 
-std::optional<Failure> Model::apply(const Json& j) {
-  if (!j.is_object()) return malformed("not a JSON object");
-  auto ev_it = j.find("ev");
-  if (ev_it == j.end() || !ev_it->is_string()) return malformed("missing string field \"ev\"");
-  const std::string ev = ev_it->get<std::string>();
-
-  if (ev == "init") {
-    if (init_) return malformed("a second init");
-    int64_t nd = 0, nh = 0, bs = 0;
-    if (auto f = get_int(j, "device_blocks", nd)) return f;
-    if (auto f = get_int(j, "host_blocks", nh)) return f;
-    if (auto f = get_int(j, "block_size", bs)) return f;
-    if (nd < 0 || nd > kMaxBlocks || nh < 0 || nh > kMaxBlocks) {
-      return malformed("pool sizes must be in [0, " + str(kMaxBlocks) + "]");
-    }
-    if (bs < 1 || bs > kMaxBlockSize) return malformed("block_size must be in [1, " + str(kMaxBlockSize) + "]");
-    auto g = j.find("global_prefix");
-    if (g != j.end() && !g->is_boolean()) return malformed("field \"global_prefix\" is not a boolean");
-    global_ = g != j.end() && g->get<bool>();
-    device_.assign(static_cast<size_t>(nd), Block{});
-    host_.assign(static_cast<size_t>(nh), 0);
-    block_size_ = bs;
-    init_ = true;
-    return std::nullopt;
-  }
+std::optional<Failure> Model::apply(const KvEvent& e) {
+  if (const auto* init = std::get_if<kv_event::Init>(&e)) return on(*init);
   if (!init_) return malformed("the first event must be init");
+  return std::visit([this](const auto& ev) { return on(ev); }, e);
+}
 
-  if (ev == "add") {
-    int64_t id = 0, tenant = 0;
-    if (auto f = get_int(j, "seq", id)) return f;
-    if (auto f = get_int(j, "tenant", tenant)) return f;
-    if (seqs_.count(id) != 0) return violation("add of sequence " + str(id) + ", which exists");
-    seqs_[id].tenant = tenant;
-    return std::nullopt;
+std::optional<Failure> Model::on(const kv_event::Init& e) {
+  if (init_) return malformed("a second init");
+  if (e.device_blocks < 0 || e.device_blocks > kMaxBlocks || e.host_blocks < 0 || e.host_blocks > kMaxBlocks) {
+    return malformed("pool sizes must be in [0, " + str(kMaxBlocks) + "]");
   }
-  if (ev == "fork") {
-    Seq* parent = nullptr;
-    if (auto f = get_seq(j, "parent", parent)) return f;
-    int64_t child = 0;
-    if (auto f = get_int(j, "child", child)) return f;
-    if (seqs_.count(child) != 0) return violation("fork into sequence " + str(child) + ", which exists");
-    if (parent->on_host) return violation("fork of a swapped-out sequence");
-    const int64_t tenant = parent->tenant;
-    seqs_[child].tenant = tenant;
-    return std::nullopt;
+  if (e.block_size < 1 || e.block_size > kMaxBlockSize) {
+    return malformed("block_size must be in [1, " + str(kMaxBlockSize) + "]");
   }
-  if (ev == "alloc") {
-    Seq* s = nullptr;
-    int64_t b = 0;
-    if (auto f = get_seq(j, "seq", s)) return f;
-    if (auto f = get_block(j, "block", false, b)) return f;
-    Block& blk = device_[static_cast<size_t>(b)];
-    if (s->on_host) return violation("alloc of a device block to a swapped-out sequence");
-    if (blk.refcount != 0)
-      return violation("I1: alloc of device block " + str(b) + ", in use (refcount " + str(blk.refcount) + ")");
-    if (blk.cached) return violation("I1: alloc of device block " + str(b) + ", still cached (no evict first)");
-    blk.refcount = 1;
-    blk.tenant = s->tenant;
-    s->table.push_back(b);
-    if (auto f = check_table(j["seq"].get<int64_t>(), *s)) return f;
-    return check_blocks({b}, {});
+  global_ = e.global_prefix;
+  device_.assign(static_cast<size_t>(e.device_blocks), Block{});
+  host_.assign(static_cast<size_t>(e.host_blocks), 0);
+  block_size_ = e.block_size;
+  init_ = true;
+  return std::nullopt;
+}
+
+std::optional<Failure> Model::on(const kv_event::Add& e) {
+  if (seqs_.count(e.seq) != 0) return violation("add of sequence " + str(e.seq) + ", which exists");
+  seqs_[e.seq].tenant = e.tenant;
+  return std::nullopt;
+}
+
+std::optional<Failure> Model::on(const kv_event::Fork& e) {
+  Seq* parent = nullptr;
+  if (auto f = find_seq(e.parent, parent)) return f;
+  if (seqs_.count(e.child) != 0) return violation("fork into sequence " + str(e.child) + ", which exists");
+  if (parent->on_host) return violation("fork of a swapped-out sequence");
+  const int64_t tenant = parent->tenant;
+  seqs_[e.child].tenant = tenant;
+  return std::nullopt;
+}
+
+std::optional<Failure> Model::on(const kv_event::Alloc& e) {
+  Seq* s = nullptr;
+  if (auto f = find_seq(e.seq, s)) return f;
+  if (auto f = block_in_pool(e.block, false)) return f;
+  Block& blk = device_[static_cast<size_t>(e.block)];
+  if (s->on_host) return violation("alloc of a device block to a swapped-out sequence");
+  if (blk.refcount != 0) {
+    return violation("I1: alloc of device block " + str(e.block) + ", in use (refcount " + str(blk.refcount) + ")");
   }
-  if (ev == "share") {
-    Seq* s = nullptr;
-    int64_t b = 0;
-    if (auto f = get_seq(j, "seq", s)) return f;
-    if (auto f = get_block(j, "block", false, b)) return f;
-    auto r = j.find("reason");
-    if (r == j.end() || !r->is_string()) return malformed("missing string field \"reason\"");
-    const std::string reason = r->get<std::string>();
-    Block& blk = device_[static_cast<size_t>(b)];
-    if (s->on_host) return violation("share into a swapped-out sequence");
-    if (reason == "prefix_hit") {
-      if (!blk.cached) return violation("I4: prefix hit on device block " + str(b) + ", which is not cached");
-      if (!global_ && blk.tenant != s->tenant) {
-        return violation("I4: prefix hit shares device block " + str(b) + " of tenant " + str(blk.tenant) +
-                         " with tenant " + str(s->tenant));
-      }
-    } else if (reason == "fork") {
-      if (blk.refcount == 0) return violation("I4: fork shares device block " + str(b) + ", which is not in use");
+  if (blk.cached) return violation("I1: alloc of device block " + str(e.block) + ", still cached (no evict first)");
+  blk.refcount = 1;
+  blk.tenant = s->tenant;
+  s->table.push_back(e.block);
+  if (auto f = check_table(e.seq, *s)) return f;
+  return check_blocks({e.block}, {});
+}
+
+std::optional<Failure> Model::on(const kv_event::Share& e) {
+  Seq* s = nullptr;
+  if (auto f = find_seq(e.seq, s)) return f;
+  if (auto f = block_in_pool(e.block, false)) return f;
+  Block& blk = device_[static_cast<size_t>(e.block)];
+  if (s->on_host) return violation("share into a swapped-out sequence");
+  if (e.reason == kv_event::ShareReason::kPrefixHit) {
+    if (!blk.cached) return violation("I4: prefix hit on device block " + str(e.block) + ", which is not cached");
+    if (!global_ && blk.tenant != s->tenant) {
+      return violation("I4: prefix hit shares device block " + str(e.block) + " of tenant " + str(blk.tenant) +
+                       " with tenant " + str(s->tenant));
+    }
+  } else if (blk.refcount == 0) {
+    return violation("I4: fork shares device block " + str(e.block) + ", which is not in use");
+  }
+  ++blk.refcount;
+  s->table.push_back(e.block);
+  if (auto f = check_table(e.seq, *s)) return f;
+  return check_blocks({e.block}, {});
+}
+
+std::optional<Failure> Model::on(const kv_event::Cow& e) {
+  Seq* s = nullptr;
+  if (auto f = find_seq(e.seq, s)) return f;
+  if (auto f = block_in_pool(e.src, false)) return f;
+  if (auto f = block_in_pool(e.dst, false)) return f;
+  if (s->on_host) return violation("copy-on-write in a swapped-out sequence");
+  if (e.index < 0 || e.index >= static_cast<int64_t>(s->table.size()) ||
+      s->table[static_cast<size_t>(e.index)] != e.src) {
+    return violation("copy-on-write of block " + str(e.src) + " at index " + str(e.index) +
+                     ", which the table does not hold there");
+  }
+  Block& d = device_[static_cast<size_t>(e.dst)];
+  Block& sb = device_[static_cast<size_t>(e.src)];
+  if (d.refcount != 0 || d.cached) {
+    return violation("I1: copy-on-write into device block " + str(e.dst) + ", which is not free");
+  }
+  if (sb.refcount <= 1 && !sb.cached) {
+    return violation("copy-on-write of device block " + str(e.src) + ", which is private (refcount " +
+                     str(sb.refcount) + ", not cached)");
+  }
+  d.refcount = 1;
+  d.tenant = s->tenant;
+  --sb.refcount;
+  s->table[static_cast<size_t>(e.index)] = e.dst;
+  return check_blocks({e.src, e.dst}, {});
+}
+
+std::optional<Failure> Model::on(const kv_event::Release& e) {
+  Seq* s = nullptr;
+  if (auto f = find_seq(e.seq, s)) return f;
+  if (auto f = block_in_pool(e.block, s->on_host)) return f;
+  if (s->table.empty() || s->table.back() != e.block) {
+    return violation("release of block " + str(e.block) + ", which is not the tail of sequence " + str(e.seq) +
+                     "'s table");
+  }
+  s->table.pop_back();
+  if (s->on_host) {
+    if (host_[static_cast<size_t>(e.block)] <= 0) return violation("I2: release of free host block " + str(e.block));
+    --host_[static_cast<size_t>(e.block)];
+    return check_blocks({}, {e.block});
+  }
+  if (device_[static_cast<size_t>(e.block)].refcount <= 0) {
+    return violation("I2: release of free device block " + str(e.block));
+  }
+  --device_[static_cast<size_t>(e.block)].refcount;
+  return check_blocks({e.block}, {});
+}
+
+std::optional<Failure> Model::on(const kv_event::Slots& e) {
+  Seq* s = nullptr;
+  if (auto f = find_seq(e.seq, s)) return f;
+  if (e.len < 0 || e.len > kMaxLen) return malformed("field \"len\" out of range");
+  s->len = e.len;
+  const int64_t want = (e.len + block_size_ - 1) / block_size_;
+  if (static_cast<int64_t>(s->table.size()) != want) {
+    return violation("I5: sequence " + str(e.seq) + " has " + str(static_cast<int64_t>(s->table.size())) +
+                     " blocks for length " + str(e.len) + " (expected " + str(want) + ")");
+  }
+  return std::nullopt;
+}
+
+std::optional<Failure> Model::on(const kv_event::Cache& e) {
+  if (auto f = block_in_pool(e.block, false)) return f;
+  Block& blk = device_[static_cast<size_t>(e.block)];
+  if (blk.refcount == 0) return violation("cache of device block " + str(e.block) + ", which is not in use");
+  if (blk.cached) return violation("cache of device block " + str(e.block) + ", which is already cached");
+  blk.cached = true;
+  return std::nullopt;
+}
+
+std::optional<Failure> Model::on(const kv_event::Evict& e) {
+  if (auto f = block_in_pool(e.block, false)) return f;
+  Block& blk = device_[static_cast<size_t>(e.block)];
+  if (!blk.cached) return violation("evict of device block " + str(e.block) + ", which is not cached");
+  blk.cached = false;
+  return std::nullopt;
+}
+
+std::optional<Failure> Model::on(const kv_event::Poison& e) {
+  if (auto f = block_in_pool(e.block, false)) return f;
+  const Block& blk = device_[static_cast<size_t>(e.block)];
+  if (blk.refcount != 0) {
+    return violation("I7: poison of device block " + str(e.block) + ", in use (refcount " + str(blk.refcount) + ")");
+  }
+  if (blk.cached) return violation("I7: poison of device block " + str(e.block) + ", which is cached");
+  return std::nullopt;
+}
+
+std::optional<Failure> Model::swap(int64_t id, const std::vector<BlockCopy>& pairs, bool out) {
+  const std::string ev = out ? "swap_out" : "swap_in";
+  Seq* s = nullptr;
+  if (auto f = find_seq(id, s)) return f;
+  if (s->on_host == out) return violation(ev + " of a sequence " + (out ? "already" : "not") + " swapped out");
+  if (pairs.size() != s->table.size()) {
+    return violation(ev + " lists " + str(static_cast<int64_t>(pairs.size())) + " pairs for a table of " +
+                     str(static_cast<int64_t>(s->table.size())));
+  }
+  std::vector<int64_t> touched_device, touched_host;
+  const int64_t nd = static_cast<int64_t>(device_.size()), nh = static_cast<int64_t>(host_.size());
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const int64_t src = pairs[i].src, dst = pairs[i].dst;
+    const bool src_ok = out ? (src >= 0 && src < nd) : (src >= 0 && src < nh);
+    const bool dst_ok = out ? (dst >= 0 && dst < nh) : (dst >= 0 && dst < nd);
+    if (!src_ok || !dst_ok) {
+      return violation(ev + " pair " + str(static_cast<int64_t>(i)) + " names a block outside its pool");
+    }
+    if (s->table[i] != src) {
+      return violation(ev + " pair " + str(static_cast<int64_t>(i)) + " source " + str(src) + " is not table entry " +
+                       str(s->table[i]));
+    }
+    if (out) {
+      if (host_[static_cast<size_t>(dst)] != 0)
+        return violation("I1: swap_out into host block " + str(dst) + ", in use");
+      host_[static_cast<size_t>(dst)] = 1;
+      --device_[static_cast<size_t>(src)].refcount;
+      touched_device.push_back(src);
+      touched_host.push_back(dst);
     } else {
-      return malformed("unknown share reason \"" + reason + "\"");
+      Block& d = device_[static_cast<size_t>(dst)];
+      if (d.refcount != 0 || d.cached)
+        return violation("I1: swap_in into device block " + str(dst) + ", which is not free");
+      d.refcount = 1;
+      d.tenant = s->tenant;
+      --host_[static_cast<size_t>(src)];
+      touched_device.push_back(dst);
+      touched_host.push_back(src);
     }
-    ++blk.refcount;
-    s->table.push_back(b);
-    if (auto f = check_table(j["seq"].get<int64_t>(), *s)) return f;
-    return check_blocks({b}, {});
+    s->table[i] = dst;
   }
-  if (ev == "cow") {
-    Seq* s = nullptr;
-    int64_t index = 0, src = 0, dst = 0;
-    if (auto f = get_seq(j, "seq", s)) return f;
-    if (auto f = get_int(j, "index", index)) return f;
-    if (auto f = get_block(j, "src", false, src)) return f;
-    if (auto f = get_block(j, "dst", false, dst)) return f;
-    if (s->on_host) return violation("copy-on-write in a swapped-out sequence");
-    if (index < 0 || index >= static_cast<int64_t>(s->table.size()) || s->table[static_cast<size_t>(index)] != src) {
-      return violation("copy-on-write of block " + str(src) + " at index " + str(index) +
-                       ", which the table does not hold there");
-    }
-    Block& d = device_[static_cast<size_t>(dst)];
-    Block& sb = device_[static_cast<size_t>(src)];
-    if (d.refcount != 0 || d.cached)
-      return violation("I1: copy-on-write into device block " + str(dst) + ", which is not free");
-    if (sb.refcount <= 1 && !sb.cached) {
-      return violation("copy-on-write of device block " + str(src) + ", which is private (refcount " +
-                       str(sb.refcount) + ", not cached)");
-    }
-    d.refcount = 1;
-    d.tenant = s->tenant;
-    --sb.refcount;
-    s->table[static_cast<size_t>(index)] = dst;
-    return check_blocks({src, dst}, {});
+  s->on_host = out;
+  if (auto f = check_table(id, *s)) return f;
+  return check_blocks(touched_device, touched_host);
+}
+
+std::optional<Failure> Model::on(const kv_event::Free& e) {
+  auto it = seqs_.find(e.seq);
+  if (it == seqs_.end()) return violation("free of unknown sequence " + str(e.seq));
+  if (!it->second.table.empty()) {
+    return violation("I6: free of sequence " + str(e.seq) + " that still holds " +
+                     str(static_cast<int64_t>(it->second.table.size())) + " blocks");
   }
-  if (ev == "release") {
-    Seq* s = nullptr;
-    int64_t b = 0;
-    if (auto f = get_seq(j, "seq", s)) return f;
-    if (auto f = get_block(j, "block", s->on_host, b)) return f;
-    if (s->table.empty() || s->table.back() != b) {
-      return violation("release of block " + str(b) + ", which is not the tail of sequence " +
-                       str(j["seq"].get<int64_t>()) + "'s table");
-    }
-    s->table.pop_back();
-    if (s->on_host) {
-      if (host_[static_cast<size_t>(b)] <= 0) return violation("I2: release of free host block " + str(b));
-      --host_[static_cast<size_t>(b)];
-      return check_blocks({}, {b});
-    }
-    if (device_[static_cast<size_t>(b)].refcount <= 0) return violation("I2: release of free device block " + str(b));
-    --device_[static_cast<size_t>(b)].refcount;
-    return check_blocks({b}, {});
-  }
-  if (ev == "slots") {
-    Seq* s = nullptr;
-    int64_t len = 0;
-    if (auto f = get_seq(j, "seq", s)) return f;
-    if (auto f = get_int(j, "len", len)) return f;
-    if (len < 0 || len > kMaxLen) return malformed("field \"len\" out of range");
-    s->len = len;
-    const int64_t want = (len + block_size_ - 1) / block_size_;
-    if (static_cast<int64_t>(s->table.size()) != want) {
-      return violation("I5: sequence " + str(j["seq"].get<int64_t>()) + " has " +
-                       str(static_cast<int64_t>(s->table.size())) + " blocks for length " + str(len) + " (expected " +
-                       str(want) + ")");
-    }
-    return std::nullopt;
-  }
-  if (ev == "cache") {
-    int64_t b = 0;
-    if (auto f = get_block(j, "block", false, b)) return f;
-    Block& blk = device_[static_cast<size_t>(b)];
-    if (blk.refcount == 0) return violation("cache of device block " + str(b) + ", which is not in use");
-    if (blk.cached) return violation("cache of device block " + str(b) + ", which is already cached");
-    blk.cached = true;
-    return std::nullopt;
-  }
-  if (ev == "evict") {
-    int64_t b = 0;
-    if (auto f = get_block(j, "block", false, b)) return f;
-    Block& blk = device_[static_cast<size_t>(b)];
-    if (!blk.cached) return violation("evict of device block " + str(b) + ", which is not cached");
-    blk.cached = false;
-    return std::nullopt;
-  }
-  if (ev == "poison") {
-    int64_t b = 0;
-    if (auto f = get_block(j, "block", false, b)) return f;
-    const Block& blk = device_[static_cast<size_t>(b)];
-    if (blk.refcount != 0)
-      return violation("I7: poison of device block " + str(b) + ", in use (refcount " + str(blk.refcount) + ")");
-    if (blk.cached) return violation("I7: poison of device block " + str(b) + ", which is cached");
-    return std::nullopt;
-  }
-  if (ev == "swap_out" || ev == "swap_in") {
-    const bool out = ev == "swap_out";
-    Seq* s = nullptr;
-    if (auto f = get_seq(j, "seq", s)) return f;
-    std::vector<std::pair<int64_t, int64_t>> pairs;
-    if (auto f = get_pairs(j, pairs)) return f;
-    if (s->on_host == out) return violation(ev + " of a sequence " + (out ? "already" : "not") + " swapped out");
-    if (pairs.size() != s->table.size()) {
-      return violation(ev + " lists " + str(static_cast<int64_t>(pairs.size())) + " pairs for a table of " +
-                       str(static_cast<int64_t>(s->table.size())));
-    }
-    std::vector<int64_t> touched_device, touched_host;
-    for (size_t i = 0; i < pairs.size(); ++i) {
-      const int64_t src = pairs[i].first, dst = pairs[i].second;
-      const int64_t nd = static_cast<int64_t>(device_.size()), nh = static_cast<int64_t>(host_.size());
-      const bool src_ok = out ? (src >= 0 && src < nd) : (src >= 0 && src < nh);
-      const bool dst_ok = out ? (dst >= 0 && dst < nh) : (dst >= 0 && dst < nd);
-      if (!src_ok || !dst_ok)
-        return violation(ev + " pair " + str(static_cast<int64_t>(i)) + " names a block outside its pool");
-      if (s->table[i] != src)
-        return violation(ev + " pair " + str(static_cast<int64_t>(i)) + " source " + str(src) + " is not table entry " +
-                         str(s->table[i]));
-      if (out) {
-        if (host_[static_cast<size_t>(dst)] != 0)
-          return violation("I1: swap_out into host block " + str(dst) + ", in use");
-        host_[static_cast<size_t>(dst)] = 1;
-        --device_[static_cast<size_t>(src)].refcount;
-        touched_device.push_back(src);
-        touched_host.push_back(dst);
-      } else {
-        Block& d = device_[static_cast<size_t>(dst)];
-        if (d.refcount != 0 || d.cached)
-          return violation("I1: swap_in into device block " + str(dst) + ", which is not free");
-        d.refcount = 1;
-        d.tenant = s->tenant;
-        --host_[static_cast<size_t>(src)];
-        touched_device.push_back(dst);
-        touched_host.push_back(src);
-      }
-      s->table[i] = dst;
-    }
-    s->on_host = out;
-    if (auto f = check_table(j["seq"].get<int64_t>(), *s)) return f;
-    return check_blocks(touched_device, touched_host);
-  }
-  if (ev == "free") {
-    int64_t id = 0;
-    if (auto f = get_int(j, "seq", id)) return f;
-    auto it = seqs_.find(id);
-    if (it == seqs_.end()) return violation("free of unknown sequence " + str(id));
-    if (!it->second.table.empty()) {
-      return violation("I6: free of sequence " + str(id) + " that still holds " +
-                       str(static_cast<int64_t>(it->second.table.size())) + " blocks");
-    }
-    seqs_.erase(it);
-    return std::nullopt;
-  }
-  return malformed("unknown event \"" + ev + "\"");
+  seqs_.erase(it);
+  return std::nullopt;
 }
 
 void Model::fill(ReplayResult& r) const {
@@ -404,6 +532,29 @@ void Model::fill(ReplayResult& r) const {
   r.device_in_use = std::count_if(device_.begin(), device_.end(), [](const Block& b) { return b.refcount > 0; });
   r.device_cached = std::count_if(device_.begin(), device_.end(), [](const Block& b) { return b.cached; });
   r.host_in_use = std::count_if(host_.begin(), host_.end(), [](int64_t rc) { return rc > 0; });
+}
+
+// Ends a replay: the failure at `where`, or the end-of-log checks.
+ReplayResult finish(Model& model, ReplayResult r, const std::optional<Failure>& f, const std::string& where) {
+  if (f) {
+    r.kind = f->kind;
+    r.message = where + ": " + f->reason;
+  } else if (!model.initialized()) {
+    r.kind = ReplayResult::Kind::kMalformed;
+    r.message = where + ": the log has no init event";
+    return r;
+  } else if (auto end = model.check_all()) {
+    r.kind = end->kind;
+    r.message = "end of log (" + where + "): " + end->reason;
+  }
+  model.fill(r);
+  return r;
+}
+
+bool is_init_line(const Json& j) {
+  if (!j.is_object()) return false;
+  auto it = j.find("ev");
+  return it != j.end() && it->is_string() && it->get<std::string>() == "init";
 }
 
 }  // namespace
@@ -415,36 +566,34 @@ ReplayResult replay_event_log(std::istream& in) {
   while (std::getline(in, line)) {
     ++r.lines;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
     std::optional<Failure> f;
+    KvEvent e;
     if (j.is_discarded()) {
       f = Failure{ReplayResult::Kind::kMalformed, "not valid JSON"};
-    } else {
-      f = model.apply(j);
+    } else if (!model.initialized() && !is_init_line(j)) {
+      f = Model::malformed("the first event must be init");
+    } else if (!(f = decode(j, e))) {
+      f = model.apply(e);
     }
-    if (f) {
-      r.kind = f->kind;
-      r.message = "line " + std::to_string(r.lines) + ": " + f->reason;
-      model.fill(r);
-      return r;
-    }
+    if (f) return finish(model, r, f, "line " + std::to_string(r.lines));
   }
-  if (!model.initialized()) {
-    r.kind = ReplayResult::Kind::kMalformed;
-    r.message = "line " + std::to_string(r.lines) + ": the log has no init event";
-    return r;
-  }
-  if (auto f = model.check_all()) {
-    r.kind = f->kind;
-    r.message = "end of log (line " + std::to_string(r.lines) + "): " + f->reason;
-  }
-  model.fill(r);
-  return r;
+  return finish(model, r, std::nullopt, "line " + std::to_string(r.lines));
 }
 
 ReplayResult replay_event_log(std::string_view text) {
   std::istringstream in{std::string(text)};
   return replay_event_log(in);
+}
+
+ReplayResult replay_events(std::span<const KvEvent> events) {
+  ReplayResult r;
+  Model model;
+  for (const KvEvent& e : events) {
+    ++r.lines;
+    if (auto f = model.apply(e)) return finish(model, r, f, "event " + std::to_string(r.lines));
+  }
+  return finish(model, r, std::nullopt, "event " + std::to_string(r.lines));
 }
 
 }  // namespace kvp

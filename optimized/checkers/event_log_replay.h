@@ -15,12 +15,21 @@
 //   I7  a poisoned block is not in use.
 // A malformed log (bad JSON, a missing or ill-typed field, an unknown event, a first line
 // that is not init) is rejected with the line number and the reason.
+//
+// Each line is first decoded into a KvEvent (the typed form of the same format,
+// optimized/kv/kv_event.h), then applied by one handler per event type. The handlers are
+// also reachable without the JSON (replay_events), for callers that hold the manager's
+// typed events (the operation fuzzer replays every input's log that way); the JSON decoding
+// itself is what replay_event_log and fuzz_event_log check.
 #pragma once
 
 #include <cstdint>
 #include <istream>
+#include <span>
 #include <string>
 #include <string_view>
+
+#include "optimized/kv/kv_event.h"
 
 namespace kvp {
 
@@ -40,5 +49,7 @@ struct ReplayResult {
 // Replays a whole log. Empty lines are skipped; an empty log is malformed (no init).
 ReplayResult replay_event_log(std::istream& in);
 ReplayResult replay_event_log(std::string_view text);
+// Replays typed events (EventLog::events()): the same checks, messages say "event N".
+ReplayResult replay_events(std::span<const KvEvent> events);
 
 }  // namespace kvp
