@@ -7,9 +7,12 @@
 //   3. barrier not every thread reaches       launch error naming kernel, block and threads
 //   4. shuffle / vote mask naming an absent lane  launch error naming the lane
 //   5. read of memory never written           NaN in the results (allocations start as sNaN)
-// Tests of 1 and 2 skip outside their sanitizer.
+//   6. plain read-modify-write of one global word by every block
+//                                             TSan (tsan preset), death test naming the kernel
+// Tests of 1, 2 and 6 skip outside their sanitizer.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -174,6 +177,32 @@ TEST(SimtRuntime, DeviceAllocationsStartAsSignallingNanForFloatsHalvesAndBfloat1
   EXPECT_EQ(word & 0x00400000u, 0u) << "quiet bit clear: a signalling NaN";
   EXPECT_TRUE(std::isnan(f16_to_float(static_cast<uint16_t>(word))));
   EXPECT_TRUE(std::isnan(bf16_to_float(static_cast<uint16_t>(word >> 16))));
+}
+
+// ---- 6. races between blocks: TSan (the thread flavour runs up to four blocks at once) ----
+
+TEST(SimtPlantedBugDeathTest, PlainReadModifyWriteOfOneGlobalWordByEveryBlockIsReportedByTsan) {
+  if (!kThreadFlavour) GTEST_SKIP() << "needs ThreadSanitizer (tsan preset)";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // The child exits with TSan's exit code 66 after the report: at once with halt_on_error=1
+  // (as CI runs), at std::exit otherwise; without a report it exits with 0.
+  EXPECT_EXIT(
+      {
+        unsigned count = 0;
+        grid_count({8}, 32, Bug::kPlainGlobalAdd, &count);
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(66), "ThreadSanitizer: data race.*grid_count_kernel");
+}
+
+TEST(SimtRaceBetweenBlocks, AtomicAddIntoOneGlobalWordFromEveryBlockIsExactAndNotReported) {
+  // Under TSan a report here ends the run (CI: halt_on_error=1). 32-thread blocks run four
+  // at a time there, 512-thread blocks two at a time.
+  unsigned count = 0;
+  ASSERT_TRUE(grid_count({64}, 32, Bug::kNone, &count).ok);
+  EXPECT_EQ(count, 64u * 32u);
+  ASSERT_TRUE(grid_count({5}, 512, Bug::kNone, &count).ok);
+  EXPECT_EQ(count, 5u * 512u);
 }
 
 // ---- the launch itself ----

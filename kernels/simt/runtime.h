@@ -110,7 +110,9 @@ std::string last_error_message();
 
 // Host threads that run a launch's blocks in parallel (default: the hardware's thread
 // count). Results do not depend on it unless the kernel itself races across blocks.
-// REQUIRES: n >= 1. In the KVP_SIMT_THREADS flavour blocks always run one at a time.
+// REQUIRES: n >= 1. The KVP_SIMT_THREADS flavour ignores it: it runs 2 to 4 blocks at
+// once whatever the host (see kSlots in simt.cc), so that TSan checks the same pairs of
+// blocks on every machine.
 void set_host_threads(int n);
 int host_threads();
 

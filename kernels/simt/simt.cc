@@ -517,18 +517,40 @@ void thread_main(Thread& t) {
   tls_thread = nullptr;
 }
 
-// OS threads are created once and reused by every block: creating and joining a thread
-// costs milliseconds under TSan. Worker i runs CUDA thread i of the current block.
+// A launch runs up to kSlots blocks at once, each on its own slot: a pool of OS threads, one
+// per CUDA thread of the slot's current block. Block i runs on slot i % slots, so two blocks
+// on different slots are unordered for TSan, and a race between them (global memory one
+// writes and the other reads or writes without an atomic) is reported whether or not they
+// happen to overlap in time. Blocks that one slot runs one after another are ordered (its
+// OS threads are reused). Slots: as many as keep the launch's running CUDA threads within
+// kThreadBudget, but between 2 and 4, so that every launch of two or more blocks checks
+// races between its blocks: 4 slots for blocks of up to 128 threads, 2 for larger ones. The
+// pools then hold at most 2 x 1024 + 2 x 128 OS threads. More threads at once cost memory
+// (TSan state per thread) and time on the 2-core CI machine, which has no cores to spare.
+constexpr int kSlots = 4;
+constexpr uint64_t kThreadBudget = 512;
+
+int slots_for(uint64_t threads_per_block, uint64_t blocks) {
+  const uint64_t slots = std::clamp<uint64_t>(kThreadBudget / threads_per_block, 2, kSlots);
+  return static_cast<int>(std::min(blocks, slots));
+}
+
+// OS threads are created once and reused by every block of their slot: creating and
+// joining a thread costs milliseconds under TSan. Worker i runs CUDA thread i of the
+// slot's current block.
 class WorkerPool {
  public:
-  static WorkerPool& get() {
-    static WorkerPool* pool = new WorkerPool;  // never destroyed: its workers wait forever
-    return *pool;
+  static WorkerPool& slot(int s) {
+    static WorkerPool* pools = new WorkerPool[kSlots];  // never destroyed: its workers wait forever
+    return pools[s];
   }
 
+  // Runs b on this slot's workers. The edges TSan sees: what the calling thread did before
+  // (the launch, and the slot's earlier blocks) happens before every thread of b; every
+  // thread of b happens before the return.
   void run(Block& b) {
-    std::lock_guard<std::mutex> one_launch_at_a_time(launch_mu_);
-    __tsan_release(&launch_sync_);
+    std::lock_guard<std::mutex> one_block_at_a_time(block_mu_);
+    __tsan_release(&start_sync_);
     {
       TsanQuiet quiet;
       std::unique_lock<std::mutex> lock(mu_);
@@ -581,7 +603,7 @@ class WorkerPool {
         if (index < active_) t = &block_->threads[index];
       }
       if (t == nullptr) continue;
-      __tsan_acquire(&launch_sync_);
+      __tsan_acquire(&start_sync_);
       thread_main(*t);
       __tsan_release(&done_sync_);
       TsanQuiet quiet;
@@ -590,7 +612,7 @@ class WorkerPool {
     }
   }
 
-  std::mutex launch_mu_;
+  std::mutex block_mu_;
   std::mutex mu_;
   std::condition_variable work_, done_;
   int workers_ = 0;
@@ -598,11 +620,11 @@ class WorkerPool {
   Block* block_ = nullptr;
   int active_ = 0;
   int remaining_ = 0;
-  char launch_sync_ = 0;
+  char start_sync_ = 0;
   char done_sync_ = 0;
 };
 
-void run_block_threads(Block& b) { WorkerPool::get().run(b); }
+void run_block_threads(Block& b, int slot) { WorkerPool::slot(slot).run(b); }
 
 #else
 // ---- fiber flavour: the block's threads are fibers on one host thread ----
@@ -717,8 +739,10 @@ void run_block_fibers(Block& b) {
 }
 #endif
 
-// Runs one block to completion; returns its error ("" when it succeeded).
-std::string run_block(const char* kernel, dim3 grid, dim3 dim, uint3 idx, std::size_t shmem_bytes, KernelBody body) {
+// Runs one block to completion (under KVP_SIMT_THREADS on the given slot's OS threads);
+// returns its error ("" when it succeeded).
+std::string run_block(const char* kernel, dim3 grid, dim3 dim, uint3 idx, std::size_t shmem_bytes, KernelBody body,
+                      [[maybe_unused]] int slot) {
   Block b;
   b.kernel = kernel;
   b.idx = idx;
@@ -739,7 +763,7 @@ std::string run_block(const char* kernel, dim3 grid, dim3 dim, uint3 idx, std::s
   }
   set_builtins(b);
 #if defined(KVP_SIMT_THREADS)
-  run_block_threads(b);
+  run_block_threads(b, slot);
 #else
   run_block_fibers(b);
 #endif
@@ -865,27 +889,39 @@ void launch(const char* kernel, dim3 grid, dim3 block, std::size_t shmem_bytes, 
   }
   tls_last_error.message.clear();
   std::vector<std::string> errors(blocks);
-  auto run = [&](uint64_t i) {
+  auto run = [&](uint64_t i, int slot) {
     const uint3 idx{static_cast<unsigned>(i % grid.x), static_cast<unsigned>(i / grid.x % grid.y),
                     static_cast<unsigned>(i / (uint64_t{grid.x} * grid.y))};
-    errors[i] = run_block(kernel, grid, block, idx, shmem_bytes, body);
+    errors[i] = run_block(kernel, grid, block, idx, shmem_bytes, body, slot);
   };
 #if defined(KVP_SIMT_THREADS)
-  const uint64_t workers = 1;
+  // Slot s runs blocks s, s + slots, ...: slot 0 on this thread, each other slot on a thread
+  // created here (about 0.2 ms each under TSan on the CI machine). Creating and joining
+  // them are the launch's only edges to and from the other slots' blocks, as CUDA promises:
+  // the launch happens before every block and every block before the launch returns, but
+  // nothing orders blocks on different slots (no shared counter hands out block indices).
+  const int slots = slots_for(threads, blocks);
+  auto run_slot = [&](int s) {
+    for (uint64_t i = static_cast<uint64_t>(s); i < blocks; i += static_cast<uint64_t>(slots)) run(i, s);
+  };
+  std::vector<std::thread> others;
+  for (int s = 1; s < slots; ++s) others.emplace_back(run_slot, s);
+  run_slot(0);
+  for (std::thread& th : others) th.join();
 #else
   const uint64_t workers = std::min<uint64_t>(blocks, static_cast<uint64_t>(host_threads()));
-#endif
   if (workers <= 1) {
-    for (uint64_t i = 0; i < blocks; ++i) run(i);
+    for (uint64_t i = 0; i < blocks; ++i) run(i, 0);
   } else {
     std::atomic<uint64_t> next{0};
     std::vector<std::thread> pool;
     for (uint64_t w = 0; w < workers; ++w)
       pool.emplace_back([&] {
-        for (uint64_t i = next++; i < blocks; i = next++) run(i);
+        for (uint64_t i = next++; i < blocks; i = next++) run(i, 0);
       });
     for (std::thread& th : pool) th.join();
   }
+#endif
   // The lowest failing block is reported, whatever the number of host threads.
   for (const std::string& e : errors) {
     if (!e.empty()) {

@@ -30,6 +30,17 @@
 //     it is not reported, but usually shows in the results: fibers run each thread to its
 //     next barrier in thread order, so a read of another thread's not-yet-written shared
 //     memory returns the uninitialised (NaN) pattern.
+//   - Two blocks of one launch touching the same global word, one of them writing, without
+//     an atomic (tsan preset): a launch runs its blocks on up to four slots at once (four
+//     for blocks of up to 128 threads, else two), each slot with its own OS threads, block
+//     i on slot i % slots. The layer adds no happens-before edge between blocks on different
+//     slots, as CUDA orders the blocks of a launch in no way, so TSan reports the race as a
+//     data race between the two blocks. Its only edges are the ones CUDA promises: what the
+//     host did before the launch happens before every block, every block before the launch
+//     returns. Blocks that one slot runs one after another are ordered (its OS threads are
+//     reused), so a race only between blocks i and i + slots goes unseen. Atomics are
+//     std::atomic_ref operations: atomic across blocks, and atomic to TSan. In the fiber
+//     flavour such a race is not reported.
 //   - A __syncthreads not every thread of the block reaches (inside a branch, or after a
 //     thread returned), threads waiting at different __syncthreads, or a deadlock between
 //     a barrier and a warp collective: the launch fails with cudaErrorLaunchFailure and
@@ -56,7 +67,8 @@
 //     CUDA's __float2half_rn / __float2bfloat16_rn for all non-NaN inputs; NaN payloads may
 //     differ).
 //   - Warps are 32 lanes; blocks up to 1024 threads; several blocks run in parallel on host
-//     threads (kvp::simt::set_host_threads), results do not depend on how many.
+//     threads (kvp::simt::set_host_threads; under TSan 2 to 4 at once, see above), results
+//     do not depend on how many.
 //
 // Cost (2-core CI machine, default build, bench/simt_bench.cc): see the note in
 // kernels/simt/README.md.

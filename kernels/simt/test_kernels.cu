@@ -3,7 +3,8 @@
 //   host compiler: built as kvp_simt_test_kernels via test_kernels_emulated.cc, always
 // Kernels: block_reduce (shared memory + __syncthreads tree), warp_reduce (shuffles and
 // votes), block_scan (__shfl_up_sync + shared warp totals), histogram (shared and global
-// atomics, atomicCAS), block_reverse (dynamic shared memory), convert (half / bfloat16).
+// atomics, atomicCAS), block_reverse (dynamic shared memory), grid_count (global atomicAdd
+// from every block), convert (half / bfloat16).
 // Each takes a planted-bug selector (see test_kernels.h); the kernel bodies hold no
 // emulation #ifdefs.
 #include "kernels/simt/test_kernels.h"
@@ -25,6 +26,7 @@ constexpr int kBarrierInBranch = static_cast<int>(Bug::kBarrierInBranch);
 constexpr int kEarlyReturn = static_cast<int>(Bug::kEarlyReturn);
 constexpr int kShuffleSkipped = static_cast<int>(Bug::kShuffleSkipped);
 constexpr int kVoteMaskBeyondWarp = static_cast<int>(Bug::kVoteMaskBeyondWarp);
+constexpr int kPlainGlobalAdd = static_cast<int>(Bug::kPlainGlobalAdd);
 
 __device__ __forceinline__ int linear_thread() {
   return static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
@@ -175,6 +177,14 @@ __global__ void block_reverse_kernel(const float* in, float* out, int bug) {
   out[gid] = buffer[bug == kOobDynamicSharedRead ? threads - t : threads - 1 - t];
 }
 
+__global__ void grid_count_kernel(unsigned* count, int bug) {
+  if (bug == kPlainGlobalAdd) {
+    if (threadIdx.x == 0) *count += blockDim.x;
+    return;
+  }
+  atomicAdd(count, 1u);
+}
+
 __global__ void convert_kernel(const float* in, int n, unsigned short* f16, unsigned short* bf16, float* f16_back,
                                float* bf16_back) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
@@ -320,6 +330,19 @@ KernelRun block_reverse(const std::vector<float>& in, Shape grid, unsigned threa
   KernelRun run = finish_launch("block_reverse_kernel");
   if (!run.ok) return run;
   KVP_TEST_CHECK(d_out.download(out));
+  return run;
+}
+
+KernelRun grid_count(Shape grid, unsigned threads, Bug bug, unsigned* count) {
+  DeviceArray<unsigned> d_count(1);
+  KVP_TEST_CHECK(d_count.status());
+  KVP_TEST_CHECK(d_count.zero());
+  KVP_LAUNCH(grid_count_kernel, to_dim3(grid), dim3(threads), 0, nullptr)(d_count.get(), static_cast<int>(bug));
+  KernelRun run = finish_launch("grid_count_kernel");
+  if (!run.ok) return run;
+  std::vector<unsigned> c;
+  KVP_TEST_CHECK(d_count.download(&c));
+  *count = c[0];
   return run;
 }
 

@@ -27,6 +27,7 @@ enum class Bug {
   kShuffleSkipped,        // warp_reduce: lane 3 skips the shuffles that name it in their mask
   kVoteMaskBeyondWarp,    // warp_reduce: __ballot_sync(0xffffffff) in a partial warp
   kUninitialisedInput,    // block_reduce: the host copies all but the last input element
+  kPlainGlobalAdd,        // grid_count: every block adds to the count without an atomic
 };
 
 // A kernel run: ok, or the error the launch reported (for the emulation: naming kernel and block).
@@ -68,6 +69,12 @@ KernelRun histogram(const std::vector<unsigned>& in, Shape grid, unsigned thread
 // Reverses each block's segment of `in` through dynamic shared memory of threads floats.
 // in.size() must be grid.count() * threads. 1-D blocks.
 KernelRun block_reverse(const std::vector<float>& in, Shape grid, unsigned threads, Bug bug, std::vector<float>* out);
+
+// Counts the grid's threads into one global word: every thread does atomicAdd(count, 1), so
+// *count == grid.count() * threads. With kPlainGlobalAdd, thread 0 of each block adds the
+// block's thread count with a plain read-modify-write instead: a race between blocks only,
+// as no two threads of one block touch the word. 1-D blocks.
+KernelRun grid_count(Shape grid, unsigned threads, Bug bug, unsigned* count);
 
 // fp16 and bf16 round trips: bits of __float2half_rn / __float2bfloat16_rn and back to float.
 struct Conversions {
