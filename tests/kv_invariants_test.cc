@@ -148,6 +148,70 @@ TEST(Invariants, NoLeakCheckerSeesABlockKeptAfterEveryoneLeft) {
   expect_error(check_no_leak(m), "no sequences remain but device block");
 }
 
+// A chain of three cached blocks (tokens 0-11 of one sequence), all evictable.
+KvCacheManager& cached_chain(KvCacheManager& m) {
+  EXPECT_TRUE(m.add_sequence(1, 7, iota(12)).is_ok());
+  std::vector<int64_t> slots;
+  EXPECT_TRUE(m.allocate_slots(1, 12, slots).is_ok());
+  EXPECT_TRUE(m.mark_final(1, 12).is_ok());
+  EXPECT_TRUE(m.free(1).is_ok());
+  EXPECT_EQ(m.prefix_cache().size(), 3);
+  return m;
+}
+
+TEST(Invariants, HygieneCheckerSeesABlockCachedUnderAParentNoLongerCached) {
+  KvCacheManager m(config());
+  cached_chain(m);
+  ASSERT_TRUE(check_cache_reachable(m).is_ok());
+  // Drop the middle block's entry behind the manager: the last block's chain is broken.
+  const int32_t middle = m.prefix_cache().entry(m.prefix_cache().blocks().back()).parent.block;
+  Peer::cache(m).erase(middle);
+  Peer::device(m).clear_cached(middle);
+  expect_error(check_cache_reachable(m), "is unreachable: it was cached under block " + std::to_string(middle));
+  expect_error(check_all(m), "hygiene");
+}
+
+TEST(Invariants, HygieneCheckerSeesAParentReusedUnderTheSameId) {
+  KvCacheManager m(config());
+  cached_chain(m);
+  const int32_t last = m.prefix_cache().blocks().back();
+  const int32_t middle = m.prefix_cache().entry(last).parent.block;
+  // The middle block is handed out again (new generation) and then re-marked cached: the
+  // id is cached, but not the allocation the last block was registered under.
+  Peer::cache(m).erase(middle);
+  Peer::device(m).clear_cached(middle);
+  for (int i = 0; i < 6 && Peer::device(m).allocate().block != middle; ++i) {
+  }
+  ASSERT_EQ(Peer::device(m).refcount(middle), 1);
+  Peer::device(m).mark_cached(middle);
+  Peer::cache(m).insert(middle, PrefixCacheEntry{BlockHash{}, 7, iota(4), BlockHandle{}});
+  expect_error(check_cache_reachable(m), "no longer that allocation");
+}
+
+// The manager keeps the cache hygienic by construction: a sequence releases its table from
+// the tail, so a child is always older in the evictable list than its parent and the LRU
+// eviction (evict_cached, or the allocator reusing a block) takes it first. This drives
+// both eviction paths one block at a time and checks every intermediate state; an eviction
+// that took the most recently released block first fails it.
+TEST(Invariants, EvictionNeverLeavesAnUnreachableCachedBlock) {
+  for (const bool by_allocation : {false, true}) {
+    SCOPED_TRACE(by_allocation ? "evicted by allocation" : "evicted by evict_cached");
+    KvCacheManager m(config());
+    cached_chain(m);
+    ASSERT_TRUE(m.add_sequence(2, 7, V{900, 901, 902}).is_ok());  // shares nothing
+    std::vector<int64_t> slots;
+    for (int round = 0; round < 3; ++round) {
+      if (by_allocation) {
+        // 3 fresh blocks remain in the pool of 6; each 4 tokens after that reuses one.
+        ASSERT_TRUE(m.append_tokens(2, V{1, 2, 3, 4}).is_ok());
+        ASSERT_TRUE(m.allocate_slots(2, 4, slots).is_ok());
+      } else {
+        ASSERT_EQ(m.evict_cached(1), 1);
+      }
+      ASSERT_TRUE(check_all(m).is_ok()) << "round " << round;
+    }
+  }
+}
 TEST(Invariants, AllFreeCheckerSeesCachedBlocksBeforeTheFlush) {
   KvCacheManager m(config());
   setup(m);

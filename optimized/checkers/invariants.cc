@@ -410,12 +410,35 @@ Status check_accepted_only_cache(const KvCacheManager& m) {
   return Status::ok();
 }
 
+Status check_cache_reachable(const KvCacheManager& m) {
+  const PrefixCache& cache = m.prefix_cache();
+  const BlockAllocator& device = m.device_allocator();
+  for (int32_t b : cache.blocks()) {
+    int32_t at = b;
+    // A chain longer than the number of cached blocks has a cycle.
+    for (int64_t steps = 0;; ++steps) {
+      const BlockHandle parent = cache.entry(at).parent;
+      if (parent.block < 0) break;
+      if (steps > cache.size()) return Status::error("hygiene: cached block " + str(b) + "'s chain has a cycle");
+      if (!device.is_current(parent) || !cache.contains(parent.block)) {
+        return Status::error("hygiene: cached block " + str(b) +
+                             " is unreachable: " + (at == b ? "it" : "its ancestor " + str(at)) +
+                             " was cached under block " + str(parent.block) + " (generation " + str(parent.generation) +
+                             "), which is no longer " + (device.is_current(parent) ? "cached" : "that allocation"));
+      }
+      at = parent.block;
+    }
+  }
+  return Status::ok();
+}
+
 Status check_all(const KvCacheManager& m, ChainHashMemo* memo) {
   KVP_RETURN_IF_ERROR(check_conservation(m));
   KVP_RETURN_IF_ERROR(check_refcounts(m));
   KVP_RETURN_IF_ERROR(check_mapping(m));
   KVP_RETURN_IF_ERROR(check_isolation(m));
   KVP_RETURN_IF_ERROR(check_prefix_cache(m, memo));
+  KVP_RETURN_IF_ERROR(check_cache_reachable(m));
   KVP_RETURN_IF_ERROR(check_accepted_only_cache(m));
   return check_no_leak(m);
 }

@@ -70,6 +70,13 @@ struct ChainHashMemo {
 // final tokens.
 Status check_accepted_only_cache(const KvCacheManager& m);
 
+// Cache hygiene: every cached block is reachable from a root of its chain: following the
+// entries' parent handles from any cached block reaches a first block (parent -1) through
+// blocks that are all cached and current (the generation the child was registered under).
+// A block cached under a parent that is no longer cached can never be found again (find()
+// matches the parent handle): it is unreachable waste that still occupies the evictable list.
+Status check_cache_reachable(const KvCacheManager& m);
+
 // I6 no leak: with no sequences, no block of either pool is in use and every refcount is 0.
 // (Holds trivially while sequences exist.)
 Status check_no_leak(const KvCacheManager& m);
@@ -107,7 +114,7 @@ struct PlanReadStats {
 Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBounds& bounds,
                   PlanReadStats* stats = nullptr);
 
-// All of the above that hold at any time (I1, I2, I4, I5, prefix cache, I9, I6).
+// All of the above that hold at any time (I1, I2, I4, I5, prefix cache, hygiene, I9, I6).
 Status check_all(const KvCacheManager& m, ChainHashMemo* memo = nullptr);
 
 }  // namespace kvp
