@@ -28,18 +28,21 @@ Vector<T> rms_norm(const Vector<T>& x, const Vector<T>& weight, T eps) {
 // (inv_freq[i] = theta^(-2i/D), rescaled by rope_scaling: model/rope.h).
 // REQUIRES: head.size() even, inv_freq.size() == head.size() / 2.
 template <typename T>
-void apply_rope(Eigen::Ref<Vector<T>> head, int64_t position, const std::vector<T>& inv_freq) {
-  const int64_t d = head.size();
+void apply_rope(T* head, int64_t d, int64_t position, const std::vector<T>& inv_freq) {
   const int64_t half = d / 2;
   for (int64_t i = 0; i < half; ++i) {
     const T angle = static_cast<T>(position) * inv_freq[static_cast<std::size_t>(i)];
     const T c = std::cos(angle);
     const T s = std::sin(angle);
-    const T x1 = head(i);
-    const T x2 = head(i + half);
-    head(i) = x1 * c - x2 * s;
-    head(i + half) = x2 * c + x1 * s;
+    const T x1 = head[i];
+    const T x2 = head[i + half];
+    head[i] = x1 * c - x2 * s;
+    head[i + half] = x2 * c + x1 * s;
   }
+}
+template <typename T>
+void apply_rope(Eigen::Ref<Vector<T>> head, int64_t position, const std::vector<T>& inv_freq) {
+  apply_rope<T>(head.data(), head.size(), position, inv_freq);
 }
 
 // softmax(x) = exp(x - max x) / sum exp(x - max x): the subtraction keeps exp in range.

@@ -25,6 +25,26 @@ ref::Vector<T> linear(const ref::Matrix<T>& w, const ref::Vector<T>& b, const re
   return w * x + b;
 }
 
+// Y = X W^T + b for the rows of X (tokens): one matrix product per block.
+template <typename T>
+ref::Matrix<T> linear_rows(const ref::Matrix<T>& w, const ref::Vector<T>& b, const ref::Matrix<T>& x) {
+  ref::Matrix<T> y = x * w.transpose();
+  if (b.size() != 0) y.rowwise() += b.transpose();
+  return y;
+}
+
+// RMSNorm of every row (rms_norm's equation, a row at a time).
+template <typename T>
+ref::Matrix<T> rms_norm_rows(const ref::Matrix<T>& x, const ref::Vector<T>& weight, T eps) {
+  ref::Matrix<T> y(x.rows(), x.cols());
+  for (Eigen::Index i = 0; i < x.rows(); ++i) {
+    const T mean_square = x.row(i).squaredNorm() / static_cast<T>(x.cols());
+    const T inv_rms = T(1) / std::sqrt(mean_square + eps);
+    y.row(i) = (x.row(i) * inv_rms).cwiseProduct(weight.transpose());
+  }
+  return y;
+}
+
 }  // namespace
 
 template <typename T>
@@ -44,8 +64,7 @@ ReferenceModel<T>::ReferenceModel(const Model& model) : config_(model.config) {
 }
 
 template <typename T>
-Result<typename ReferenceModel<T>::Matrix> ReferenceModel<T>::forward(std::span<const int32_t> tokens,
-                                                                      DenseKVCache<T>& cache) const {
+Status ReferenceModel<T>::check_forward(std::span<const int32_t> tokens, const DenseKVCache<T>& cache) const {
   if (tokens.empty()) return Status::error("no tokens to run");
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
@@ -61,13 +80,106 @@ Result<typename ReferenceModel<T>::Matrix> ReferenceModel<T>::forward(std::span<
     return Status::error("sequence of " + std::to_string(cache.length() + n) +
                          " positions exceeds max_position_embeddings " +
                          std::to_string(config_.max_position_embeddings));
+  return Status::ok();
+}
 
+template <typename T>
+Result<typename ReferenceModel<T>::Matrix> ReferenceModel<T>::forward(std::span<const int32_t> tokens,
+                                                                      DenseKVCache<T>& cache) const {
+  KVP_RETURN_IF_ERROR(check_forward(tokens, cache));
+  const auto n = static_cast<int64_t>(tokens.size());
+  Matrix logits(n, config_.vocab_size);
+  for (int64_t b = 0; b < n; b += kBlockTokens) {
+    const int64_t m = std::min(kBlockTokens, n - b);
+    logits.middleRows(b, m) = forward_block(tokens.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(m)), cache);
+    cache.advance(m);
+  }
+  return logits;
+}
+
+template <typename T>
+Result<typename ReferenceModel<T>::Matrix> ReferenceModel<T>::forward_sequential(std::span<const int32_t> tokens,
+                                                                                 DenseKVCache<T>& cache) const {
+  KVP_RETURN_IF_ERROR(check_forward(tokens, cache));
+  const auto n = static_cast<int64_t>(tokens.size());
   Matrix logits(n, config_.vocab_size);
   for (int64_t i = 0; i < n; ++i) {
     logits.row(i) = forward_one(tokens[static_cast<std::size_t>(i)], cache.length(), cache).transpose();
     cache.advance(1);
   }
   return logits;
+}
+
+template <typename T>
+typename ReferenceModel<T>::Matrix ReferenceModel<T>::attend_block(const Matrix& q, int64_t n, int64_t layer,
+                                                                   int64_t start, const DenseKVCache<T>& cache) const {
+  const int64_t d = config_.head_dim;
+  const T scale = T(1) / std::sqrt(static_cast<T>(d));
+  Matrix out = Matrix::Zero(q.rows(), config_.q_dim());
+  for (int64_t head = 0; head < config_.num_heads; ++head) {
+    // Query head `head` reads KV head head / group_size (GQA; MQA when there is one).
+    const int64_t kvh = head / config_.group_size();
+    const Matrix& k = cache.keys(layer, kvh);
+    const Matrix& v = cache.values(layer, kvh);
+    for (Eigen::Index i = 0; i < n; ++i) {
+      const int64_t ctx = start + i + 1;  // the causal mask: positions 0..start+i
+      const Vector scores = (k.topRows(ctx) * q.row(i).segment(head * d, d).transpose()) * scale;
+      const Vector p = ref::softmax<T>(scores);
+      out.row(i).segment(head * d, d) = (v.topRows(ctx).transpose() * p).transpose();
+    }
+  }
+  return out;
+}
+
+template <typename T>
+typename ReferenceModel<T>::Matrix ReferenceModel<T>::forward_block(std::span<const int32_t> tokens,
+                                                                    DenseKVCache<T>& cache) const {
+  const int64_t d = config_.head_dim;
+  const T eps = static_cast<T>(config_.rms_norm_eps);
+  const auto n = static_cast<Eigen::Index>(tokens.size());
+  const int64_t start = cache.length();
+
+  // A single token is run as a block of two (the second row all zeros, its results dropped):
+  // Eigen evaluates a one-row product as a matrix-vector product, whose sums it orders
+  // differently from its matrix-matrix kernel, and then a decode step would not give the
+  // bits the same position gets inside a prefill. With two or more rows every product is
+  // the matrix-matrix kernel, whose sum for an output element does not depend on the
+  // other rows (tests/reference_model_test.cc checks prefill = decode bitwise).
+  const Eigen::Index rows = std::max<Eigen::Index>(n, 2);
+  Matrix x = Matrix::Zero(rows, config_.hidden_size);
+  for (Eigen::Index i = 0; i < n; ++i) x.row(i) = embed_tokens_.row(tokens[static_cast<std::size_t>(i)]);
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    const Layer& layer = layers_[static_cast<std::size_t>(l)];
+
+    // Attention block: H = RMSNorm(X); Q, K, V = H Wq, H Wk, H Wv; RoPE on each row of Q and K.
+    const Matrix h = rms_norm_rows<T>(x, layer.input_layernorm, eps);
+    Matrix q = linear_rows<T>(layer.q_proj, layer.q_bias, h);
+    Matrix k = linear_rows<T>(layer.k_proj, layer.k_bias, h);
+    const Matrix v = linear_rows<T>(layer.v_proj, layer.v_bias, h);
+    for (Eigen::Index i = 0; i < n; ++i) {  // the padding row (if any) has no position
+      const int64_t position = start + i;
+      for (int64_t head = 0; head < config_.num_heads; ++head)
+        ref::apply_rope<T>(q.row(i).data() + head * d, d, position, inv_freq_);
+      for (int64_t kvh = 0; kvh < config_.num_kv_heads; ++kvh) {
+        ref::apply_rope<T>(k.row(i).data() + kvh * d, d, position, inv_freq_);
+        // K/V of the block go into the cache before attention reads them.
+        cache.keys(l, kvh).row(position) = k.row(i).segment(kvh * d, d);
+        cache.values(l, kvh).row(position) = v.row(i).segment(kvh * d, d);
+      }
+    }
+    x += linear_rows<T>(layer.o_proj, layer.o_bias, attend_block(q, n, l, start, cache));
+
+    // MLP block (SwiGLU): X += (silu(H2 W_gate) * (H2 W_up)) W_down.
+    const Matrix h2 = rms_norm_rows<T>(x, layer.post_attention_layernorm, eps);
+    const Matrix gate =
+        linear_rows<T>(layer.gate_proj, layer.gate_bias, h2).unaryExpr([](T z) { return ref::silu<T>(z); });
+    const Matrix up = linear_rows<T>(layer.up_proj, layer.up_bias, h2);
+    x += linear_rows<T>(layer.down_proj, layer.down_bias, gate.cwiseProduct(up));
+  }
+  // Tied embeddings: the LM head is the embedding matrix itself (one fp64 copy, not two).
+  const Matrix& lm_head = config_.tie_word_embeddings ? embed_tokens_ : lm_head_;
+  const Matrix logits = rms_norm_rows<T>(x, norm_, eps) * lm_head.transpose();
+  return logits.topRows(n);
 }
 
 template <typename T>

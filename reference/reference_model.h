@@ -1,6 +1,18 @@
 // The oracle: a Llama-family decoder written top to bottom like its equations, with a
-// dense KV cache. Positions are processed one at a time, in order, exactly as a decode
-// loop would: a prefill of n tokens and n single-token decodes do the same arithmetic.
+// dense KV cache.
+//
+// forward() runs the positions it is given together, as matrix products: the tokens of a
+// block (up to kBlockTokens) are the columns of every projection and of the MLP, so each
+// weight is read once per block instead of once per token (Eigen does the products; the
+// oracle has no tiling of its own). Attention stays per query row over exactly that row's
+// causal context, so no mask is needed. forward_sequential() is the same transformer one
+// position at a time (matrix-vector products, the oracle before it was batched); the two
+// agree to rounding (tests/reference_model_test.cc), and a prefill of n tokens and n
+// single-token decodes give the same logits to rounding.
+//
+// Bitwise: a position's logits do not depend on how the positions were split into
+// forward() calls (a prefill, chunks or single-token decodes give the same bits; see
+// forward_block), only on the tokens up to it.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +45,12 @@ class ReferenceModel {
   // [tokens.size(), vocab]. Errors (nothing changes): empty span, a token outside
   // [0, vocab), more positions than the cache or max_position_embeddings hold.
   Result<Matrix> forward(std::span<const int32_t> tokens, DenseKVCache<T>& cache) const;
+  // The same, one position at a time (same contract).
+  Result<Matrix> forward_sequential(std::span<const int32_t> tokens, DenseKVCache<T>& cache) const;
+
+  // Tokens per block of forward()'s matrix products (bounds its activations: a block's
+  // logits are kBlockTokens x vocab).
+  static constexpr int64_t kBlockTokens = 64;
 
  private:
   struct Layer {
@@ -42,8 +60,15 @@ class ReferenceModel {
     Vector q_bias, k_bias, v_bias, o_bias, gate_bias, up_bias, down_bias;
   };
 
+  Status check_forward(std::span<const int32_t> tokens, const DenseKVCache<T>& cache) const;
   // One token at position cache.length(); K/V are written to the cache, which the caller advances.
   Vector forward_one(int32_t token, int64_t position, DenseKVCache<T>& cache) const;
+  // tokens.size() <= kBlockTokens tokens at positions cache.length() onwards, as matrix
+  // products; K/V are written to the cache, which the caller advances. Returns the logits.
+  Matrix forward_block(std::span<const int32_t> tokens, DenseKVCache<T>& cache) const;
+  // Causal attention of the block's first n queries (rows of q, rotated) in layer `layer`,
+  // whose K/V are already in the cache at positions start..start+n-1; other rows are 0.
+  Matrix attend_block(const Matrix& q, int64_t n, int64_t layer, int64_t start, const DenseKVCache<T>& cache) const;
 
   ModelConfig config_;
   std::vector<T> inv_freq_;  // rope_inv_freq<T>(config_): rope_scaling applied

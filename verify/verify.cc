@@ -260,9 +260,10 @@ void check_against_reference(const ReferenceModel<double>& oracle, const Request
     if (!r.logits[p].empty()) last = static_cast<int64_t>(p);
   if (last < 0) return;
   // The oracle runs the sequence a chunk of positions at a time on one dense cache (the
-  // same arithmetic as all at once: it processes positions one by one in order), so only a
-  // chunk's fp64 logits are held at once, not the whole sequence's.
-  constexpr int64_t kOracleChunk = 16;
+  // same bits as all at once: ReferenceModel's logits do not depend on the split), one
+  // block of its matrix products per chunk, so only a chunk's fp64 logits are held at once,
+  // not the whole sequence's.
+  constexpr int64_t kOracleChunk = ReferenceModel<double>::kBlockTokens;
   auto cache = oracle.make_cache(last + 1);
   Result<ReferenceModel<double>::Matrix> ref = ReferenceModel<double>::Matrix();
   int64_t ref_begin = 0;  // position of ref's row 0
