@@ -255,7 +255,7 @@ class Driver {
   MemorySlots sum_memory_;
   double sum_running_ = 0;
   int64_t samples_ = 0;
-  std::vector<int32_t> block_fill_;
+  std::vector<int32_t> block_fill_, block_will_fill_;  // per device block, zero between samples
   std::vector<int32_t> touched_;
   SimReport rep_;
 };
@@ -427,28 +427,35 @@ void Driver::after_step(double t0) {
 MemorySlots Driver::paged_sample() {
   const KvCacheManager& kv = engine_->kv();
   const int64_t bs = kv.block_size();
-  const int64_t held = static_cast<int64_t>(kv.device_allocator().num_in_use()) * bs;
-  if (block_fill_.empty()) block_fill_.assign(static_cast<std::size_t>(kv.device_allocator().num_blocks()), 0);
-  MemorySlots m;
+  if (block_fill_.empty()) {
+    block_fill_.assign(static_cast<std::size_t>(kv.device_allocator().num_blocks()), 0);
+    block_will_fill_.assign(block_fill_.size(), 0);
+  }
+  // Per distinct block: the slots its holders' token states fill, and the slots they will
+  // fill by their final lengths. Holders of a shared block (prefix sharing, or a fork that
+  // shares even the partial last block until its first write) count it once.
   for (const auto& [sid, s] : kv.sequences()) {
     if (s.swapped) continue;
     auto it = live_.find(sid);
     const int64_t final_len = it != live_.end() ? it->second.final_len : s.num_slots;
-    const int64_t held_s = s.table.size() * bs;
-    m.reserved += std::max<int64_t>(0, std::min(held_s, final_len) - s.num_slots);
     for (int64_t j = 0; j < s.table.size(); ++j) {
       const auto b = static_cast<std::size_t>(s.table[j]);
       const auto fill = static_cast<int32_t>(std::clamp<int64_t>(s.num_slots - j * bs, 0, bs));
-      if (block_fill_[b] == 0 && fill > 0) touched_.push_back(static_cast<int32_t>(b));
+      const auto will_fill = static_cast<int32_t>(std::clamp<int64_t>(final_len - j * bs, fill, bs));
+      if (block_will_fill_[b] == 0 && will_fill > 0) touched_.push_back(static_cast<int32_t>(b));
       block_fill_[b] = std::max(block_fill_[b], fill);
+      block_will_fill_[b] = std::max(block_will_fill_[b], will_fill);
     }
   }
+  MemorySlots m;
   for (int32_t b : touched_) {
-    m.token_states += block_fill_[static_cast<std::size_t>(b)];
-    block_fill_[static_cast<std::size_t>(b)] = 0;
+    const auto i = static_cast<std::size_t>(b);
+    m.token_states += block_fill_[i];
+    m.reserved += block_will_fill_[i] - block_fill_[i];
+    block_fill_[i] = block_will_fill_[i] = 0;
   }
   touched_.clear();
-  m.internal = std::max<int64_t>(0, held - m.token_states - m.reserved);
+  m.internal = static_cast<int64_t>(kv.device_allocator().num_in_use()) * bs - m.token_states - m.reserved;
   return m;
 }
 

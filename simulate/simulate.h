@@ -27,7 +27,8 @@
 //   token_states        slots holding a computed token's K/V (a block shared by several
 //                       sequences counts once).
 //   reserved            slots held for a request's future tokens that it will fill
-//                       (up to its final length prompt + output).
+//                       (up to its final length prompt + output; a slot that several
+//                       holders of a shared block will fill counts once).
 //   internal            held slots the request will never fill (past its final length: the
 //                       rest of a paged last block, or a contiguous reservation's excess).
 //   external            free slots that the request at the head of the queue cannot use:

@@ -321,6 +321,28 @@ TEST(Simulate, PagedSharesCountSlotsOfEveryHeldBlock) {
   EXPECT_EQ(r->steps, 3);
 }
 
+TEST(Simulate, ForkedSamplesCountTheirSharedBlocksOnce) {
+  // One request, prompt 20, output 3, n = 2, block size 16, a sample before every step:
+  //   before step 1: nothing held
+  //   before step 2: both samples hold the same 2 blocks (32 slots): 20 tokens, 3 reserved
+  //                  (once, though both will fill them), 9 internal
+  //   before step 3: block 1 was copied on the first write: 3 blocks (48 slots), 16 + 5 + 5
+  //                  tokens, 2 + 2 reserved, 11 + 7 internal
+  sim::SimOptions o = small_gpu_options();
+  o.n = 2;
+  o.check = true;
+  auto r = sim::simulate(o, fixed_traffic(1, 1, 20, 3));
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  ASSERT_EQ(r->timeline.size(), 3u);
+  EXPECT_EQ(r->timeline[0].memory, (sim::MemorySlots{0, 0, 0, 0}));
+  EXPECT_EQ(r->timeline[1].memory, (sim::MemorySlots{20, 3, 9, 0}));
+  EXPECT_EQ(r->timeline[2].memory, (sim::MemorySlots{26, 4, 18, 0}));
+  EXPECT_EQ(r->memory_slots, (sim::MemorySlots{46, 7, 27, 0}));
+  EXPECT_DOUBLE_EQ(r->memory.reserved, 7.0 / 80);
+  EXPECT_EQ(r->finished, 1);
+  EXPECT_TRUE(sim::check_memory_shares(*r).is_ok());
+}
+
 TEST(Simulate, ParallelSamplesNeedThePagedPolicy) {
   sim::SimOptions o = small_gpu_options();
   o.n = 2;
