@@ -64,7 +64,12 @@ nlohmann::json to_json(const SimReport& r) {
                         {"running", p.running},
                         {"swapped", p.swapped},
                         {"kv_in_use", p.kv_in_use},
-                        {"kv_tokens", p.kv_tokens}});
+                        {"kv_tokens", p.kv_tokens},
+                        {"slots",
+                         {{"token_states", p.memory.token_states},
+                          {"reserved", p.memory.reserved},
+                          {"internal_fragmentation", p.memory.internal},
+                          {"external_fragmentation", p.memory.external}}}});
   return {
       {"settings",
        {{"traffic", r.traffic},
@@ -111,7 +116,12 @@ nlohmann::json to_json(const SimReport& r) {
         {"reserved", r.memory.reserved},
         {"internal_fragmentation", r.memory.internal},
         {"external_fragmentation", r.memory.external},
-        {"mean_in_use", r.memory.mean_in_use}}},
+        {"mean_in_use", r.memory.mean_in_use},
+        {"sampled_slots",
+         {{"token_states", r.memory_slots.token_states},
+          {"reserved", r.memory_slots.reserved},
+          {"internal_fragmentation", r.memory_slots.internal},
+          {"external_fragmentation", r.memory_slots.external}}}}},
       {"peak_waiting", r.peak_waiting},
       {"mean_running", r.mean_running},
       {"checked_steps", r.checked_steps},

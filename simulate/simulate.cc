@@ -111,6 +111,10 @@ Status apply_setting(SimOptions& o, const std::string& key, const std::string& v
     auto v = to_int(key, value, 1, 1 << 20);
     if (!v) return v.status();
     o.max_num_seqs = static_cast<int32_t>(*v);
+  } else if (key == "n") {
+    auto v = to_int(key, value, 1, 1 << 20);
+    if (!v) return v.status();
+    o.n = static_cast<int32_t>(*v);
   } else if (key == "gpu-memory-utilization") {
     auto v = to_double(key, value, 1e-6, 1);
     if (!v) return v.status();
@@ -126,7 +130,7 @@ Status apply_setting(SimOptions& o, const std::string& key, const std::string& v
   } else {
     return Status::error("unknown setting '" + key +
                          "' (known: block-size, admission, preemption, max-model-len, max-context, rate, policy, "
-                         "prefix-sharing, max-num-seqs, gpu-memory-utilization, gpu, model)");
+                         "prefix-sharing, max-num-seqs, n, gpu-memory-utilization, gpu, model)");
   }
   return Status::ok();
 }
@@ -197,6 +201,7 @@ struct Live {
   std::size_t index = 0;                 // into the traffic
   int64_t final_len = 0;                 // prompt + output
   int64_t res_offset = -1, res_len = 0;  // contiguous reservation
+  bool sample = false;                   // a parallel sample (n > 1) of the traffic's request
 };
 
 // A request the contiguous allocator has not admitted yet (a restart carries its tokens).
@@ -221,7 +226,13 @@ class Driver {
   void grow_reservations();
   void preempt_restart(RequestId id);
   void after_step(double t0);
-  void sample(double now);
+  // Records a memory and queue sample; with check, first recounts it (the error names the run,
+  // the sample and the time).
+  Status sample(double now);
+  MemorySlots paged_sample();
+  MemorySlots contiguous_sample();
+  Status check_sample(const MemorySlots& m, double now) const;
+  std::string run_name() const;
 
   const SimOptions& o_;
   const Traffic& t_;
@@ -241,9 +252,10 @@ class Driver {
   int64_t ended_ = 0;
   int64_t contiguous_preemptions_ = 0;
   // Memory samples (slots).
-  double sum_tokens_ = 0, sum_reserved_ = 0, sum_internal_ = 0, sum_external_ = 0, sum_running_ = 0;
+  MemorySlots sum_memory_;
+  double sum_running_ = 0;
   int64_t samples_ = 0;
-  std::vector<int32_t> block_fill_;
+  std::vector<int32_t> block_fill_, block_will_fill_;  // per device block, zero between samples
   std::vector<int32_t> touched_;
   SimReport rep_;
 };
@@ -266,6 +278,7 @@ void Driver::hand(std::size_t i, std::vector<int32_t> prompt, int64_t max_tokens
   spec.prompt = std::move(prompt);
   spec.max_tokens = max_tokens;
   spec.tenant = tr.tenant;
+  spec.n = o_.n;
   const RequestId id = engine_->add_request(std::move(spec));
   if (engine_->request(id).finished()) {  // rejected: it could never run
     Outcome& out = outcomes_[i];
@@ -370,10 +383,25 @@ void Driver::grow_reservations() {
 void Driver::after_step(double t0) {
   const double now = backend_->clock_s();
   std::size_t keep = 0;
+  std::vector<RequestId> forked;  // parallel samples made in this step
   for (std::size_t k = 0; k < active_.size(); ++k) {
     const RequestId id = active_[k];
     const Request& r = engine_->request(id);
-    const Live& l = live_.at(id);
+    const Live l = live_.at(id);
+    if (l.sample) {
+      if (r.finished()) {
+        live_.erase(id);
+        engine_->forget(id);
+        continue;
+      }
+      active_[keep++] = id;
+      continue;
+    }
+    for (RequestId c : r.children) {
+      if (live_.count(c) != 0) continue;
+      live_[c] = Live{l.index, l.final_len, -1, 0, true};
+      forked.push_back(c);
+    }
     Outcome& out = outcomes_[l.index];
     if (out.first_scheduled < 0 && r.time.first_scheduled_step >= 0) out.first_scheduled = t0;
     if (out.first_token < 0 && r.num_generated() > 0) out.first_token = now;
@@ -382,12 +410,13 @@ void Driver::after_step(double t0) {
       ++ended_;
       if (l.res_len > 0) alloc_->free(l.res_offset, l.res_len);
       live_.erase(id);
-      engine_->forget(id);
+      if (!engine_->forget(id)) to_forget_.push_back(id);  // its samples run on
       continue;
     }
     active_[keep++] = id;
   }
   active_.resize(keep);
+  active_.insert(active_.end(), forked.begin(), forked.end());
   std::size_t still = 0;
   for (RequestId id : to_forget_) {
     if (!engine_->forget(id)) to_forget_[still++] = id;
@@ -395,54 +424,95 @@ void Driver::after_step(double t0) {
   to_forget_.resize(still);
 }
 
-void Driver::sample(double now) {
+MemorySlots Driver::paged_sample() {
   const KvCacheManager& kv = engine_->kv();
-  double tokens = 0, reserved = 0, internal = 0, external = 0;
-  if (!contiguous()) {
-    const int64_t bs = kv.block_size();
-    const double held = static_cast<double>(kv.device_allocator().num_in_use()) * static_cast<double>(bs);
-    if (block_fill_.empty()) block_fill_.assign(static_cast<std::size_t>(kv.device_allocator().num_blocks()), 0);
-    for (const auto& [sid, s] : kv.sequences()) {
-      if (s.swapped) continue;
-      auto it = live_.find(sid);
-      const int64_t final_len = it != live_.end() ? it->second.final_len : s.num_slots;
-      const int64_t held_s = s.table.size() * bs;
-      reserved += static_cast<double>(std::max<int64_t>(0, std::min(held_s, final_len) - s.num_slots));
-      for (int64_t j = 0; j < s.table.size(); ++j) {
-        const auto b = static_cast<std::size_t>(s.table[j]);
-        const auto fill = static_cast<int32_t>(std::clamp<int64_t>(s.num_slots - j * bs, 0, bs));
-        if (block_fill_[b] == 0 && fill > 0) touched_.push_back(static_cast<int32_t>(b));
-        block_fill_[b] = std::max(block_fill_[b], fill);
-      }
+  const int64_t bs = kv.block_size();
+  if (block_fill_.empty()) {
+    block_fill_.assign(static_cast<std::size_t>(kv.device_allocator().num_blocks()), 0);
+    block_will_fill_.assign(block_fill_.size(), 0);
+  }
+  // Per distinct block: the slots its holders' token states fill, and the slots they will
+  // fill by their final lengths. Holders of a shared block (prefix sharing, or a fork that
+  // shares even the partial last block until its first write) count it once.
+  for (const auto& [sid, s] : kv.sequences()) {
+    if (s.swapped) continue;
+    auto it = live_.find(sid);
+    const int64_t final_len = it != live_.end() ? it->second.final_len : s.num_slots;
+    for (int64_t j = 0; j < s.table.size(); ++j) {
+      const auto b = static_cast<std::size_t>(s.table[j]);
+      const auto fill = static_cast<int32_t>(std::clamp<int64_t>(s.num_slots - j * bs, 0, bs));
+      const auto will_fill = static_cast<int32_t>(std::clamp<int64_t>(final_len - j * bs, fill, bs));
+      if (block_will_fill_[b] == 0 && will_fill > 0) touched_.push_back(static_cast<int32_t>(b));
+      block_fill_[b] = std::max(block_fill_[b], fill);
+      block_will_fill_[b] = std::max(block_will_fill_[b], will_fill);
     }
-    for (int32_t b : touched_) {
-      tokens += block_fill_[static_cast<std::size_t>(b)];
-      block_fill_[static_cast<std::size_t>(b)] = 0;
-    }
-    touched_.clear();
-    internal = std::max(0.0, held - tokens - reserved);
-  } else {
-    for (RequestId id : active_) {
-      const Live& l = live_.at(id);
-      const SequenceState* s = kv.sequence(id);
-      const int64_t n = s != nullptr ? s->num_slots : 0;
-      const int64_t useful = std::min(l.res_len, l.final_len);
-      tokens += static_cast<double>(n);
-      reserved += static_cast<double>(std::max<int64_t>(0, useful - n));
-      internal += static_cast<double>(l.res_len - useful);
-    }
+  }
+  MemorySlots m;
+  for (int32_t b : touched_) {
+    const auto i = static_cast<std::size_t>(b);
+    m.token_states += block_fill_[i];
+    m.reserved += block_will_fill_[i] - block_fill_[i];
+    block_fill_[i] = block_will_fill_[i] = 0;
+  }
+  touched_.clear();
+  m.internal = static_cast<int64_t>(kv.device_allocator().num_in_use()) * bs - m.token_states - m.reserved;
+  return m;
+}
+
+MemorySlots Driver::contiguous_sample() {
+  const KvCacheManager& kv = engine_->kv();
+  MemorySlots m;
+  for (RequestId id : active_) {
+    const Live& l = live_.at(id);
+    const SequenceState* s = kv.sequence(id);
+    const int64_t n = s != nullptr ? s->num_slots : 0;
+    const int64_t useful = std::min(l.res_len, l.final_len);
+    m.token_states += n;
+    m.reserved += std::max<int64_t>(0, useful - n);
+    m.internal += l.res_len - useful;
+  }
+  if (!pending_.empty()) {
+    const Pending& p = pending_.front();
+    const TrafficRequest& tr = t_.requests[p.index];
+    const int64_t len = p.tokens.empty() ? tr.prompt_tokens : static_cast<int64_t>(p.tokens.size());
+    m.external = alloc_->free_in_holes_smaller_than(reservation_for(len, tr.prompt_tokens + tr.output_tokens));
+  }
+  return m;
+}
+
+std::string Driver::run_name() const {
+  return std::string("run (policy ") + to_string(o_.policy) + ", block size " + std::to_string(rep_.block_size) +
+         ", prefix sharing " + (rep_.prefix_sharing ? "on" : "off") + ", n " + std::to_string(o_.n) + ", preemption " +
+         to_string(o_.preemption) + ", " + std::to_string(capacity_) + " KV slots, seed " + std::to_string(o_.seed) +
+         ")";
+}
+
+Status Driver::check_sample(const MemorySlots& m, double now) const {
+  MemoryAccountingState st;
+  st.kv = &engine_->kv();
+  st.contiguous = contiguous();
+  for (RequestId id : active_) {
+    const Live& l = live_.at(id);
+    st.requests.push_back({id, l.final_len, l.res_offset, l.res_len});
+  }
+  if (contiguous()) {
+    st.capacity = capacity_;
+    st.free_slots = alloc_->num_free();
     if (!pending_.empty()) {
       const Pending& p = pending_.front();
       const TrafficRequest& tr = t_.requests[p.index];
       const int64_t len = p.tokens.empty() ? tr.prompt_tokens : static_cast<int64_t>(p.tokens.size());
-      external = static_cast<double>(
-          alloc_->free_in_holes_smaller_than(reservation_for(len, tr.prompt_tokens + tr.output_tokens)));
+      st.head_reservation = reservation_for(len, tr.prompt_tokens + tr.output_tokens);
     }
   }
-  sum_tokens_ += tokens;
-  sum_reserved_ += reserved;
-  sum_internal_ += internal;
-  sum_external_ += external;
+  return check_memory_accounting(st, m).with_context(run_name() + ", sample " + std::to_string(samples_) +
+                                                     " at t=" + std::to_string(now) + " s");
+}
+
+Status Driver::sample(double now) {
+  const MemorySlots m = contiguous() ? contiguous_sample() : paged_sample();
+  if (o_.check) KVP_RETURN_IF_ERROR(check_sample(m, now));
+  sum_memory_ += m;
   sum_running_ += static_cast<double>(engine_->scheduler().num_running());
   ++samples_;
   TimelinePoint pt;
@@ -451,10 +521,12 @@ void Driver::sample(double now) {
   pt.running = engine_->scheduler().num_running();
   pt.swapped = engine_->scheduler().num_swapped();
   const auto cap = static_cast<double>(capacity_);
-  pt.kv_in_use = (tokens + reserved + internal) / cap;
-  pt.kv_tokens = tokens / cap;
+  pt.kv_in_use = static_cast<double>(m.held()) / cap;
+  pt.kv_tokens = static_cast<double>(m.token_states) / cap;
+  pt.memory = m;
   rep_.peak_waiting = std::max(rep_.peak_waiting, pt.waiting);
   rep_.timeline.push_back(pt);
+  return Status::ok();
 }
 
 Result<SimReport> Driver::run() {
@@ -553,7 +625,7 @@ Result<SimReport> Driver::run() {
       continue;
     }
     if (o_.sample_interval_s <= 0 || now >= next_sample) {
-      sample(now);
+      KVP_RETURN_IF_ERROR(sample(now).with_context("simulate --check"));
       next_sample = now + o_.sample_interval_s;
     }
     const double t0 = now;
@@ -588,7 +660,7 @@ Result<SimReport> Driver::run() {
     if (out.rejected) continue;
     ++rep_.finished;
     last_finish = std::max(last_finish, out.finish);
-    output_tokens += tr.output_tokens;
+    output_tokens += tr.output_tokens * o_.n;
     prompt_tokens += tr.prompt_tokens;
     const double ttft = out.first_token - tr.arrival_s;
     rep_.ttft_samples.push_back(ttft);
@@ -620,18 +692,20 @@ Result<SimReport> Driver::run() {
     rep_.ttft_attainment = static_cast<double>(ttft_ok) / static_cast<double>(n);
     rep_.tpot_attainment = static_cast<double>(tpot_ok) / static_cast<double>(n);
   }
-  const double used = sum_tokens_ + sum_reserved_ + sum_internal_ + sum_external_;
-  if (used > 0) {
-    rep_.memory.token_states = sum_tokens_ / used;
-    rep_.memory.reserved = sum_reserved_ / used;
-    rep_.memory.internal = sum_internal_ / used;
-    rep_.memory.external = sum_external_ / used;
+  rep_.memory_slots = sum_memory_;
+  if (sum_memory_.total() > 0) {
+    const auto total = static_cast<double>(sum_memory_.total());
+    rep_.memory.token_states = static_cast<double>(sum_memory_.token_states) / total;
+    rep_.memory.reserved = static_cast<double>(sum_memory_.reserved) / total;
+    rep_.memory.internal = static_cast<double>(sum_memory_.internal) / total;
+    rep_.memory.external = static_cast<double>(sum_memory_.external) / total;
   }
   if (samples_ > 0) {
     rep_.memory.mean_in_use =
-        (sum_tokens_ + sum_reserved_ + sum_internal_) / static_cast<double>(samples_) / static_cast<double>(capacity_);
+        static_cast<double>(sum_memory_.held()) / static_cast<double>(samples_) / static_cast<double>(capacity_);
     rep_.mean_running = sum_running_ / static_cast<double>(samples_);
   }
+  if (o_.check) KVP_RETURN_IF_ERROR(check_memory_shares(rep_).with_context("simulate --check: " + run_name()));
   rep_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return rep_;
 }
@@ -650,6 +724,10 @@ Result<SimReport> simulate(const SimOptions& options, const Traffic& traffic) {
   KVP_RETURN_IF_ERROR(cost.validate());
   if (options.block_size < 1) return Status::error("block size must be >= 1");
   if (options.max_model_len < 0) return Status::error("max model len must be >= 0");
+  if (options.n < 1) return Status::error("n must be >= 1");
+  if (options.n > 1 && options.policy != AllocationPolicy::kPaged)
+    return Status::error(
+        "parallel samples (n > 1) need the paged policy (a contiguous reservation holds one sequence)");
   SchedulerConfig sc;
   sc.max_num_batched_tokens = options.max_num_batched_tokens;
   sc.max_num_seqs = options.max_num_seqs;

@@ -27,13 +27,21 @@
 //   token_states        slots holding a computed token's K/V (a block shared by several
 //                       sequences counts once).
 //   reserved            slots held for a request's future tokens that it will fill
-//                       (up to its final length prompt + output).
+//                       (up to its final length prompt + output; a slot that several
+//                       holders of a shared block will fill counts once).
 //   internal            held slots the request will never fill (past its final length: the
 //                       rest of a paged last block, or a contiguous reservation's excess).
 //   external            free slots that the request at the head of the queue cannot use:
 //                       for contiguous policies, free holes smaller than its reservation
 //                       while it waits; always 0 for paged (any free block serves anyone).
 // Free memory that nobody is waiting for is idle capacity, not waste, and is not counted.
+// Each sample is kept in integer slots (memory_accounting.h); with check, every sample is
+// recounted from the KV manager's blocks (check_memory_accounting) and the report's shares
+// from its samples (check_memory_shares).
+//
+// Parallel sampling (n > 1, paged only): every request forks into n sequences once its
+// prompt is computed; they share the prompt's blocks, and each sample has the request's
+// final length. A request's latencies are its first sample's.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +53,7 @@
 #include "optimized/backends/cost_model.h"
 #include "optimized/engine/scheduler.h"
 #include "optimized/engine/traffic.h"
+#include "simulate/memory_accounting.h"
 
 namespace kvp::sim {
 
@@ -67,6 +76,7 @@ struct SimOptions {
   int32_t max_num_batched_tokens = 8192;
   int32_t prefill_chunk_size = 8192;
   bool prefix_sharing = true;
+  int32_t n = 1;                     // parallel samples per request (> 1: paged only)
   double watermark_fraction = 0.01;  // of the device blocks (optimistic admission)
   double rate = 0;                   // > 0: rescale the traffic to this many requests/s
   double ttft_slo_s = 1.0;
@@ -80,7 +90,7 @@ struct SimOptions {
 
 // Applies one "key=value" setting (the keys --sweep accepts): block-size, admission,
 // preemption, max-model-len (alias max-context), rate, policy, prefix-sharing (on/off),
-// max-num-seqs, gpu, model, gpu-memory-utilization. Error: unknown key or bad value.
+// max-num-seqs, n, gpu, model, gpu-memory-utilization. Error: unknown key or bad value.
 Status apply_setting(SimOptions& o, const std::string& key, const std::string& value);
 
 struct Stat {
@@ -99,6 +109,7 @@ struct TimelinePoint {
   int64_t waiting = 0, running = 0, swapped = 0;
   double kv_in_use = 0;  // held slots / KV capacity
   double kv_tokens = 0;  // token-state slots / KV capacity
+  MemorySlots memory;    // the sample
 };
 
 struct SimReport {
@@ -121,6 +132,7 @@ struct SimReport {
   double slo_attainment = 0;  // requests meeting both TTFT and TPOT targets / all requests
   double ttft_attainment = 0, tpot_attainment = 0;
   MemoryShares memory;
+  MemorySlots memory_slots;  // the samples' sums
   int64_t peak_waiting = 0;
   double mean_running = 0;
   std::vector<TimelinePoint> timeline;
@@ -131,7 +143,8 @@ struct SimReport {
 };
 
 // Runs the traffic to completion. Errors: unknown preset, a model that does not fit the GPU,
-// a bad option, an invariant check that failed (with check), a backend error.
+// a bad option, an invariant check that failed (with check: the engine's after every step,
+// the memory accounting's at every sample and at the end), a backend error.
 Result<SimReport> simulate(const SimOptions& options, const Traffic& traffic);
 
 // --sweep: axes "key=v1,v2,..."; their cartesian product (first axis slowest), applied on

@@ -15,6 +15,7 @@
 #include "optimized/engine/engine.h"
 #include "optimized/engine/traffic.h"
 #include "simulate/contiguous_allocator.h"
+#include "simulate/memory_accounting.h"
 #include "simulate/report.h"
 #include "simulate/simulate.h"
 
@@ -318,6 +319,95 @@ TEST(Simulate, PagedSharesCountSlotsOfEveryHeldBlock) {
   EXPECT_DOUBLE_EQ(r->memory.internal, 18.0 / 64);
   EXPECT_EQ(r->memory.external, 0);
   EXPECT_EQ(r->steps, 3);
+}
+
+TEST(Simulate, ForkedSamplesCountTheirSharedBlocksOnce) {
+  // One request, prompt 20, output 3, n = 2, block size 16, a sample before every step:
+  //   before step 1: nothing held
+  //   before step 2: both samples hold the same 2 blocks (32 slots): 20 tokens, 3 reserved
+  //                  (once, though both will fill them), 9 internal
+  //   before step 3: block 1 was copied on the first write: 3 blocks (48 slots), 16 + 5 + 5
+  //                  tokens, 2 + 2 reserved, 11 + 7 internal
+  sim::SimOptions o = small_gpu_options();
+  o.n = 2;
+  o.check = true;
+  auto r = sim::simulate(o, fixed_traffic(1, 1, 20, 3));
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  ASSERT_EQ(r->timeline.size(), 3u);
+  EXPECT_EQ(r->timeline[0].memory, (sim::MemorySlots{0, 0, 0, 0}));
+  EXPECT_EQ(r->timeline[1].memory, (sim::MemorySlots{20, 3, 9, 0}));
+  EXPECT_EQ(r->timeline[2].memory, (sim::MemorySlots{26, 4, 18, 0}));
+  EXPECT_EQ(r->memory_slots, (sim::MemorySlots{46, 7, 27, 0}));
+  EXPECT_DOUBLE_EQ(r->memory.reserved, 7.0 / 80);
+  EXPECT_EQ(r->finished, 1);
+  EXPECT_TRUE(sim::check_memory_shares(*r).is_ok());
+}
+
+TEST(Simulate, ParallelSamplesNeedThePagedPolicy) {
+  sim::SimOptions o = small_gpu_options();
+  o.n = 2;
+  o.policy = sim::AllocationPolicy::kContiguousOracle;
+  auto r = sim::simulate(o, fixed_traffic(1, 1, 20, 3));
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("paged policy"), std::string::npos);
+}
+
+KvCacheManager forked_manager() {
+  // Block size 4; sequence 1 holds 6 tokens' slots in blocks {0, 1}, sequence 2 its fork.
+  KvCacheConfig c;
+  c.pool.block_size = 4;
+  c.pool.num_device_blocks = 8;
+  c.pool.num_host_blocks = 4;
+  c.enable_prefix_caching = false;
+  return KvCacheManager(c);
+}
+
+TEST(MemoryAccounting, CheckerRecountsAForkFromTheBlocksAndNamesBothNumbers) {
+  KvCacheManager kv = forked_manager();
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7};
+  ASSERT_TRUE(kv.add_sequence(1, 0, tokens).is_ok());
+  std::vector<int64_t> mapping;
+  ASSERT_TRUE(kv.allocate_slots(1, 6, mapping).is_ok());
+  ASSERT_TRUE(kv.fork(1, 2).is_ok());
+  sim::MemoryAccountingState st;
+  st.kv = &kv;
+  st.requests = {{1, 9}, {2, 7}};  // final lengths: 3 and 1 more slots, in the shared block 1
+  // 2 blocks = 8 slots: 6 token states, slot 6 and 7 reserved (by sequence 1; sequence 2
+  // only will fill slot 6), no internal.
+  EXPECT_TRUE(sim::check_memory_accounting(st, {6, 2, 0, 0}).is_ok());
+  // The shared blocks counted once per holder: the sum no longer is the memory in use.
+  const Status twice = sim::check_memory_accounting(st, {12, 2, 0, 0});
+  ASSERT_FALSE(twice.is_ok());
+  EXPECT_NE(twice.message().find("split 14 slots"), std::string::npos) << twice.message();
+  EXPECT_NE(twice.message().find("holds 8 slots in use"), std::string::npos) << twice.message();
+  // The same sum, split wrongly.
+  const Status split = sim::check_memory_accounting(st, {6, 0, 2, 0});
+  ASSERT_FALSE(split.is_ok());
+  EXPECT_NE(split.message().find("reserved: the simulator reports 0 slots, the KV manager's blocks hold 2"),
+            std::string::npos)
+      << split.message();
+  // A sequence the simulator forgot.
+  st.requests = {{1, 9}};
+  EXPECT_FALSE(sim::check_memory_accounting(st, {6, 2, 0, 0}).is_ok());
+}
+
+TEST(MemoryAccounting, CheckerRecountsContiguousReservationsAndTheirHoles) {
+  KvCacheManager kv = forked_manager();
+  sim::MemoryAccountingState st;
+  st.kv = &kv;
+  st.contiguous = true;
+  st.capacity = 100;
+  // Reservations [0, 30) and [40, 60): holes of 10 and 40; the head waits for 20 slots, so
+  // the hole of 10 is external fragmentation. No sequence has slots yet.
+  st.requests = {{1, 25, 0, 30}, {2, 50, 40, 20}};
+  st.free_slots = 50;
+  st.head_reservation = 20;
+  EXPECT_TRUE(sim::check_memory_accounting(st, {0, 45, 5, 10}).is_ok());
+  const Status no_external = sim::check_memory_accounting(st, {0, 45, 5, 0});
+  ASSERT_FALSE(no_external.is_ok());
+  EXPECT_NE(no_external.message().find("cannot use 10 free"), std::string::npos) << no_external.message();
+  st.requests[1].res_offset = 20;  // overlaps the first
+  EXPECT_FALSE(sim::check_memory_accounting(st, {0, 45, 5, 10}).is_ok());
 }
 
 TEST(Simulate, BlockSizeOneHasNoInternalFragmentation) {

@@ -99,17 +99,19 @@ void add_simulate_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--prefill-chunk", opt->sim.prefill_chunk_size, "prompt tokens per request per step at most")
       ->capture_default_str();
   cmd->add_option("--prefix-sharing", opt->prefix_sharing, "on or off (prefix cache)")->capture_default_str();
+  cmd->add_option("--n", opt->sim.n, "parallel samples per request (paged policy)")->capture_default_str();
   cmd->add_option("--ttft-slo", opt->sim.ttft_slo_s, "time-to-first-token target, seconds")->capture_default_str();
   cmd->add_option("--tpot-slo", opt->sim.tpot_slo_s, "time-per-output-token target, seconds")->capture_default_str();
   cmd->add_option("--sample-interval", opt->sim.sample_interval_s, "memory and queue samples every SECONDS simulated")
       ->capture_default_str();
   cmd->add_option("--seed", opt->sim.seed, "seed of synthetic traffic and prompt token ids")->capture_default_str();
-  cmd->add_flag("--check", opt->sim.check, "run every invariant checker after every step (slow)");
+  cmd->add_flag("--check", opt->sim.check,
+                "run every invariant checker after every step and recount every memory sample (slow)");
   cmd->add_option("--json", opt->json_path, "write every run (with timeline and latencies) as JSON");
   cmd->add_option("--csv", opt->csv_path, "write one CSV row per run");
   cmd->add_option("--sweep", opt->sweep,
                   "key=v1,v2,... (repeatable): block-size, admission, preemption, max-model-len, rate, policy, "
-                  "prefix-sharing, max-num-seqs, gpu, model; one run per combination");
+                  "prefix-sharing, max-num-seqs, n, gpu, model; one run per combination");
   cmd->callback([opt, &exit_code] {
     auto fail = [&exit_code](const std::string& message) {
       std::fprintf(stderr, "kvproof simulate: %s\n", message.c_str());
@@ -180,7 +182,7 @@ void add_simulate_command(CLI::App& app, int& exit_code) {
     std::printf("%zu run(s): %lld token-steps simulated in %.2f s (%.2f M token-steps/s)%s\n\n", runs.size(),
                 static_cast<long long>(token_steps), wall,
                 wall > 0 ? static_cast<double>(token_steps) / wall / 1e6 : 0.0,
-                base.check ? ", every invariant checker after every step" : "");
+                base.check ? ", every invariant checker after every step, every memory sample recounted" : "");
     std::printf("%s", sim::format_table(runs).c_str());
     if (!opt->json_path.empty() && !write_file(opt->json_path, sim::to_json(runs).dump(1) + "\n"))
       return fail(opt->json_path + ": cannot write");
