@@ -113,9 +113,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 0:
       case 1:
       case 2:
-      case 3:
-        ids.push_back(engine.add_request(read_request(in)));
-        break;
+      case 3: ids.push_back(engine.add_request(read_request(in))); break;
       case 4:
         if (!ids.empty()) engine.cancel(ids[in.u8() % ids.size()]);
         break;

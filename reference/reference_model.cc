@@ -91,7 +91,8 @@ Result<typename ReferenceModel<T>::Matrix> ReferenceModel<T>::forward(std::span<
   Matrix logits(n, config_.vocab_size);
   for (int64_t b = 0; b < n; b += kBlockTokens) {
     const int64_t m = std::min(kBlockTokens, n - b);
-    logits.middleRows(b, m) = forward_block(tokens.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(m)), cache);
+    logits.middleRows(b, m) =
+        forward_block(tokens.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(m)), cache);
     cache.advance(m);
   }
   return logits;
