@@ -17,8 +17,8 @@
 namespace kvp {
 namespace {
 
-const ReferenceModel<double>& oracle() {
-  static const ReferenceModel<double> m(*make_preset("smollm2-135m", 1));
+ReferenceModel<double>& oracle() {
+  static ReferenceModel<double> m(*make_preset("smollm2-135m", 1));
   return m;
 }
 
@@ -31,6 +31,7 @@ std::vector<int32_t> tokens(int64_t n) {
 
 void run(benchmark::State& state, bool batched) {
   const int64_t n = state.range(0);
+  oracle().set_threads(static_cast<int>(state.range(1)));
   const std::vector<int32_t> t = tokens(n);
   for (auto _ : state) {
     auto cache = oracle().make_cache(n);
@@ -45,8 +46,15 @@ void run(benchmark::State& state, bool batched) {
 void BM_OracleFp64Batched(benchmark::State& state) { run(state, true); }
 void BM_OracleFp64Sequential(benchmark::State& state) { run(state, false); }
 
-BENCHMARK(BM_OracleFp64Batched)->Arg(128)->Arg(1024)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
-BENCHMARK(BM_OracleFp64Sequential)->Arg(128)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
+// Args: tokens, threads.
+BENCHMARK(BM_OracleFp64Batched)
+    ->Args({128, 1})
+    ->Args({1024, 1})
+    ->Args({1024, 2})
+    ->Unit(benchmark::kSecond)
+    ->Iterations(1)
+    ->UseRealTime();
+BENCHMARK(BM_OracleFp64Sequential)->Args({128, 1})->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 
 }  // namespace
 }  // namespace kvp

@@ -1,6 +1,7 @@
 #include "reference/reference_model.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "common/sampling.h"
 #include "model/rope.h"
@@ -25,10 +26,44 @@ ref::Vector<T> linear(const ref::Matrix<T>& w, const ref::Vector<T>& b, const re
   return w * x + b;
 }
 
-// Y = X W^T + b for the rows of X (tokens): one matrix product per block.
+// Runs fn(0..n-1) on up to `threads` threads (slice i on thread i % threads).
+template <typename Fn>
+void parallel_slices(Eigen::Index n, int threads, const Fn& fn) {
+  const auto workers = static_cast<Eigen::Index>(std::min<Eigen::Index>(std::max(threads, 1), n));
+  std::vector<std::thread> pool;
+  for (Eigen::Index t = 1; t < workers; ++t) {
+    pool.emplace_back([&fn, n, t, workers] {
+      for (Eigen::Index i = t; i < n; i += workers) fn(i);
+    });
+  }
+  for (Eigen::Index i = 0; i < n; i += workers) fn(i);
+  for (std::thread& th : pool) th.join();
+}
+
+// Y = X W^T (+ b) for the rows of X (tokens): one matrix product per slice of kSliceRows
+// output features, the slices spread over `threads` threads. The slicing is fixed (it does
+// not depend on the thread count), and each output element is one dot product over the
+// input summed by Eigen's matrix-matrix kernel, so the bits do not depend on the threads
+// either (tests/reference_model_test.cc). Each product is evaluated into its own matrix
+// first: a block of a product expression is evaluated coefficient by coefficient, in
+// another order.
+constexpr Eigen::Index kSliceRows = 512;
+
 template <typename T>
-ref::Matrix<T> linear_rows(const ref::Matrix<T>& w, const ref::Vector<T>& b, const ref::Matrix<T>& x) {
-  ref::Matrix<T> y = x * w.transpose();
+ref::Matrix<T> rows_times(const ref::Matrix<T>& x, const ref::Matrix<T>& w, Eigen::Index rows, int threads) {
+  ref::Matrix<T> y(rows, w.rows());
+  const Eigen::Index slices = (w.rows() + kSliceRows - 1) / kSliceRows;
+  parallel_slices(slices, threads, [&](Eigen::Index s) {
+    const Eigen::Index r0 = s * kSliceRows, r = std::min(kSliceRows, w.rows() - r0);
+    const ref::Matrix<T> part = x * w.middleRows(r0, r).transpose();
+    y.middleCols(r0, r) = part.topRows(rows);
+  });
+  return y;
+}
+
+template <typename T>
+ref::Matrix<T> linear_rows(const ref::Matrix<T>& w, const ref::Vector<T>& b, const ref::Matrix<T>& x, int threads) {
+  ref::Matrix<T> y = rows_times<T>(x, w, x.rows(), threads);
   if (b.size() != 0) y.rowwise() += b.transpose();
   return y;
 }
@@ -50,6 +85,7 @@ ref::Matrix<T> rms_norm_rows(const ref::Matrix<T>& x, const ref::Vector<T>& weig
 template <typename T>
 ReferenceModel<T>::ReferenceModel(const Model& model) : config_(model.config) {
   KVP_CHECK(config_.validate().is_ok());
+  Eigen::initParallel();  // products may run on several threads (set_threads)
   const ModelWeights& w = model.weights;
   embed_tokens_ = to<T>(w.embed_tokens);
   for (const LayerWeights& l : w.layers) {
@@ -159,9 +195,9 @@ typename ReferenceModel<T>::Matrix ReferenceModel<T>::forward_block(std::span<co
 
     // Attention block: H = RMSNorm(X); Q, K, V = H Wq, H Wk, H Wv; RoPE on each row of Q and K.
     const Matrix h = rms_norm_rows<T>(x, layer.input_layernorm, eps);
-    Matrix q = linear_rows<T>(layer.q_proj, layer.q_bias, h);
-    Matrix k = linear_rows<T>(layer.k_proj, layer.k_bias, h);
-    const Matrix v = linear_rows<T>(layer.v_proj, layer.v_bias, h);
+    Matrix q = linear_rows<T>(layer.q_proj, layer.q_bias, h, threads_);
+    Matrix k = linear_rows<T>(layer.k_proj, layer.k_bias, h, threads_);
+    const Matrix v = linear_rows<T>(layer.v_proj, layer.v_bias, h, threads_);
     for (Eigen::Index i = 0; i < n; ++i) {  // the padding row (if any) has no position
       const int64_t position = start + i;
       for (int64_t head = 0; head < config_.num_heads; ++head)
@@ -173,29 +209,21 @@ typename ReferenceModel<T>::Matrix ReferenceModel<T>::forward_block(std::span<co
         cache.values(l, kvh).row(position) = v.row(i).segment(kvh * d, d);
       }
     }
-    x += linear_rows<T>(layer.o_proj, layer.o_bias, attend_block(q, n, l, start, cache));
+    x += linear_rows<T>(layer.o_proj, layer.o_bias, attend_block(q, n, l, start, cache), threads_);
 
     // MLP block (SwiGLU): X += (silu(H2 W_gate) * (H2 W_up)) W_down.
     const Matrix h2 = rms_norm_rows<T>(x, layer.post_attention_layernorm, eps);
     const Matrix gate =
-        linear_rows<T>(layer.gate_proj, layer.gate_bias, h2).unaryExpr([](T z) { return ref::silu<T>(z); });
-    const Matrix up = linear_rows<T>(layer.up_proj, layer.up_bias, h2);
-    x += linear_rows<T>(layer.down_proj, layer.down_bias, gate.cwiseProduct(up));
+        linear_rows<T>(layer.gate_proj, layer.gate_bias, h2, threads_).unaryExpr([](T z) { return ref::silu<T>(z); });
+    const Matrix up = linear_rows<T>(layer.up_proj, layer.up_bias, h2, threads_);
+    x += linear_rows<T>(layer.down_proj, layer.down_bias, gate.cwiseProduct(up), threads_);
   }
   // Tied embeddings: the LM head is the embedding matrix itself (one fp64 copy, not two).
   const Matrix& lm_head = config_.tie_word_embeddings ? embed_tokens_ : lm_head_;
-  // A slice of the vocabulary at a time: Eigen packs the left operand of a product (here
-  // the LM head) a panel at a time, sized by the cache sizes, and the whole 49k-row head in
-  // one product grew verify's peak by ~100 MB. Each logit is still one dot product over
-  // hidden_size, summed the same way whatever the slice.
-  const Matrix xn = rms_norm_rows<T>(x, norm_, eps);
-  constexpr Eigen::Index kVocabSlice = 4096;
-  Matrix logits(n, config_.vocab_size);
-  for (Eigen::Index v = 0; v < config_.vocab_size; v += kVocabSlice) {
-    const Eigen::Index w = std::min<Eigen::Index>(kVocabSlice, config_.vocab_size - v);
-    const Matrix part = xn * lm_head.middleRows(v, w).transpose();
-    logits.middleCols(v, w) = part.topRows(n);
-  }
+  // The LM head a slice of the vocabulary at a time (rows_times): Eigen packs the left
+  // operand of a product a panel at a time, sized by the cache sizes, and the whole 49k-row
+  // head in one product grew verify's peak by ~100 MB.
+  Matrix logits = rows_times<T>(rms_norm_rows<T>(x, norm_, eps), lm_head, n, threads_);
   return logits;
 }
 

@@ -15,6 +15,7 @@
 // forward_block), only on the tokens up to it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -52,6 +53,11 @@ class ReferenceModel {
   // logits are kBlockTokens x vocab).
   static constexpr int64_t kBlockTokens = 64;
 
+  // forward() spreads its products over up to n threads (fixed slices of output features:
+  // the logits are the same bits for any n). Default 1.
+  void set_threads(int n) { threads_ = std::max(n, 1); }
+  int threads() const { return threads_; }
+
  private:
   struct Layer {
     Vector input_layernorm, post_attention_layernorm;
@@ -76,6 +82,7 @@ class ReferenceModel {
   std::vector<Layer> layers_;
   Vector norm_;
   Matrix lm_head_;  // empty when tied: embed_tokens_ is the LM head
+  int threads_ = 1;
 };
 
 extern template class ReferenceModel<float>;

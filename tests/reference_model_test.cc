@@ -74,6 +74,26 @@ TEST(ReferenceModel, ChunkingAcrossBlocksIsBitwiseInFp64) {
   EXPECT_TRUE((whole.array() == run(model, split, 150).array()).all());
 }
 
+// The products' slices spread over threads: the same bits for any thread count, and a
+// threaded prefill equals threaded single-token decodes.
+TEST(ReferenceModel, ThreadsDoNotChangeABit) {
+  ModelConfig c = *preset_config("tiny");
+  c.num_layers = 2;
+  c.intermediate_size = 1100;  // three slices of the MLP's products, the last one short
+  c.vocab_size = 1300;
+  const Model m = make_random_model(c, 31);
+  const auto t = tokens_for(70, c.vocab_size, 6);
+  ReferenceModel<double> model(m);
+  const auto one = run(model, {t}, 70);
+  for (int threads : {2, 3}) {
+    model.set_threads(threads);
+    EXPECT_TRUE((one.array() == run(model, {t}, 70).array()).all()) << threads << " threads";
+    std::vector<std::vector<int32_t>> split = {std::vector<int32_t>(t.begin(), t.begin() + 50)};
+    for (std::size_t i = 50; i < t.size(); ++i) split.push_back({t[i]});
+    EXPECT_TRUE((one.array() == run(model, split, 70).array()).all()) << threads << " threads, decodes";
+  }
+}
+
 // The batched forward (matrix products) against the sequential one (a position at a time,
 // matrix-vector products): the same transformer, summed in another order. fp64 agrees to
 // 1e-12 of the row's largest logit (measured ~1e-15), fp32 to 5e-6 (measured ~1e-6).

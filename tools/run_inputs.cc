@@ -51,7 +51,9 @@ void BackendChoice::add_options(CLI::App& cmd, const std::vector<std::string>& e
   cmd.add_option("--kv-dtype", kv_dtype,
                  "KV pool element type: f32, f16 or bf16 (rounded when written, read as fp32; cuda backends)")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
-  cmd.add_option("--threads", threads, "CPU backend threads")->check(CLI::Range(1, 256));
+  cmd.add_option("--threads", threads,
+                 "threads of the CPU backend (and of verify's oracle; the results do not depend on it)")
+      ->check(CLI::Range(1, 256));
 }
 
 Status BackendChoice::apply(verify::VerifyOptions& v) const {

@@ -336,7 +336,9 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
   report.allow_empty = o.allow_empty;
   Workload workload = workload_in;
   for (WorkloadRequest& r : workload.requests) r.spec.capture_logits = true;
-  const ReferenceModel<double> oracle(model);
+  ReferenceModel<double> oracle_model(model);
+  oracle_model.set_threads(o.num_threads);  // the oracle's products use verify's threads too
+  const ReferenceModel<double>& oracle = oracle_model;
   for (PreemptionMode mode : o.modes) {
     const std::string m = mode_name(mode);
     CheckResult inv("invariants[" + m + "]"), terminal("terminal-states[" + m + "]"), leak("no-leak[" + m + "]"),
