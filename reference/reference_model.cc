@@ -158,7 +158,8 @@ typename ReferenceModel<T>::Matrix ReferenceModel<T>::attend_block(const Matrix&
   const int64_t d = config_.head_dim;
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
   Matrix out = Matrix::Zero(q.rows(), config_.q_dim());
-  for (int64_t head = 0; head < config_.num_heads; ++head) {
+  // Heads are independent (each writes its own columns of out): spread over the threads.
+  parallel_slices(config_.num_heads, threads_, [&](Eigen::Index head) {
     // Query head `head` reads KV head head / group_size (GQA; MQA when there is one).
     const int64_t kvh = head / config_.group_size();
     const Matrix& k = cache.keys(layer, kvh);
@@ -169,7 +170,7 @@ typename ReferenceModel<T>::Matrix ReferenceModel<T>::attend_block(const Matrix&
       const Vector p = ref::softmax<T>(scores);
       out.row(i).segment(head * d, d) = (v.topRows(ctx).transpose() * p).transpose();
     }
-  }
+  });
   return out;
 }
 
