@@ -157,6 +157,68 @@ TEST_P(Architectures, EngineMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Differential, Architectures,
                          ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Values("cpu", "cuda-emu")));
 
+// The oracle comparisons are reused only for the same tokens and bitwise-equal engine rows:
+// the same request again reuses them (the same counts and worst error, to the bit), one
+// changed row runs the oracle again and fails, and so does another token.
+TEST(OracleComparisons, ReusedOnlyForTheSameTokensAndBitwiseEqualRows) {
+  const ReferenceModel<double> oracle(tiny());
+  Request r;
+  r.spec.prompt = {5, 17, 300, 2, 99, 41, 7, 256, 11, 3};
+  r.tokens = r.spec.prompt;
+  auto cache = oracle.make_cache(10);
+  const auto ref = *oracle.forward(r.tokens, cache);
+  for (Eigen::Index p = 0; p < ref.rows(); ++p) {
+    r.logits.emplace_back(ref.cols());
+    for (Eigen::Index v = 0; v < ref.cols(); ++v)
+      r.logits.back()[static_cast<std::size_t>(v)] = static_cast<float>(ref(p, v));
+  }
+  OracleComparisons memo;
+  auto check = [&](const Request& req) {
+    CheckResult logits("logits"), greedy("greedy");
+    check_against_reference(oracle, req, 2e-5, logits, greedy, "r", &memo);
+    return logits;
+  };
+  const CheckResult first = check(r);
+  ASSERT_TRUE(first.passed) << first.detail;
+  EXPECT_EQ(memo.misses, 1);
+  const CheckResult again = check(r);
+  EXPECT_EQ(memo.hits, 1);
+  EXPECT_EQ(again.count, first.count);
+  EXPECT_EQ(again.worst_error, first.worst_error);  // bitwise: the stored comparison
+  EXPECT_TRUE(again.passed);
+
+  Request bad = r;
+  bad.logits[6][40] += 1.0f;  // one row, one logit
+  const CheckResult changed = check(bad);
+  EXPECT_EQ(memo.misses, 2);
+  EXPECT_FALSE(changed.passed);
+  EXPECT_NE(changed.detail.find("position 6"), std::string::npos) << changed.detail;
+
+  Request other = r;  // another token at position 3 (the rows now belong to other tokens)
+  other.tokens[3] = 4;
+  other.spec.prompt[3] = 4;
+  EXPECT_FALSE(check(other).passed);
+  EXPECT_EQ(memo.misses, 3);
+}
+
+// verify with and without the reuse: the same report, check by check, to the bit.
+TEST(OracleComparisons, VerifyReportIsTheSameWithAndWithoutReuse) {
+  VerifyOptions with, without;
+  without.oracle_memo = false;
+  VerifyReport a, b;
+  expect_passes(tiny(), mixed(), with, &a);
+  expect_passes(tiny(), mixed(), without, &b);
+  EXPECT_GT(a.oracle_reuses, 0);
+  EXPECT_EQ(b.oracle_reuses, 0);
+  ASSERT_EQ(a.checks.size(), b.checks.size());
+  for (std::size_t i = 0; i < a.checks.size(); ++i) {
+    EXPECT_EQ(a.checks[i].name, b.checks[i].name);
+    EXPECT_EQ(a.checks[i].count, b.checks[i].count) << a.checks[i].name;
+    EXPECT_EQ(a.checks[i].worst_error, b.checks[i].worst_error) << a.checks[i].name;
+    EXPECT_EQ(a.checks[i].detail, b.checks[i].detail) << a.checks[i].name;
+  }
+}
+
 TEST(Verify, CpuBackendRefusesHalfPrecisionPools) {
   VerifyOptions o;
   o.kv_dtype = DType::kF16;

@@ -42,6 +42,9 @@ void add_verify_command(CLI::App& app, int& exit_code) {
                   "with the logits check)")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_flag("!--no-prefix-caching", opt->v.prefix_caching, "turn the prefix cache off");
+  cmd->add_flag("!--no-oracle-reuse", opt->v.oracle_memo,
+                "run the oracle for every request, even when the same tokens with bitwise-equal engine rows were "
+                "already compared");
   cmd->add_flag("--allow-empty", opt->v.allow_empty,
                 "pass even if nothing was verified (no request finished normally, or a check saw nothing)");
   cmd->add_option("--speculate", opt->speculate,

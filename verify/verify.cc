@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include <openssl/evp.h>
 #include <nlohmann/json.hpp>
 
 #include "kernels/cuda/model_kernels.h"
@@ -253,66 +254,131 @@ int64_t check_late_cancels(const Engine& engine, const Workload& w, const Worklo
 }
 }  // namespace
 
+namespace {
+
+RowDigest digest_row(const std::vector<float>& row) {
+  RowDigest d{};
+  unsigned int len = 0;
+  KVP_CHECK(EVP_Digest(row.data(), row.size() * sizeof(float), d.data(), &len, EVP_sha256(), nullptr) == 1);
+  return d;
+}
+
+// The oracle's verdict on each of the request's engine rows, positions 0..last: the oracle
+// runs the sequence a chunk of positions at a time on one dense cache (the same bits as all
+// at once: ReferenceModel's logits do not depend on the split), one block of its matrix
+// products per chunk, so only a chunk's fp64 logits are held at once. 32 positions: the
+// products are near their best speed there, and a chunk's logits stay small beside the
+// weights (32 x vocab fp64: 12.6 MB for SmolLM2's vocabulary).
+Result<std::vector<RowComparison>> compare_with_oracle(const ReferenceModel<double>& oracle, const Request& r,
+                                                       int64_t last) {
+  constexpr int64_t kOracleChunk = 32;
+  std::vector<RowComparison> out(static_cast<std::size_t>(last + 1));
+  auto cache = oracle.make_cache(last + 1);
+  const int64_t vocab = oracle.config().vocab_size;
+  for (int64_t begin = 0; begin <= last; begin += kOracleChunk) {
+    const int64_t n = std::min(kOracleChunk, last + 1 - begin);
+    auto ref = oracle.forward(std::span<const int32_t>(r.tokens.data() + begin, static_cast<std::size_t>(n)), cache);
+    if (!ref) return ref.status();
+    for (int64_t i = 0; i < n; ++i) {
+      const std::vector<float>& got = r.logits[static_cast<std::size_t>(begin + i)];
+      if (got.empty()) continue;
+      RowComparison& c = out[static_cast<std::size_t>(begin + i)];
+      c.present = true;
+      c.scale = row_max_abs(*ref, i);
+      for (int64_t v = 0; v < vocab; ++v) {
+        const double d = std::abs(static_cast<double>(got[static_cast<std::size_t>(v)]) - (*ref)(i, v));
+        c.err = std::max(c.err, std::isnan(d) ? INFINITY : d);
+      }
+      Eigen::Index best = 0;
+      ref->row(i).maxCoeff(&best);
+      double second = -INFINITY;
+      for (int64_t v = 0; v < vocab; ++v)
+        if (v != best) second = std::max(second, (*ref)(i, v));
+      c.best = best;
+      c.margin = (*ref)(i, best) - second;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::vector<RowComparison>* OracleComparisons::find(const std::vector<int32_t>& tokens,
+                                                          const std::vector<std::optional<RowDigest>>& rows) const {
+  if (!reuse) return nullptr;
+  auto it = by_tokens_.find(tokens);
+  if (it == by_tokens_.end() || it->second.size() != rows.size()) return nullptr;
+  for (std::size_t p = 0; p < rows.size(); ++p) {
+    const RowComparison& c = it->second[p];
+    if (c.present != rows[p].has_value() || (c.present && c.engine_row != *rows[p])) return nullptr;
+  }
+  return &it->second;
+}
+
+void OracleComparisons::store(std::vector<int32_t> tokens, std::vector<RowComparison> rows) {
+  if (!reuse) return;
+  by_tokens_[std::move(tokens)] = std::move(rows);
+}
+
 void check_against_reference(const ReferenceModel<double>& oracle, const Request& r, double tol, CheckResult& logits,
-                             CheckResult& greedy, const std::string& label) {
+                             CheckResult& greedy, const std::string& label, OracleComparisons* memo) {
   int64_t last = -1;
   for (std::size_t p = 0; p < r.logits.size(); ++p)
     if (!r.logits[p].empty()) last = static_cast<int64_t>(p);
   if (last < 0) return;
-  // The oracle runs the sequence a chunk of positions at a time on one dense cache (the
-  // same bits as all at once: ReferenceModel's logits do not depend on the split), one
-  // block of its matrix products per chunk, so only a chunk's fp64 logits are held at once,
-  // not the whole sequence's.
-  // 32 positions: the matrix products are near their best speed there, and a chunk's
-  // logits stay small beside the weights (32 x vocab fp64: 12.6 MB for SmolLM2's vocabulary).
-  constexpr int64_t kOracleChunk = 32;
-  auto cache = oracle.make_cache(last + 1);
-  Result<ReferenceModel<double>::Matrix> ref = ReferenceModel<double>::Matrix();
-  int64_t ref_begin = 0;  // position of ref's row 0
-  const int64_t vocab = oracle.config().vocab_size;
+  // The oracle's row at position p is a function of tokens 0..p alone, so a comparison is
+  // reused only for the same tokens and an engine row with the same bits (SHA-256).
+  const std::vector<int32_t> key(r.tokens.begin(), r.tokens.begin() + last + 1);
+  std::vector<std::optional<RowDigest>> digests(static_cast<std::size_t>(last + 1));
+  const std::vector<RowComparison>* rows = nullptr;
+  std::vector<RowComparison> fresh;
+  if (memo != nullptr && memo->reuse) {
+    for (int64_t p = 0; p <= last; ++p)
+      if (!r.logits[static_cast<std::size_t>(p)].empty())
+        digests[static_cast<std::size_t>(p)] = digest_row(r.logits[static_cast<std::size_t>(p)]);
+    rows = memo->find(key, digests);
+  }
+  if (rows != nullptr) {
+    ++memo->hits;
+  } else {
+    auto computed = compare_with_oracle(oracle, r, last);
+    if (!computed) {
+      logits.passed = false;
+      logits.detail = label + ": reference failed: " + computed.status().message();
+      return;
+    }
+    fresh = std::move(*computed);
+    if (memo != nullptr) {
+      ++memo->misses;
+      for (std::size_t p = 0; p < fresh.size(); ++p)
+        if (digests[p]) fresh[p].engine_row = *digests[p];
+      memo->store(key, fresh);
+    }
+    rows = &fresh;
+  }
   for (int64_t p = 0; p <= last; ++p) {
-    const std::vector<float>& got = r.logits[static_cast<std::size_t>(p)];
-    if (p >= ref_begin + (ref ? ref->rows() : 0)) {
-      ref_begin = p;
-      const int64_t n = std::min(kOracleChunk, last + 1 - p);
-      ref = oracle.forward(std::span<const int32_t>(r.tokens.data() + p, static_cast<std::size_t>(n)), cache);
-      if (!ref) {
-        logits.passed = false;
-        logits.detail = label + ": reference failed: " + ref.status().message();
-        return;
-      }
-    }
-    if (got.empty()) continue;
+    const RowComparison& c = (*rows)[static_cast<std::size_t>(p)];
+    if (!c.present) continue;
     ++logits.count;
-    const double scale = row_max_abs(*ref, p - ref_begin);
-    double err = 0;
-    for (int64_t v = 0; v < vocab; ++v) {
-      const double d = std::abs(static_cast<double>(got[static_cast<std::size_t>(v)]) - (*ref)(p - ref_begin, v));
-      err = std::max(err, std::isnan(d) ? INFINITY : d);
-    }
-    const double rel = err / scale;
+    const double rel = c.err / c.scale;
     logits.worst_error = std::max(logits.worst_error, rel);
     if (!(rel <= tol) && logits.passed) {
       logits.passed = false;
-      logits.detail = label + " position " + std::to_string(p) + ": max |engine - reference| = " + std::to_string(err) +
-                      " (" + std::to_string(rel) + " of the row's max logit, tolerance " + std::to_string(tol) + ")";
+      logits.detail = label + " position " + std::to_string(p) +
+                      ": max |engine - reference| = " + std::to_string(c.err) + " (" + std::to_string(rel) +
+                      " of the row's max logit, tolerance " + std::to_string(tol) + ")";
     }
     // Greedy tokens: the token generated from position p's logits.
     const int64_t k = p + 1 - r.num_prompt();
     const bool sampled_here = k >= 0 && k < r.num_generated() && k >= static_cast<int64_t>(r.spec.forced_tokens.size());
     if (!sampled_here || !r.spec.sampling.greedy()) continue;
-    Eigen::Index best = 0;
-    ref->row(p - ref_begin).maxCoeff(&best);
-    double second = -INFINITY;
-    for (int64_t v = 0; v < vocab; ++v)
-      if (v != best) second = std::max(second, (*ref)(p - ref_begin, v));
-    if ((*ref)(p - ref_begin, best) - second <= tol * scale) continue;  // too close to call
+    if (c.margin <= tol * c.scale) continue;  // too close to call
     ++greedy.count;
     const int32_t engine_token = r.tokens[static_cast<std::size_t>(p + 1)];
-    if (engine_token != best && greedy.passed) {
+    if (engine_token != c.best && greedy.passed) {
       greedy.passed = false;
       greedy.detail = label + " position " + std::to_string(p) + ": engine chose " + std::to_string(engine_token) +
-                      ", reference arg-max " + std::to_string(best);
+                      ", reference arg-max " + std::to_string(c.best);
     }
   }
 }
@@ -339,6 +405,10 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
   ReferenceModel<double> oracle_model(model);
   oracle_model.set_threads(o.num_threads);  // the oracle's products use verify's threads too
   const ReferenceModel<double>& oracle = oracle_model;
+  // Each (tokens, engine row) is compared with the oracle once per verify: the second
+  // preemption mode runs the same sequences, and a bitwise-equal row needs no new oracle run.
+  OracleComparisons comparisons;
+  comparisons.reuse = o.oracle_memo;
   for (PreemptionMode mode : o.modes) {
     const std::string m = mode_name(mode);
     CheckResult inv("invariants[" + m + "]"), terminal("terminal-states[" + m + "]"), leak("no-leak[" + m + "]"),
@@ -376,7 +446,8 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
         if (!checked.insert(id).second) continue;
         const Request& r = e.request(id);
         if (r.finish != FinishReason::kRejected)
-          check_against_reference(oracle, r, tolerance_for(o).value, logits, greedy, "request " + std::to_string(id));
+          check_against_reference(oracle, r, tolerance_for(o).value, logits, greedy, "request " + std::to_string(id),
+                                  &comparisons);
         if (release) snap.released = e.release_logits(id);
       }
       return Status::ok();
@@ -635,6 +706,8 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
     }
     report.runs.emplace_back(m, engine.metrics());
   }
+  report.oracle_runs = comparisons.misses;
+  report.oracle_reuses = comparisons.hits;
   return report;
 }
 
@@ -676,6 +749,10 @@ std::string VerifyReport::table() const {
       out << line;
     }
   }
+  if (oracle_runs + oracle_reuses > 0) {
+    out << "oracle: " << oracle_runs << " sequences run, " << oracle_reuses
+        << " comparisons reused (same tokens, bitwise-equal engine rows)\n";
+  }
   if (!nothing_verified.empty()) {
     out << "nothing verified for:";
     for (std::size_t i = 0; i < nothing_verified.size(); ++i) out << (i ? ", " : " ") << nothing_verified[i];
@@ -699,6 +776,7 @@ nlohmann::json VerifyReport::to_json() const {
                            {"worst_error", c.worst_error},
                            {"detail", c.detail}});
   for (const auto& [mode, m] : runs) j["runs"][mode] = m.to_json();
+  j["oracle"] = {{"sequences_run", oracle_runs}, {"comparisons_reused", oracle_reuses}};
   j["nothing_verified"] = nothing_verified;
   j["allow_empty"] = allow_empty;
   return j;

@@ -38,7 +38,9 @@
 //                sampled request the same tokens and logits bit for bit
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,6 +74,9 @@ struct VerifyOptions {
   bool poison_on_free = true;
   bool audit_reads = false;  // the backend checks the tenant scope of every block read
   int num_threads = 2;
+  // Reuse each comparison with the oracle for the same tokens and bitwise-equal engine rows
+  // (OracleComparisons); off: every request runs the oracle.
+  bool oracle_memo = true;
   // The model executor: "cpu", or the CUDA backend in the flavour this program links
   // ("cuda-emu": kvproof, SIMT-emulated kernels; "cuda": kvproof-cuda, nvcc kernels on a GPU).
   std::string backend = "cpu";
@@ -116,6 +121,8 @@ struct VerifyReport {
   std::vector<std::string> nothing_verified;
   bool allow_empty = false;
   std::vector<std::pair<std::string, EngineMetrics>> runs;  // per preemption mode
+  int64_t oracle_runs = 0;                                  // request sequences the oracle ran
+  int64_t oracle_reuses = 0;  // requests whose comparisons were reused (OracleComparisons)
   bool passed() const;
   std::string table() const;
   nlohmann::json to_json() const;
@@ -152,8 +159,37 @@ Status check_state(const Engine& e, const BatchPlan& plan, CheckResult& result);
 void install_step_checks(Engine& engine, CheckResult& result);
 // The request's captured logits at every position against the fp64 reference (into
 // `logits`), and its greedy tokens against the reference's arg-max (into `greedy`).
+//
+// With `memo`, a comparison is made once per token sequence and engine row: the oracle's
+// row at position p depends on tokens 0..p alone (bitwise, however the oracle's positions are
+// chunked), so the same tokens with engine rows of the same bits (SHA-256 of each row) give
+// the same comparisons, and they are reused instead of running the oracle again. A single
+// changed bit in any row, or another token, runs the oracle.
+using RowDigest = std::array<uint8_t, 32>;  // SHA-256 of a logits row
+struct RowComparison {
+  bool present = false;  // the engine captured a row at this position
+  RowDigest engine_row{};
+  double err = 0;     // max |engine - oracle| over the vocabulary (inf if a NaN)
+  double scale = 0;   // max |oracle|
+  int64_t best = 0;   // the oracle's arg-max
+  double margin = 0;  // oracle[best] - the second largest logit
+};
+class OracleComparisons {
+ public:
+  // The comparisons stored for `tokens` (positions 0..tokens.size()-1) if every engine row
+  // has the same digest (and the same positions have rows); else nullptr.
+  const std::vector<RowComparison>* find(const std::vector<int32_t>& tokens,
+                                         const std::vector<std::optional<RowDigest>>& rows) const;
+  void store(std::vector<int32_t> tokens, std::vector<RowComparison> rows);
+  bool reuse = true;  // false: find() never finds, store() keeps nothing (the counts still count)
+  int64_t hits = 0, misses = 0;
+
+ private:
+  std::map<std::vector<int32_t>, std::vector<RowComparison>> by_tokens_;
+};
 void check_against_reference(const ReferenceModel<double>& oracle, const Request& r, double tolerance,
-                             CheckResult& logits, CheckResult& greedy, const std::string& label);
+                             CheckResult& logits, CheckResult& greedy, const std::string& label,
+                             OracleComparisons* memo = nullptr);
 
 // Errors are for bad options or a backend/engine that could not run at all; a failing check
 // is a VerifyReport with passed() == false.
