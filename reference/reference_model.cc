@@ -26,9 +26,14 @@ ref::Vector<T> linear(const ref::Matrix<T>& w, const ref::Vector<T>& b, const re
   return w * x + b;
 }
 
-// Runs fn(0..n-1) on up to `threads` threads (slice i on thread i % threads).
+// Runs fn(0..n-1) on up to `threads` threads (slice i on thread i % threads); on one when
+// the whole job is under kMinThreadedWork multiply-adds, where starting a thread costs more
+// than it saves (which thread runs a slice never changes its bits).
+constexpr double kMinThreadedWork = 1 << 22;
+
 template <typename Fn>
-void parallel_slices(Eigen::Index n, int threads, const Fn& fn) {
+void parallel_slices(Eigen::Index n, int threads, double work, const Fn& fn) {
+  if (work < kMinThreadedWork) threads = 1;
   const auto workers = static_cast<Eigen::Index>(std::min<Eigen::Index>(std::max(threads, 1), n));
   std::vector<std::thread> pool;
   for (Eigen::Index t = 1; t < workers; ++t) {
@@ -53,7 +58,8 @@ template <typename T>
 ref::Matrix<T> rows_times(const ref::Matrix<T>& x, const ref::Matrix<T>& w, Eigen::Index rows, int threads) {
   ref::Matrix<T> y(rows, w.rows());
   const Eigen::Index slices = (w.rows() + kSliceRows - 1) / kSliceRows;
-  parallel_slices(slices, threads, [&](Eigen::Index s) {
+  const double work = static_cast<double>(rows) * static_cast<double>(w.rows()) * static_cast<double>(w.cols());
+  parallel_slices(slices, threads, work, [&](Eigen::Index s) {
     const Eigen::Index r0 = s * kSliceRows, r = std::min(kSliceRows, w.rows() - r0);
     const ref::Matrix<T> part = x * w.middleRows(r0, r).transpose();
     y.middleCols(r0, r) = part.topRows(rows);
@@ -159,7 +165,9 @@ typename ReferenceModel<T>::Matrix ReferenceModel<T>::attend_block(const Matrix&
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
   Matrix out = Matrix::Zero(q.rows(), config_.q_dim());
   // Heads are independent (each writes its own columns of out): spread over the threads.
-  parallel_slices(config_.num_heads, threads_, [&](Eigen::Index head) {
+  const double work = static_cast<double>(config_.num_heads) * static_cast<double>(n) * static_cast<double>(start + n) *
+                      static_cast<double>(2 * d);
+  parallel_slices(config_.num_heads, threads_, work, [&](Eigen::Index head) {
     // Query head `head` reads KV head head / group_size (GQA; MQA when there is one).
     const int64_t kvh = head / config_.group_size();
     const Matrix& k = cache.keys(layer, kvh);
