@@ -64,6 +64,8 @@ class Model {
   std::optional<Failure> block_in_pool(int64_t b, bool host) const;
   std::optional<Failure> find_seq(int64_t id, Seq*& out);
   std::optional<Failure> swap(int64_t id, const std::vector<BlockCopy>& pairs, bool out);
+  // A device block (refcount already taken) appended to sequence id's table, then I5 and I2.
+  std::optional<Failure> append_block(int64_t id, Seq& s, int64_t block);
   std::optional<Failure> check_blocks(const std::vector<int64_t>& device_blocks,
                                       const std::vector<int64_t>& host_blocks) const;
   std::optional<Failure> check_table(int64_t id, const Seq& s) const;
@@ -344,6 +346,12 @@ std::optional<Failure> Model::on(const kv_event::Fork& e) {
   return std::nullopt;
 }
 
+std::optional<Failure> Model::append_block(int64_t id, Seq& s, int64_t block) {
+  s.table.push_back(block);
+  if (auto f = check_table(id, s)) return f;
+  return check_blocks({block}, {});
+}
+
 std::optional<Failure> Model::on(const kv_event::Alloc& e) {
   Seq* s = nullptr;
   if (auto f = find_seq(e.seq, s)) return f;
@@ -356,9 +364,7 @@ std::optional<Failure> Model::on(const kv_event::Alloc& e) {
   if (blk.cached) return violation("I1: alloc of device block " + str(e.block) + ", still cached (no evict first)");
   blk.refcount = 1;
   blk.tenant = s->tenant;
-  s->table.push_back(e.block);
-  if (auto f = check_table(e.seq, *s)) return f;
-  return check_blocks({e.block}, {});
+  return append_block(e.seq, *s, e.block);
 }
 
 std::optional<Failure> Model::on(const kv_event::Share& e) {
@@ -377,9 +383,7 @@ std::optional<Failure> Model::on(const kv_event::Share& e) {
     return violation("I4: fork shares device block " + str(e.block) + ", which is not in use");
   }
   ++blk.refcount;
-  s->table.push_back(e.block);
-  if (auto f = check_table(e.seq, *s)) return f;
-  return check_blocks({e.block}, {});
+  return append_block(e.seq, *s, e.block);
 }
 
 std::optional<Failure> Model::on(const kv_event::Cow& e) {
