@@ -2,12 +2,16 @@
 // the conformance suite (backend_conformance_test.cc), which runs the CPU backend too.
 #include "optimized/backends/cpu_backend.h"
 
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include "common/rng.h"
 #include "model/presets.h"
 #include "optimized/backends/plan_validation.h"
+#include "optimized/engine/engine.h"
 
 namespace kvp {
 namespace {
@@ -41,6 +45,70 @@ TEST(CpuBackend, CreateRejectsBadConfigs) {
   ASSERT_TRUE(ok.is_ok()) << ok.status().message();
   EXPECT_EQ((*ok)->num_device_slots(), 16);
   EXPECT_STREQ((*ok)->name(), "cpu");
+}
+
+// Every logit of a few requests (prefill chunks and decode steps), run on the tiny model with
+// the given projection ISA and thread count.
+std::vector<std::vector<float>> run_logits(kernels::GemmIsa isa, int threads) {
+  const Model& model = tiny();
+  EngineConfig c;
+  c.kv.pool = pool_shape_for(model.config, 4, 64, 0);
+  c.scheduler.max_num_batched_tokens = 64;
+  c.scheduler.prefill_chunk_size = 16;
+  c.vocab_size = model.config.vocab_size;
+  CpuBackendConfig bc;
+  bc.pool = c.kv.pool;
+  bc.gemm_isa = isa;
+  bc.num_threads = threads;
+  CpuBackend backend(model, bc);
+  Engine engine(c, backend);
+  Rng rng(5);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 3; ++i) {
+    RequestSpec s;
+    for (int j = 0; j < 20 + 7 * i; ++j) s.prompt.push_back(static_cast<int32_t>(rng.below(500)));
+    s.max_tokens = 6;
+    s.capture_logits = true;
+    ids.push_back(engine.add_request(s));
+  }
+  while (engine.has_unfinished()) EXPECT_TRUE(engine.step().is_ok());
+  std::vector<std::vector<float>> rows;
+  for (RequestId id : ids) {
+    for (const auto& row : engine.request(id).logits) rows.push_back(row);
+  }
+  return rows;
+}
+
+TEST(CpuBackend, EveryGemmIsaAndThreadCountGivesTheSameLogitBits) {
+  const auto want = run_logits(kernels::GemmIsa::kScalar, 1);
+  ASSERT_FALSE(want.empty());
+  int compared = 0;
+  for (kernels::GemmIsa isa : {kernels::GemmIsa::kScalar, kernels::GemmIsa::kAvx2, kernels::GemmIsa::kAvx512}) {
+    if (!kernels::gemm_isa_supported(isa)) continue;
+    for (int threads : {1, 2}) {
+      const auto got = run_logits(isa, threads);
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t r = 0; r < want.size(); ++r) {
+        ASSERT_EQ(got[r].size(), want[r].size());
+        EXPECT_EQ(0, std::memcmp(got[r].data(), want[r].data(), want[r].size() * sizeof(float)))
+            << kernels::gemm_isa_name(isa) << " threads " << threads << " row " << r;
+      }
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 2);
+}
+
+TEST(CpuBackend, CreateRejectsAnIsaTheCpuLacks) {
+  for (kernels::GemmIsa isa : {kernels::GemmIsa::kAvx2, kernels::GemmIsa::kAvx512}) {
+    if (kernels::gemm_isa_supported(isa)) continue;
+    CpuBackendConfig c;
+    c.pool = pool_shape_for(tiny().config, 4, 4, 0);
+    c.gemm_isa = isa;
+    auto r = CpuBackend::create(tiny(), c);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().message().find("gemm_isa"), std::string::npos) << r.status().message();
+  }
 }
 
 }  // namespace

@@ -29,6 +29,7 @@
 #include "common/dtype.h"
 #include "kernels/cpu_attention.h"
 #include "kernels/cuda/model_kernels.h"
+#include "kernels/gemm.h"
 #include "kernels/kv_element.h"
 #include "kernels/kv_index.h"
 #include "kernels/simt/config.h"
@@ -114,7 +115,9 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 
 // ---- the per-token kernels ----
 
-TEST(CUDA_KERNEL_SUITE, ProjectIsTheCpuDotOfEveryRowWhateverTheTokenCount) {
+// The projection's arithmetic is kernels/gemm.h's definition (the CPU backend's GEMM gives
+// the same bits; gemm_test checks that).
+TEST(CUDA_KERNEL_SUITE, ProjectIsTheGemmDefinitionOfEveryRowWhateverTheTokenCount) {
   REQUIRE_DEVICE();
   for (const auto& [out_dim, in_dim] : {std::pair<int64_t, int64_t>{1, 1}, {7, 33}, {96, 64}, {130, 17}}) {
     const std::vector<float> w = random_floats(static_cast<std::size_t>(out_dim * in_dim), 1);
@@ -129,7 +132,7 @@ TEST(CUDA_KERNEL_SUITE, ProjectIsTheCpuDotOfEveryRowWhateverTheTokenCount) {
       for (int64_t t = 0; t < n; ++t)
         for (int64_t r = 0; r < out_dim; ++r)
           want[static_cast<std::size_t>(t * out_dim + r)] =
-              kk::dot(w.data() + r * in_dim, x.data() + t * in_dim, in_dim);
+              kk::dot_fma_scalar(w.data() + r * in_dim, x.data() + t * in_dim, in_dim);
       expect_close(download<float>(dy, want.size()), want,
                    "project " + std::to_string(out_dim) + "x" + std::to_string(in_dim) + " n " + std::to_string(n));
       // With a bias (Qwen2's q/k/v, Llama's attention_bias/mlp_bias): one add after the dot.

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "kernels/cpu_attention.h"
+#include "kernels/gemm.h"
 #include "kernels/kv_element.h"
 #include "kernels/kv_index.h"
 #include "kernels/simt/simt.h"
@@ -85,14 +86,15 @@ __global__ void rms_norm_kernel(const float* x, const int32_t* rows, const float
 }
 
 // One thread per output element (t, r); adjacent threads take adjacent rows r of the same
-// token, so they share the token's activations.
+// token, so they share the token's activations. The element's arithmetic is the CPU
+// backend's (kernels/gemm.h), so the two give the same bits.
 __global__ void project_kernel(const float* w, const float* bias, int64_t out_dim, int64_t in_dim, const float* x,
                                int64_t n, float* y) {
   const int64_t i = global_index();
   if (i >= n * out_dim) return;
   const int64_t t = i / out_dim;
   const int64_t r = i % out_dim;
-  float acc = kvp::kernels::dot(w + r * in_dim, x + t * in_dim, in_dim);
+  float acc = kvp::kernels::projection_dot(w + r * in_dim, x + t * in_dim, in_dim);
   if (bias != nullptr) acc += bias[r];
   y[i] = acc;
 }

@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "kernels/gemm.h"
 #include "kernels/kv_index.h"
 #include "model/rope.h"
 #include "optimized/backends/plan_validation.h"
@@ -107,6 +108,10 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
+// Multiply-adds below which a product or an attention pass runs on the calling thread:
+// about 50 us of work at the GEMM's speed, several times a worker's wake-up.
+constexpr int64_t kMinParallelMacs = int64_t{1} << 20;
+
 }  // namespace
 
 Status CpuBackendConfig::validate() const {
@@ -116,6 +121,8 @@ Status CpuBackendConfig::validate() const {
                          std::string(dtype_name(pool.kv_dtype)));
   if (num_threads < 1 || num_threads > 256) return Status::error("num_threads must be in [1, 256]");
   if (attention_partition <= 0) return Status::error("attention_partition must be > 0");
+  if (!kernels::gemm_isa_supported(gemm_isa))
+    return Status::error("gemm_isa " + std::string(kernels::gemm_isa_name(gemm_isa)) + " is not supported by this CPU");
   return Status::ok();
 }
 
@@ -256,27 +263,19 @@ Status CpuBackend::execute(const BatchPlan& plan, StepOutput& out) {
 
 void CpuBackend::project(const float* w, const VectorF& bias, int64_t out_dim, int64_t in_dim, const float* x,
                          int64_t n, float* y) {
-  // Tokens are taken in tiles so that a tile's inputs stay in cache while each weight row
-  // is read once per tile, and in pairs (dot2) that share each load of the row; none of
-  // this touches any one dot product's arithmetic, so a token's row is the same whatever
-  // its neighbours.
-  constexpr int64_t kTokenTile = 16;
-  pool_->parallel_for(out_dim, [&](int64_t row_begin, int64_t row_end) {
-    for (int64_t t0 = 0; t0 < n; t0 += kTokenTile) {
-      const int64_t t1 = std::min(n, t0 + kTokenTile);
-      for (int64_t r = row_begin; r < row_end; ++r) {
-        const float* w_row = w + r * in_dim;
-        int64_t t = t0;
-        for (; t + 2 <= t1; t += 2)
-          kernels::dot2(w_row, x + t * in_dim, x + (t + 1) * in_dim, in_dim, &y[t * out_dim + r],
-                        &y[(t + 1) * out_dim + r]);
-        if (t < t1) y[t * out_dim + r] = kernels::dot(w_row, x + t * in_dim, in_dim);
-        if (bias.size() != 0) {
-          for (int64_t u = t0; u < t1; ++u) y[u * out_dim + r] += bias[r];
-        }
-      }
-    }
-  });
+  // kernels/gemm.h: each output element's arithmetic depends only on in_dim, so a token's row
+  // is the same bits whatever its neighbours, the split of rows over threads or the ISA.
+  const kernels::GemmIsa isa = config_.gemm_isa;
+  const float* b = bias.size() != 0 ? bias.data() : nullptr;
+  const auto rows = [&](int64_t row_begin, int64_t row_end) {
+    kernels::gemm_rows(isa, w, b, out_dim, in_dim, x, n, y, row_begin, row_end);
+  };
+  // Waking the workers costs more than a small product saves.
+  if (out_dim * in_dim * n < kMinParallelMacs) {
+    rows(0, out_dim);
+  } else {
+    pool_->parallel_for(out_dim, rows);
+  }
 }
 
 void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q, float* out) {
@@ -287,7 +286,7 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
   const float* k_pool = device_k_[static_cast<std::size_t>(layer)].data();
   const float* v_pool = device_v_[static_cast<std::size_t>(layer)].data();
   const std::vector<int32_t>& seq_of_token = scratch_->seq_of_token;
-  pool_->parallel_for(n * c.num_heads, [&](int64_t begin, int64_t end) {
+  const auto heads = [&](int64_t begin, int64_t end) {
     std::vector<float> partition_acc(static_cast<std::size_t>(d));
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / c.num_heads;
@@ -300,7 +299,15 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
                                     plan.positions[static_cast<std::size_t>(t)], scale, config_.attention_partition,
                                     partition_acc.data(), out + t * c.q_dim() + head * d);
     }
-  });
+  };
+  // Each head of each token reads its context once for the scores and once for the values.
+  int64_t macs = 0;
+  for (int32_t p : plan.positions) macs += (static_cast<int64_t>(p) + 1) * 2 * d * c.num_heads;
+  if (macs < kMinParallelMacs) {
+    heads(0, n * c.num_heads);
+  } else {
+    pool_->parallel_for(n * c.num_heads, heads);
+  }
 }
 
 void CpuBackend::run_model(const BatchPlan& plan, StepOutput& out) {

@@ -3,8 +3,10 @@
 //
 // The math is the engine's own (kernels/cpu_attention.h), written independently of the
 // reference oracle, and arranged so that non-interference (N1 in DESIGN.md) holds bitwise:
-//   - every projection row is its own dot product in a fixed order (kernels::dot), never a
-//     GEMM over the batch, so a token's result does not depend on the other tokens;
+//   - the projections are a GEMM (kernels/gemm.h) whose every output element is one fused
+//     multiply-add chain in a fixed order that depends only on in_dim (not on the batch, the
+//     tile, the thread or the instruction set), so a token's result does not depend on the
+//     other tokens;
 //   - every new token's K/V is written into its slot before any attention reads;
 //   - attention walks the block table position by position with split points fixed in
 //     positions (CpuBackendConfig::attention_partition), never in blocks;
@@ -22,6 +24,7 @@
 
 #include "common/status.h"
 #include "kernels/cpu_attention.h"
+#include "kernels/gemm.h"
 #include "model/weights.h"
 #include "optimized/backends/backend.h"
 
@@ -38,6 +41,9 @@ struct CpuBackendConfig {
   // Fill both pools with quiet NaN at construction, so that a read of a slot no one wrote
   // shows up as NaN logits (I7), as a poisoned block does.
   bool nan_fill_at_start = true;
+  // The projections' instruction set (kernels/gemm.h); every supported one gives the same
+  // bits. Default: the widest this CPU runs (or KVP_GEMM_ISA's).
+  kernels::GemmIsa gemm_isa = kernels::gemm_isa();
 
   Status validate() const;
 };
