@@ -10,6 +10,7 @@ an echoed prompt that differs and a malformed candidate are errors (exit 2).
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -94,7 +95,9 @@ def main():
     rc, out = convert(os.path.join(tmp, "x.jsonl"), path)
     check(rc == 2 and "echoed prompt differs" in out, f"echoed prompt differs: {rc} {out}")
 
-    print("golden_cli_test:", "FAILED" if failures else "passed")
+    if not failures:
+        shutil.rmtree(tmp)
+    print("golden_cli_test:", "FAILED" if failures else f"passed (files kept in {tmp} on failure)")
     return 1 if failures else 0
 
 
