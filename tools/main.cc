@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
   kvp::tools::add_audit_command(app, exit_code);
   kvp::tools::add_replay_command(app, exit_code);
   kvp::tools::add_simulate_command(app, exit_code);
+  kvp::tools::add_reference_command(app, exit_code);
+  kvp::tools::add_compare_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -22,6 +22,7 @@
 #include "optimized/checkers/invariants.h"
 #include "optimized/engine/engine.h"
 #include "reference/reference_model.h"
+#include "verify/report.h"
 
 namespace kvp::verify {
 
@@ -783,40 +784,16 @@ nlohmann::json VerifyReport::to_json() const {
 }
 
 std::string VerifyReport::to_junit() const {
-  auto escape = [](const std::string& s) {
-    std::string o;
-    for (char ch : s) {
-      switch (ch) {
-        case '&': o += "&amp;"; break;
-        case '<': o += "&lt;"; break;
-        case '>': o += "&gt;"; break;
-        case '"': o += "&quot;"; break;
-        default: o += ch;
-      }
-    }
-    return o;
-  };
-  int64_t failures = 0;
-  for (const CheckResult& c : checks) failures += c.passed ? 0 : 1;
   const bool vacuous = !nothing_verified.empty() && !allow_empty;
-  failures += vacuous ? 1 : 0;
   std::string empty_list;
   for (const std::string& n : nothing_verified) empty_list += (empty_list.empty() ? "" : ", ") + n;
-  std::ostringstream out;
-  out << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  out << "<testsuite name=\"kvproof.verify\" tests=\"" << checks.size() + 1 << "\" failures=\"" << failures << "\">\n";
-  out << "  <testcase classname=\"kvproof.verify\" name=\"something-verified\">";
-  if (vacuous) out << "<failure message=\"" << escape("nothing verified for: " + empty_list) << "\"/>";
-  out << "</testcase>\n";
-  for (const CheckResult& c : checks) {
-    out << "  <testcase classname=\"kvproof.verify\" name=\"" << escape(c.name) << "\">";
-    if (!c.passed) out << "<failure message=\"" << escape(c.detail) << "\"/>";
-    out << "<system-out>"
-        << escape("count " + std::to_string(c.count) + ", worst " + fmt(c.worst_error) + "; " + c.detail)
-        << "</system-out></testcase>\n";
-  }
-  out << "</testsuite>\n";
-  return out.str();
+  std::vector<JUnitCase> cases;
+  cases.push_back({"something-verified",
+                   vacuous ? std::optional<std::string>("nothing verified for: " + empty_list) : std::nullopt, ""});
+  for (const CheckResult& c : checks)
+    cases.push_back({c.name, c.passed ? std::nullopt : std::optional<std::string>(c.detail),
+                     "count " + std::to_string(c.count) + ", worst " + fmt(c.worst_error) + "; " + c.detail});
+  return junit_xml("kvproof.verify", cases);
 }
 
 }  // namespace kvp::verify

@@ -1,0 +1,236 @@
+// Golden files (verify/golden.h): `kvproof reference` agrees with the oracle run on its own,
+// `kvproof compare` passes what agrees, fails a real divergence naming request and position,
+// explains a near tie, and malformed files are errors naming the file and line.
+#include <cmath>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "model/presets.h"
+#include "reference/reference_model.h"
+#include "verify/golden.h"
+#include "verify/golden_reference.h"
+
+namespace kvp::golden {
+namespace {
+
+Workload small_workload() {
+  Workload w;
+  w.name = "golden-test";
+  auto add = [&](std::vector<int32_t> prompt, int64_t max_tokens, float temperature) {
+    WorkloadRequest r;
+    r.spec.prompt = std::move(prompt);
+    r.spec.max_tokens = max_tokens;
+    r.spec.sampling.temperature = temperature;
+    r.spec.sampling.seed = 7;
+    w.requests.push_back(r);
+  };
+  add({1, 17, 300, 42, 5}, 6, 0.0f);        // greedy
+  add({9, 9, 9, 100, 511, 3, 8}, 4, 0.8f);  // sampled
+  add({250}, 3, 0.0f);                      // a one-token prompt
+  return w;
+}
+
+const Model& tiny() {
+  static const Model m = make_preset("tiny").value();
+  return m;
+}
+
+LogprobFile reparse(const std::string& text, const std::string& source) {
+  std::istringstream in(text);
+  auto f = parse_logprob_jsonl(in, source);
+  EXPECT_TRUE(f.is_ok()) << f.status().message();
+  return f.is_ok() ? *f : LogprobFile{};
+}
+
+const LogprobFile& tiny_golden() {
+  static const LogprobFile g = [] {
+    ReferenceOptions o;
+    o.top_k = 5;
+    o.source = "preset tiny";
+    auto made = make_golden(tiny(), small_workload(), o);
+    EXPECT_TRUE(made.is_ok()) << made.status().message();
+    return reparse(to_jsonl(*made), "golden.jsonl");
+  }();
+  return g;
+}
+
+LogprobFile as_candidate(LogprobFile f) {
+  f.header.role = "candidate";
+  f.source = "candidate.jsonl";
+  return f;
+}
+
+// The oracle run independently of make_golden: one position at a time (forward_sequential,
+// not the batched products) and a log-softmax written out here in long double.
+TEST(Golden, ReferenceAgreesWithTheOracleRunIndependently) {
+  const LogprobFile& g = tiny_golden();
+  ASSERT_EQ(g.requests.size(), 3u);
+  EXPECT_EQ(g.header.top_k, 5);
+  EXPECT_EQ(g.header.model.at("config_sha256").get<std::string>().size(), 64u);
+  const ReferenceModel<double> oracle(tiny());
+  const Workload w = small_workload();
+  double worst = 0;
+  for (std::size_t i = 0; i < g.requests.size(); ++i) {
+    const ScoredRequest& r = g.requests[i];
+    EXPECT_EQ(r.id, static_cast<int64_t>(i));
+    EXPECT_EQ(r.prompt, w.requests[i].spec.prompt);
+    EXPECT_EQ(r.greedy, w.requests[i].spec.sampling.greedy());
+    ASSERT_EQ(r.tokens.size(), r.prompt.size() + static_cast<std::size_t>(w.requests[i].spec.max_tokens));
+    ASSERT_EQ(r.positions.size(), r.tokens.size() - 1);
+    auto cache = oracle.make_cache(static_cast<int64_t>(r.tokens.size()));
+    auto logits = oracle.forward_sequential(std::span<const int32_t>(r.tokens.data(), r.tokens.size() - 1), cache);
+    ASSERT_TRUE(logits.is_ok()) << logits.status().message();
+    for (const ScoredPosition& s : r.positions) {
+      const auto row = logits->row(s.pos - 1);
+      long double sum = 0;
+      const double m = row.maxCoeff();
+      for (Eigen::Index v = 0; v < row.size(); ++v) sum += std::exp(static_cast<long double>(row(v) - m));
+      const auto lp = [&](int32_t t) { return static_cast<double>(row(t) - m - std::log(sum)); };
+      worst = std::max(worst, std::abs(s.logprob - lp(s.token)));
+      ASSERT_EQ(s.top.size(), 5u);
+      Eigen::Index best = 0;
+      row.maxCoeff(&best);
+      EXPECT_EQ(s.top[0].token, best) << "request " << r.id << " position " << s.pos;
+      for (std::size_t k = 0; k < s.top.size(); ++k) {
+        worst = std::max(worst, std::abs(s.top[k].logprob - lp(s.top[k].token)));
+        if (k > 0) {
+          EXPECT_GE(s.top[k - 1].logprob, s.top[k].logprob);
+        }
+      }
+      // A greedy continuation is the oracle's arg-max at every generated position.
+      if (r.greedy && s.pos >= static_cast<int64_t>(r.prompt.size())) {
+        EXPECT_EQ(s.token, best) << "position " << s.pos;
+      }
+    }
+  }
+  EXPECT_LT(worst, 1e-9);
+}
+
+TEST(Golden, CompareWithItselfPasses) {
+  auto report = compare_logprobs(tiny_golden(), as_candidate(tiny_golden()), 1e-3);
+  ASSERT_TRUE(report.is_ok()) << report.status().message();
+  EXPECT_TRUE(report->passed()) << report->table();
+  EXPECT_EQ(report->positions_compared(), 10 + 10 + 3);
+  EXPECT_EQ(report->to_json().at("passed"), true);
+}
+
+TEST(Golden, OnePerturbedLogprobFailsNamingRequestAndPosition) {
+  LogprobFile c = as_candidate(tiny_golden());
+  c.requests[1].positions[2].logprob += 0.01;  // position 3 of request 1
+  c = reparse(to_jsonl(c), "candidate.jsonl");
+  auto report = compare_logprobs(tiny_golden(), c, 1e-3);
+  ASSERT_TRUE(report.is_ok()) << report.status().message();
+  EXPECT_FALSE(report->passed());
+  const RequestComparison& r = report->requests[1];
+  EXPECT_FALSE(r.passed());
+  EXPECT_EQ(r.logprob_divergence, 3);
+  EXPECT_NE(r.logprob_detail.find("position 3"), std::string::npos) << r.logprob_detail;
+  EXPECT_TRUE(report->requests[0].passed());
+  EXPECT_TRUE(report->requests[2].passed());
+  EXPECT_NE(report->to_junit().find("name=\"request 1\"><failure message=\"position 3"), std::string::npos)
+      << report->to_junit();
+  // Within the tolerance it passes.
+  EXPECT_TRUE(compare_logprobs(tiny_golden(), c, 0.02)->passed());
+}
+
+// A hand-made golden file with a near tie at position 2: tokens 5 and 7 within 5e-4.
+LogprobFile tie_golden(double second) {
+  LogprobFile g;
+  g.source = "tie.jsonl";
+  g.header = {"golden", "test", {{"source", "t"}, {"config_sha256", "c"}, {"weights_sha256", "w"}}, 2};
+  ScoredRequest r;
+  r.prompt = {1, 2};
+  r.tokens = {1, 2, 5, 6};
+  r.greedy = true;
+  r.positions = {{1, 2, -1.0, {{2, -1.0}, {3, -2.0}}},
+                 {2, 5, -0.69, {{5, -0.69}, {7, second}}},
+                 {3, 6, -0.5, {{6, -0.5}, {8, -1.5}}}};
+  g.requests.push_back(r);
+  return reparse(to_jsonl(g), "tie.jsonl");
+}
+
+LogprobFile diverging_candidate() {
+  LogprobFile c;
+  c.source = "cand.jsonl";
+  c.header.role = "candidate";
+  ScoredRequest r;
+  r.prompt = {1, 2};
+  r.tokens = {1, 2, 7, 8};  // chose 7 at position 2
+  r.greedy = true;
+  r.positions = {{1, 2, -1.0, {}}, {2, 7, -0.6905, {}}, {3, 8, -0.1, {}}};
+  c.requests.push_back(r);
+  return reparse(to_jsonl(c), "cand.jsonl");
+}
+
+TEST(Golden, GreedyDivergenceAtANearTieIsExplained) {
+  auto report = compare_logprobs(tie_golden(-0.6905), diverging_candidate(), 1e-3);
+  ASSERT_TRUE(report.is_ok()) << report.status().message();
+  const RequestComparison& r = report->requests[0];
+  EXPECT_EQ(r.token_divergence, 2);
+  EXPECT_TRUE(r.token_divergence_checked);
+  EXPECT_TRUE(r.token_divergence_explained) << r.token_detail;
+  EXPECT_EQ(r.positions_compared, 1);  // position 1; 2 and 3 follow the divergence
+  EXPECT_EQ(r.positions_not_compared, 2);
+  EXPECT_TRUE(report->passed()) << report->table();
+  EXPECT_NE(report->table().find("explained"), std::string::npos);
+}
+
+TEST(Golden, GreedyDivergenceWithoutATieFails) {
+  auto report = compare_logprobs(tie_golden(-1.2), diverging_candidate(), 1e-3);
+  ASSERT_TRUE(report.is_ok()) << report.status().message();
+  EXPECT_FALSE(report->requests[0].token_divergence_explained);
+  EXPECT_FALSE(report->passed());
+  EXPECT_NE(report->requests[0].token_detail.find("position 2: candidate token 7, golden 5"), std::string::npos)
+      << report->requests[0].token_detail;
+}
+
+std::string parse_error(const std::string& text) {
+  std::istringstream in(text);
+  auto f = parse_logprob_jsonl(in, "f.jsonl");
+  return f.is_ok() ? "(parsed)" : f.status().message();
+}
+
+TEST(Golden, MalformedFilesAreErrorsNamingFileLineAndField) {
+  const std::string golden = to_jsonl(tie_golden(-1.2));
+  const std::string header = golden.substr(0, golden.find('\n') + 1);
+  const std::string request = golden.substr(golden.find('\n') + 1);
+  EXPECT_EQ(parse_error(golden), "(parsed)");
+  EXPECT_EQ(parse_error(header + "\n{\"id\": 0, \"prompt\": [1,\n"), "f.jsonl:3: not valid JSON");
+  std::string v2 = header;
+  v2.replace(v2.find("\"version\":1"), 11, "\"version\":2");
+  EXPECT_EQ(parse_error(v2 + request), "f.jsonl:1: version: 2 not supported (this kvproof reads version 1)");
+  std::string no_logprob = request;
+  no_logprob.erase(no_logprob.find("\"logprob\":-0.69,"), 16);
+  EXPECT_EQ(parse_error(header + no_logprob), "f.jsonl:2: request: positions[1].logprob: missing");
+  std::string no_greedy = request;
+  no_greedy.erase(no_greedy.find("\"greedy\":true,"), 14);
+  EXPECT_EQ(parse_error(header + no_greedy), "f.jsonl:2: request: greedy: missing");
+  EXPECT_EQ(parse_error(""), "f.jsonl: empty (no header line)");
+  EXPECT_EQ(parse_error("{\"version\":1}\n"), "f.jsonl:1: schema: missing (the first line is the header)");
+  EXPECT_EQ(parse_error(header + request + request), "f.jsonl:3: request id 0 already on line 2");
+}
+
+TEST(Golden, MissingRequestsAndMismatchedPromptsAreErrors) {
+  LogprobFile c = as_candidate(tiny_golden());
+  c.requests.pop_back();
+  auto missing = compare_logprobs(tiny_golden(), c, 1e-3);
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.status().message(), "golden.jsonl:4: request 2: missing from the candidate candidate.jsonl");
+  c = as_candidate(tiny_golden());
+  c.requests[1].prompt[4] = 6;
+  c.requests[1].tokens[4] = 6;
+  c.requests[1].positions[3].token = 6;
+  c = reparse(to_jsonl(c), "candidate.jsonl");
+  auto prompt = compare_logprobs(tiny_golden(), c, 1e-3);
+  ASSERT_FALSE(prompt.is_ok());
+  EXPECT_EQ(prompt.status().message(),
+            "candidate.jsonl:3: request 1: prompt differs from the golden's (golden.jsonl:3) at index 4: candidate 6, "
+            "golden 511");
+  c = as_candidate(tiny_golden());
+  c.requests[0].id = 9;
+  EXPECT_FALSE(compare_logprobs(tiny_golden(), c, 1e-3).is_ok());
+}
+
+}  // namespace
+}  // namespace kvp::golden
