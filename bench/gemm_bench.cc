@@ -149,9 +149,9 @@ double measured_bandwidth() {
 
 void BM_FmaPeak(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(run_fma(1'000'000));
-  state.counters["gflops"] = benchmark::Counter(
-      static_cast<double>(state.iterations()) * 1e6 * 12 * lanes_of(kernels::gemm_isa()) * 2 / 1e9,
-      benchmark::Counter::kIsRate);
+  state.counters["gflops"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * 1e6 * 12 * lanes_of(kernels::gemm_isa()) * 2 / 1e9,
+                         benchmark::Counter::kIsRate);
   state.SetLabel(std::string(kernels::gemm_isa_name(kernels::gemm_isa())));
 }
 BENCHMARK(BM_FmaPeak);

@@ -116,8 +116,7 @@ KVP_AVX512 inline float tree16(__m512 v) {
 }
 
 template <int R, int T>
-KVP_AVX512 void avx512_block(const float* w, int64_t in_dim, const float* x, float* y, int64_t ldy,
-                             const float* bias) {
+KVP_AVX512 void avx512_block(const float* w, int64_t in_dim, const float* x, float* y, int64_t ldy, const float* bias) {
   __m512 acc[R][T];
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
@@ -198,10 +197,8 @@ void blocked_rows(const BlockTable<Block, R, T>& blocks, const float* w, const f
 bool cpu_has(GemmIsa isa) {
   __builtin_cpu_init();
   switch (isa) {
-    case GemmIsa::kScalar:
-      return true;
-    case GemmIsa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case GemmIsa::kScalar: return true;
+    case GemmIsa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case GemmIsa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   }
@@ -228,12 +225,9 @@ GemmIsa choose_isa() {
 
 std::string_view gemm_isa_name(GemmIsa isa) {
   switch (isa) {
-    case GemmIsa::kScalar:
-      return "scalar";
-    case GemmIsa::kAvx2:
-      return "avx2";
-    case GemmIsa::kAvx512:
-      return "avx512";
+    case GemmIsa::kScalar: return "scalar";
+    case GemmIsa::kAvx2: return "avx2";
+    case GemmIsa::kAvx512: return "avx512";
   }
   return "unknown";
 }

@@ -53,6 +53,14 @@ void parallel_slices(Eigen::Index n, int threads, double work, const Fn& fn) {
 // first: a block of a product expression is evaluated coefficient by coefficient, in
 // another order.
 constexpr Eigen::Index kSliceRows = 512;
+// Every product's token count is padded to a multiple of this (zero rows, results dropped).
+// Eigen evaluates X W^T for a row-major X as W X^T, the tokens being the right-hand columns,
+// and runs them through its kernel in panels of nr = 4 columns; the last n mod 4 columns
+// take another path, whose sums (with AVX, and a single column as a matrix-vector product
+// with SSE2 too) are ordered differently. With every token inside a full panel, a token's
+// bits do not depend on how many others are beside it (tests/reference_model_test.cc:
+// prefill = decode, threads and chunking change no bit). 8 covers nr = 8 too.
+constexpr Eigen::Index kRowMultiple = 8;
 
 template <typename T>
 ref::Matrix<T> rows_times(const ref::Matrix<T>& x, const ref::Matrix<T>& w, Eigen::Index rows, int threads) {
@@ -190,13 +198,9 @@ typename ReferenceModel<T>::Matrix ReferenceModel<T>::forward_block(std::span<co
   const auto n = static_cast<Eigen::Index>(tokens.size());
   const int64_t start = cache.length();
 
-  // A single token is run as a block of two (the second row all zeros, its results dropped):
-  // Eigen evaluates a one-row product as a matrix-vector product, whose sums it orders
-  // differently from its matrix-matrix kernel, and then a decode step would not give the
-  // bits the same position gets inside a prefill. With two or more rows every product is
-  // the matrix-matrix kernel, whose sum for an output element does not depend on the
-  // other rows (tests/reference_model_test.cc checks prefill = decode bitwise).
-  const Eigen::Index rows = std::max<Eigen::Index>(n, 2);
+  // The block is padded to kRowMultiple rows (see there): the padding rows are zero and
+  // have no position; their results are dropped.
+  const Eigen::Index rows = (n + kRowMultiple - 1) / kRowMultiple * kRowMultiple;
   Matrix x = Matrix::Zero(rows, config_.hidden_size);
   for (Eigen::Index i = 0; i < n; ++i) x.row(i) = embed_tokens_.row(tokens[static_cast<std::size_t>(i)]);
   for (int64_t l = 0; l < config_.num_layers; ++l) {

@@ -89,8 +89,8 @@ TEST(Gemm, EveryIsaGivesTheScalarBits) {
             const int64_t split = out_dim / 2;
             gemm_rows(isa, w.data(), with_bias ? bias.data() : nullptr, out_dim, in_dim, x.data(), n, got.data(), 0,
                       split);
-            gemm_rows(isa, w.data(), with_bias ? bias.data() : nullptr, out_dim, in_dim, x.data(), n, got.data(),
-                      split, out_dim);
+            gemm_rows(isa, w.data(), with_bias ? bias.data() : nullptr, out_dim, in_dim, x.data(), n, got.data(), split,
+                      out_dim);
             for (std::size_t i = 0; i < want.size(); ++i) {
               ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
                   << gemm_isa_name(isa) << " in_dim=" << in_dim << " out_dim=" << out_dim << " n=" << n
@@ -131,7 +131,8 @@ TEST(Gemm, RowsOutsideTheRangeAreNotTouched) {
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t r = 0; r < out_dim; ++r) {
         if (r >= 7 && r < 13) continue;
-        EXPECT_EQ(y[static_cast<std::size_t>(t * out_dim + r)], 42.0f) << gemm_isa_name(isa) << " t=" << t << " r=" << r;
+        EXPECT_EQ(y[static_cast<std::size_t>(t * out_dim + r)], 42.0f)
+            << gemm_isa_name(isa) << " t=" << t << " r=" << r;
       }
     }
   }
