@@ -16,6 +16,7 @@
  *  12  bad-descriptor: run is NULL
  *  13  run-error: accepts head_dim 80, then fails on it
  *  14  write-pool: writes into the K pool
+ *  15  nondeterministic: every second call changes the last bit of out[0]
  * This file is C on purpose: it shows the ABI header is plain C.
  */
 #include <math.h>
@@ -196,6 +197,12 @@ static int run(const kvp_attention_args* a, char* err, size_t err_len) {
 #if KVP_PLANTED == 6
   a->out[(int64_t)s->num_tokens * s->num_heads * hd] = 0.0f;
 #endif
+#if KVP_PLANTED == 15
+  {
+    static int calls = 0; /* stands for a reduction whose order depends on thread timing */
+    if (++calls % 2 == 0) a->out[0] = nextafterf(a->out[0], INFINITY);
+  }
+#endif
   free(scores);
   return 0;
 }
@@ -214,6 +221,7 @@ static const char* plugin_name(void) {
     case 9: return "planted-hang";
     case 13: return "planted-run-error";
     case 14: return "planted-write-pool";
+    case 15: return "planted-nondeterministic";
     default: return "planted-loader";
   }
 }

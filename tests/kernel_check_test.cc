@@ -87,7 +87,8 @@ INSTANTIATE_TEST_SUITE_P(Plugins, PlantedDefect,
                                          Planted{"batch_split", "batch-invariance"},
                                          Planted{"write_past_out", "guard-zones"}, Planted{"no_max", "finite-output"},
                                          Planted{"crash", "crash"}, Planted{"run_error", "run-error"},
-                                         Planted{"write_pool", "inputs-unchanged"}),
+                                         Planted{"write_pool", "inputs-unchanged"},
+                                         Planted{"nondeterministic", "repeatability"}),
                          [](const testing::TestParamInfo<Planted>& p) { return std::string(p.param.plugin); });
 
 TEST(KernelCheck, DefectsThatOnlyChangeValuesAreNotReportedAsPoisonOrOverflow) {
@@ -96,6 +97,14 @@ TEST(KernelCheck, DefectsThatOnlyChangeValuesAreNotReportedAsPoisonOrOverflow) {
   EXPECT_EQ(failed.count("no-poison-leak"), 0u);
   EXPECT_EQ(failed.count("finite-output"), 0u);
   EXPECT_EQ(failed.count("batch-invariance"), 0u);
+}
+
+TEST(KernelCheck, ACrashIsTheCasesFailureWithItsSignal) {
+  const Report report = quick_grid("crash", /*third=*/false, /*max_failures=*/1);
+  ASSERT_FALSE(report.cases.empty());
+  const CaseResult& last = report.cases.back().result;
+  ASSERT_TRUE(last.failed("crash")) << report.summary();
+  EXPECT_NE(last.failures[0].message.find("signal 11"), std::string::npos) << last.failures[0].message;
 }
 
 TEST(KernelCheck, AHangingKernelTimesOutInItsChildAndTheHarnessCarriesOn) {
