@@ -94,7 +94,9 @@ static int run(const kvp_attention_args* a, char* err, size_t err_len) {
 #if KVP_PLANTED == 8
   if (s->num_seqs > 2) raise(SIGSEGV);
 #elif KVP_PLANTED == 9
-  while (s->block_size == 1) {
+  {
+    volatile int spin = 0; /* a side effect, so that the compiler keeps the loop */
+    while (s->block_size == 1) spin = spin + 1;
   }
 #elif KVP_PLANTED == 13
   if (s->head_dim == 80) {

@@ -27,7 +27,8 @@ void add_kernel_check_command(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"quick", "full"}));
   cmd->add_option("--case", opt->case_id, "run only this case of the grid (the reproducer a failure prints)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--shard", opt->shard, "I/N: run the cases with id % N == I (join the reports with --merge)");
+  cmd->add_option("--shard", opt->shard,
+                  "I/N: run the I-th of N disjoint parts of the grid (join the reports with --merge)");
   cmd->add_option("--timeout", opt->timeout_s, "seconds a case may run before it is killed (default 30)")
       ->check(CLI::Range(0.01, 86400.0));
   cmd->add_option("--max-failures", opt->max_failures, "stop after this many failing cases (default 0: run them all)")

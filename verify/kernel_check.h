@@ -94,10 +94,14 @@ CaseResult run_case(const kvp_attention_plugin& plugin, const KernelCase& c);
 // failure (property crash or timeout).
 CaseResult run_case_isolated(const kvp_attention_plugin& plugin, const KernelCase& c, double timeout_s);
 
+// The shard (0..shard_count-1) a case belongs to: a hash of its id, so that every shard gets a
+// mix of scenarios and sizes whatever N is.
+int shard_of(int64_t case_id, int shard_count);
+
 struct Options {
   Grid grid = Grid::kQuick;
   std::optional<int64_t> case_id;        // only this case
-  int shard_index = 0, shard_count = 1;  // the cases with id % shard_count == shard_index
+  int shard_index = 0, shard_count = 1;  // the cases with shard_of(id, shard_count) == shard_index
   double timeout_s = 30.0;
   bool isolate = true;       // fork per case
   int64_t max_failures = 0;  // stop after this many failing cases (0: run them all)

@@ -9,7 +9,8 @@ namespace kvp {
 
 Status check_plugin_for_cpu_backend(const kvp_attention_plugin& plugin) {
   const std::string who = std::string("attention plug-in ") + plugin.name;
-  if (plugin.device != KVP_DEVICE_HOST) return Status::error(who + ": not a host plug-in (the cpu backend runs host ones)");
+  if (plugin.device != KVP_DEVICE_HOST)
+    return Status::error(who + ": not a host plug-in (the cpu backend runs host ones)");
   if ((plugin.kv_dtypes & KVP_DTYPE_BIT(KVP_KV_F32)) == 0)
     return Status::error(who + ": does not take f32 KV (the cpu backend's pools are f32)");
   if ((plugin.kv_layouts & KVP_LAYOUT_BIT(KVP_LAYOUT_KVPROOF)) == 0)
@@ -30,7 +31,8 @@ Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& pla
   s.kv_layout = KVP_LAYOUT_KVPROOF;
   s.num_seqs = static_cast<int32_t>(plan.num_seqs());
   s.num_tokens = static_cast<int32_t>(plan.num_tokens());
-  s.max_context_len = plan.context_lens.empty() ? 0 : *std::max_element(plan.context_lens.begin(), plan.context_lens.end());
+  s.max_context_len =
+      plan.context_lens.empty() ? 0 : *std::max_element(plan.context_lens.begin(), plan.context_lens.end());
   s.max_blocks_per_seq = plan.max_blocks_per_seq;
   s.num_blocks = pool.num_device_blocks;
   const std::string who = std::string("attention plug-in ") + plugin.name;
