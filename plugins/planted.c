@@ -17,6 +17,7 @@
  *  13  run-error: accepts head_dim 80, then fails on it
  *  14  write-pool: writes into the K pool
  *  15  nondeterministic: every second call changes the last bit of out[0]
+ *  16  declines-all: supports() accepts no shape
  * This file is C on purpose: it shows the ABI header is plain C.
  */
 #include <math.h>
@@ -77,6 +78,9 @@ static int supports(const kvp_attention_shape* s) {
   if (s->kv_layout == KVP_LAYOUT_VLLM && s->head_dim % (s->kv_dtype == KVP_KV_F32 ? 4 : 8) != 0) return 0;
 #if KVP_PLANTED != 0
   if (s->kv_layout != KVP_LAYOUT_KVPROOF) return 0;
+#endif
+#if KVP_PLANTED == 16
+  return 0;
 #endif
   return 1;
 }
@@ -224,6 +228,7 @@ static const char* plugin_name(void) {
     case 13: return "planted-run-error";
     case 14: return "planted-write-pool";
     case 15: return "planted-nondeterministic";
+    case 16: return "planted-declines-all";
     default: return "planted-loader";
   }
 }

@@ -107,6 +107,14 @@ TEST(KernelCheck, ACrashIsTheCasesFailureWithItsSignal) {
   EXPECT_NE(last.failures[0].message.find("signal 11"), std::string::npos) << last.failures[0].message;
 }
 
+TEST(KernelCheck, APluginThatDeclinesEveryShapeChecksNothingAndDoesNotPass) {
+  const Report report = quick_grid("declines_all", /*third=*/true);
+  EXPECT_EQ(report.num_skipped(), static_cast<int64_t>(report.cases.size()));
+  EXPECT_EQ(report.num_failed(), 0);
+  EXPECT_FALSE(report.passed());
+  EXPECT_NE(report.summary().find("nothing was checked"), std::string::npos);
+}
+
 TEST(KernelCheck, AHangingKernelTimesOutInItsChildAndTheHarnessCarriesOn) {
   auto plugin = load_or_die("hang");
   ASSERT_TRUE(plugin);

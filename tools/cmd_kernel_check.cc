@@ -60,9 +60,9 @@ void add_kernel_check_command(CLI::App& app, int& exit_code) {
           "kernel-check --merge: %zu reports, %lld cases, %lld passed, %lld failed, %lld skipped\n%s\n", reports.size(),
           static_cast<long long>(s["cases"].get<int64_t>()), static_cast<long long>(s["passed"].get<int64_t>()),
           static_cast<long long>(s["failed"].get<int64_t>()), static_cast<long long>(s["skipped"].get<int64_t>()),
-          s["failed"].get<int64_t>() == 0 ? "PASS" : "FAIL");
+          (*merged)["verdict"] == "pass" ? "PASS" : "FAIL");
       if (!opt->json_out.empty()) std::ofstream(opt->json_out) << merged->dump(2) << "\n";
-      exit_code = s["failed"].get<int64_t>() == 0 ? kExitOk : kExitCheckFailed;
+      exit_code = (*merged)["verdict"] == "pass" ? kExitOk : kExitCheckFailed;
       return;
     }
     if (opt->plugin.empty()) return fail("--plugin is required (or --merge REPORT...)");

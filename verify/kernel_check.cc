@@ -811,6 +811,7 @@ std::string Report::summary() const {
   o << ": " << n << " cases, " << (n - num_failed() - num_skipped()) << " passed, " << num_failed() << " failed, "
     << num_skipped() << " skipped (declined by supports()) in " << seconds << " s\n";
   for (const auto& [p, k] : by_property) o << "  " << p << ": " << k << " cases\n";
+  if (num_failed() == 0 && !passed()) o << "nothing was checked: supports() declined every case\n";
   o << (passed() ? "PASS" : "FAIL") << "\n";
   return o.str();
 }
@@ -898,7 +899,7 @@ Result<nlohmann::json> merge_reports(const std::vector<nlohmann::json>& reports)
     const int64_t n = static_cast<int64_t>(cases.size());
     merged["summary"] = {{"cases", n},         {"passed", n - failed - skipped},  {"failed", failed},
                          {"skipped", skipped}, {"failed_by_property", failed_by}, {"seconds", seconds}};
-    merged["verdict"] = failed == 0 ? "pass" : "fail";
+    merged["verdict"] = failed == 0 && skipped < n ? "pass" : "fail";
     merged.erase("max_rel_error");
     return merged;
   } catch (const nlohmann::json::exception& e) {

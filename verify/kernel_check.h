@@ -122,7 +122,8 @@ struct Report {
 
   int64_t num_failed() const;
   int64_t num_skipped() const;
-  bool passed() const { return num_failed() == 0; }
+  // No case failed and at least one ran (a plug-in that declines every shape checks nothing).
+  bool passed() const { return num_failed() == 0 && num_skipped() < static_cast<int64_t>(cases.size()); }
   nlohmann::json to_json() const;
   std::string to_junit() const;
   std::string summary() const;  // failing cases (shape, failures, reproducer) and totals
