@@ -14,7 +14,7 @@
  *  10  no-entry: exports no entry point
  *  11  abi-v2: declares ABI version 2
  *  12  bad-descriptor: run is NULL
- *  13  run-error: accepts head_dim 80, then fails on it
+ *  13  run-error: accepts head_dim 80 (and 16, the tiny preset's), then fails on it
  *  14  write-pool: writes into the K pool
  *  15  nondeterministic: every second call changes the last bit of out[0]
  *  16  declines-all: supports() accepts no shape
@@ -103,9 +103,9 @@ static int run(const kvp_attention_args* a, char* err, size_t err_len) {
     while (s->block_size == 1) spin = spin + 1;
   }
 #elif KVP_PLANTED == 13
-  if (s->head_dim == 80) {
+  if (s->head_dim == 80 || s->head_dim == 16) {
     free(scores);
-    snprintf(err, err_len, "run-error: head_dim 80 is not implemented");
+    snprintf(err, err_len, "run-error: head_dim %d is not implemented", (int)s->head_dim);
     return 1;
   }
 #elif KVP_PLANTED == 14
