@@ -6,6 +6,7 @@
 #include "optimized/engine/workload.h"
 #include "tools/commands.h"
 #include "tools/run_inputs.h"
+#include "verify/attention_plugin_loader.h"
 #include "verify/verify.h"
 
 namespace kvp::tools {
@@ -17,6 +18,7 @@ void add_verify_command(CLI::App& app, int& exit_code) {
     BackendChoice backend;
     std::string json_out, junit_out;
     std::string speculate = "off";
+    std::string attention_plugin;
     verify::VerifyOptions v;
   };
   auto opt = std::make_shared<Options>();
@@ -54,6 +56,9 @@ void add_verify_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--k", opt->v.speculation.k, "draft tokens per step")->check(CLI::Range(1, 64));
   cmd->add_option("--draft-layers", opt->v.draft_layers, "layers of the draft model (default: a quarter)")
       ->check(CLI::Range(1, 1 << 10));
+  cmd->add_option("--attention-plugin", opt->attention_plugin,
+                  "the cpu backend's attention from this plug-in (a host one taking f32 KV in the kvproof layout; "
+                  "docs/attention-plugin.md)");
   cmd->add_option("--json", opt->json_out, "write the report as JSON to this file");
   cmd->add_option("--junit", opt->junit_out, "write the report as JUnit XML to this file");
   cmd->callback([opt, &exit_code] {
@@ -67,6 +72,14 @@ void add_verify_command(CLI::App& app, int& exit_code) {
     const Workload& workload = loaded->second;
     verify::VerifyOptions v = opt->v;
     if (Status s = opt->backend.apply(v); !s) return fail(s.message());
+    std::unique_ptr<verify::AttentionPlugin> plugin;
+    if (!opt->attention_plugin.empty()) {
+      auto loaded_plugin = verify::AttentionPlugin::load(opt->attention_plugin);
+      if (!loaded_plugin) return fail(loaded_plugin.status().message());
+      plugin = std::move(loaded_plugin).value();
+      if (Status s = check_plugin_for_cpu_backend(plugin->descriptor()); !s) return fail(s.message());
+      v.attention_plugin = &plugin->descriptor();
+    }
     v.modes.clear();
     if (opt->preemption != "swap") v.modes.push_back(PreemptionMode::kRecompute);
     if (opt->preemption != "recompute") v.modes.push_back(PreemptionMode::kSwap);
@@ -79,6 +92,7 @@ void add_verify_command(CLI::App& app, int& exit_code) {
     std::printf("kvproof verify: %s, backend %s, KV %s, block size %d, %d blocks + %d host, chunk %d\n",
                 opt->inputs.describe(workload).c_str(), v.backend.c_str(), opt->backend.kv_dtype.c_str(), v.block_size,
                 v.num_blocks, v.num_host_blocks, v.prefill_chunk_size);
+    if (plugin) std::printf("attention: plug-in %s (%s)\n", plugin->name().c_str(), plugin->path().c_str());
     if (v.speculation.enabled())
       std::printf("speculative decoding: %s, k = %d, against plain decoding\n", to_string(v.speculation.proposer),
                   v.speculation.k);

@@ -20,5 +20,6 @@ void add_audit_command(CLI::App& app, int& exit_code);
 void add_simulate_command(CLI::App& app, int& exit_code);
 void add_reference_command(CLI::App& app, int& exit_code);
 void add_compare_command(CLI::App& app, int& exit_code);
+void add_kernel_check_command(CLI::App& app, int& exit_code);
 
 }  // namespace kvp::tools

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   kvp::tools::add_simulate_command(app, exit_code);
   kvp::tools::add_reference_command(app, exit_code);
   kvp::tools::add_compare_command(app, exit_code);
+  kvp::tools::add_kernel_check_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

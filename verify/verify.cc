@@ -76,10 +76,14 @@ Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const
   if (o.draft_layers < 0 || o.draft_layers > model.config.num_layers)
     return Status::error("draft layers must be in [1, " + std::to_string(model.config.num_layers) + "]");
   LiveEngine live;
+  if (o.attention_plugin != nullptr && o.backend != "cpu")
+    return Status::error("--attention-plugin takes host plug-ins, under the cpu backend only (backend " + o.backend +
+                         ")");
   if (o.backend == "cpu") {
     CpuBackendConfig bc;
     bc.pool = ec.kv.pool;
     bc.num_threads = o.num_threads;
+    bc.attention_plugin = o.attention_plugin;
     // Every engine of one verify reads the caller's fp32 weights: no copy (a 1B model's
     // weights are 5 GB; a verify builds up to six engines).
     auto backend = CpuBackend::create(std::shared_ptr<const Model>(std::shared_ptr<const Model>(), &model), bc);

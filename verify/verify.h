@@ -92,6 +92,10 @@ struct VerifyOptions {
   // Speculative decoding of every request (off: the default job, unchanged).
   SpeculationParams speculation;
   int32_t draft_layers = 0;  // layers of the draft model (0: default_draft_layers)
+  // The cpu backend's attention from this plug-in (loaded by the caller, who keeps it loaded);
+  // nullptr: kvproof's own kernel. Every check runs as usual: a kernel that is not batch- or
+  // chunk-invariant fails the bitwise ones by name.
+  const kvp_attention_plugin* attention_plugin = nullptr;
 };
 
 // The logit tolerance a run uses, and where it comes from (printed with the logits check).

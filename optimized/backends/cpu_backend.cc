@@ -121,6 +121,7 @@ Status CpuBackendConfig::validate() const {
                          std::string(dtype_name(pool.kv_dtype)));
   if (num_threads < 1 || num_threads > 256) return Status::error("num_threads must be in [1, 256]");
   if (attention_partition <= 0) return Status::error("attention_partition must be > 0");
+  if (attention_plugin != nullptr) KVP_RETURN_IF_ERROR(check_plugin_for_cpu_backend(*attention_plugin));
   if (!kernels::gemm_isa_supported(gemm_isa))
     return Status::error("gemm_isa " + std::string(kernels::gemm_isa_name(gemm_isa)) + " is not supported by this CPU");
   return Status::ok();
@@ -257,8 +258,9 @@ Status CpuBackend::execute(const BatchPlan& plan, StepOutput& out) {
   if (!reads) return reads.status();
   audited_block_reads_ += *reads;
   run_ops(plan.ops);
+  attention_status_ = Status::ok();
   run_model(plan, out);
-  return Status::ok();
+  return attention_status_;
 }
 
 void CpuBackend::project(const float* w, const VectorF& bias, int64_t out_dim, int64_t in_dim, const float* x,
@@ -286,6 +288,12 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
   const float* k_pool = device_k_[static_cast<std::size_t>(layer)].data();
   const float* v_pool = device_v_[static_cast<std::size_t>(layer)].data();
   const std::vector<int32_t>& seq_of_token = scratch_->seq_of_token;
+  if (config_.attention_plugin != nullptr) {
+    Status s = plugin_attention(*config_.attention_plugin, plan, seq_of_token.data(), c.num_heads, config_.pool, k_pool,
+                                v_pool, q, out);
+    if (attention_status_.is_ok() && !s.is_ok()) attention_status_ = s;
+    return;
+  }
   const auto heads = [&](int64_t begin, int64_t end) {
     std::vector<float> partition_acc(static_cast<std::size_t>(d));
     for (int64_t item = begin; item < end; ++item) {

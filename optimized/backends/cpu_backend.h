@@ -27,6 +27,7 @@
 #include "kernels/gemm.h"
 #include "model/weights.h"
 #include "optimized/backends/backend.h"
+#include "optimized/backends/plugin_attention.h"
 
 namespace kvp {
 
@@ -44,6 +45,10 @@ struct CpuBackendConfig {
   // The projections' instruction set (kernels/gemm.h); every supported one gives the same
   // bits. Default: the widest this CPU runs (or KVP_GEMM_ISA's).
   kernels::GemmIsa gemm_isa = kernels::gemm_isa();
+  // Attention from a plug-in (optimized/backends/plugin_attention.h) instead of kvproof's own
+  // kernel; not owned, must outlive the backend. nullptr: kvproof's. A run() failure makes
+  // execute() fail after that step's K/V writes (the pools hold the step's new tokens).
+  const kvp_attention_plugin* attention_plugin = nullptr;
 
   Status validate() const;
 };
@@ -104,6 +109,7 @@ class CpuBackend final : public Backend {
   struct Scratch;
 
   int64_t audited_block_reads_ = 0;
+  Status attention_status_ = Status::ok();  // the plug-in's first failure in the current step
   void run_ops(const KvPlanOps& ops);
   void run_model(const BatchPlan& plan, StepOutput& out);
   // Y[t, r] = dot(W[r, :], X[t, :]) (+ bias[r] when bias is not empty: one fp32 add after

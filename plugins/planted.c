@@ -1,0 +1,267 @@
+/* A plain-C attention plug-in, built once correct and once per planted defect.
+ *
+ * KVP_PLANTED selects the build (plugins/CMakeLists.txt builds each as its own library):
+ *   0  naive-c: correct, every layout and dtype (a two-pass softmax in fp32)
+ *   1  past-context: reads one position past the row's last (inside the same block)
+ *   2  drop-partial: ignores the last block when it is partial
+ *   3  head-modulo: maps query head h to KV head h % num_kv_heads
+ *   4  outside-table: reads the block after the table's last one (block id + 1)
+ *   5  batch-split: splits the softmax into partitions of 4 * num_seqs positions
+ *   6  write-past-out: writes one float past the end of `out`
+ *   7  no-max: softmax without subtracting the maximum (overflows on large scores)
+ *   8  crash: SIGSEGV on batches of more than two sequences
+ *   9  hang: never returns when block_size is 1
+ *  10  no-entry: exports no entry point
+ *  11  abi-v2: declares ABI version 2
+ *  12  bad-descriptor: run is NULL
+ *  13  run-error: accepts head_dim 80 (and 16, the tiny preset's), then fails on it
+ *  14  write-pool: writes into the K pool
+ *  15  nondeterministic: every second call changes the last bit of out[0]
+ *  16  declines-all: supports() accepts no shape
+ * This file is C on purpose: it shows the ABI header is plain C.
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvproof/attention_plugin.h"
+
+#ifndef KVP_PLANTED
+#define KVP_PLANTED 0
+#endif
+
+static float f16_to_f32(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  float magnitude;
+  if (exponent == 0) {
+    magnitude = ldexpf((float)mantissa, -24);
+  } else if (exponent == 31) {
+    magnitude = mantissa == 0 ? INFINITY : NAN;
+  } else {
+    magnitude = ldexpf((float)(mantissa | 0x400u), (int)exponent - 25);
+  }
+  return sign ? -magnitude : magnitude;
+}
+
+static float load(const void* pool, int32_t dtype, int64_t index) {
+  if (dtype == KVP_KV_F32) return ((const float*)pool)[index];
+  const uint16_t bits = ((const uint16_t*)pool)[index];
+  if (dtype == KVP_KV_F16) return f16_to_f32(bits);
+  uint32_t u = (uint32_t)bits << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* Element index of dimension d of the key (is_value 0) or value (1) at (block, offset, head). */
+static int64_t kv_index(const kvp_attention_shape* s, int is_value, int64_t block, int64_t offset, int64_t head,
+                        int64_t d) {
+  const int64_t bs = s->block_size, nh = s->num_kv_heads, hd = s->head_dim;
+  switch (s->kv_layout) {
+    case KVP_LAYOUT_KVPROOF: return ((block * bs + offset) * nh + head) * hd + d;
+    case KVP_LAYOUT_FLASHINFER_NHD: return block * 2 * bs * nh * hd + (offset * nh + head) * hd + d;
+    case KVP_LAYOUT_FLASHINFER_HND: return block * 2 * nh * bs * hd + (head * bs + offset) * hd + d;
+    default: {
+      const int64_t x = s->kv_dtype == KVP_KV_F32 ? 4 : 8;
+      if (is_value) return ((block * nh + head) * hd + d) * bs + offset;
+      return (((block * nh + head) * (hd / x) + d / x) * bs + offset) * x + d % x;
+    }
+  }
+}
+
+static int supports(const kvp_attention_shape* s) {
+  if (s->num_kv_heads <= 0 || s->num_heads % s->num_kv_heads != 0) return 0;
+  if (s->kv_layout == KVP_LAYOUT_VLLM && s->head_dim % (s->kv_dtype == KVP_KV_F32 ? 4 : 8) != 0) return 0;
+#if KVP_PLANTED != 0
+  if (s->kv_layout != KVP_LAYOUT_KVPROOF) return 0;
+#endif
+#if KVP_PLANTED == 16
+  return 0;
+#endif
+  return 1;
+}
+
+static int run(const kvp_attention_args* a, char* err, size_t err_len) {
+  const kvp_attention_shape* s = &a->shape;
+  const int64_t hd = s->head_dim, bs = s->block_size;
+  const int64_t group = s->num_heads / s->num_kv_heads;
+  (void)group;
+  float* scores = (float*)malloc(sizeof(float) * (size_t)(s->max_context_len + 1));
+  if (scores == NULL) {
+    snprintf(err, err_len, "naive-c: out of memory");
+    return 1;
+  }
+#if KVP_PLANTED == 8
+  if (s->num_seqs > 2) raise(SIGSEGV);
+#elif KVP_PLANTED == 9
+  {
+    volatile int spin = 0; /* a side effect, so that the compiler keeps the loop */
+    while (s->block_size == 1) spin = spin + 1;
+  }
+#elif KVP_PLANTED == 13
+  if (s->head_dim == 80 || s->head_dim == 16) {
+    free(scores);
+    snprintf(err, err_len, "run-error: head_dim %d is not implemented", (int)s->head_dim);
+    return 1;
+  }
+#elif KVP_PLANTED == 14
+  ((float*)(void*)a->k_cache)[0] = 0.0f;
+#endif
+  for (int32_t t = 0; t < s->num_tokens; ++t) {
+    const int32_t seq = a->token_seq[t];
+    const int32_t* table = a->block_tables + (int64_t)seq * s->max_blocks_per_seq;
+    int64_t last = a->positions[t]; /* attend to positions 0..last */
+#if KVP_PLANTED == 1
+    if ((last + 1) % bs != 0) last += 1;
+#elif KVP_PLANTED == 2
+    {
+      const int64_t full = (a->context_lens[seq] / bs) * bs;
+      if (last >= full) last = full - 1;
+    }
+#endif
+    for (int32_t h = 0; h < s->num_heads; ++h) {
+      const float* q = a->query + ((int64_t)t * s->num_heads + h) * hd;
+      float* out = a->out + ((int64_t)t * s->num_heads + h) * hd;
+#if KVP_PLANTED == 3
+      const int64_t g = h % s->num_kv_heads;
+#else
+      const int64_t g = h / group;
+#endif
+      for (int64_t d = 0; d < hd; ++d) out[d] = 0.0f;
+      if (last < 0) continue;
+      for (int64_t j = 0; j <= last; ++j) {
+        int64_t block = table[j / bs];
+#if KVP_PLANTED == 4
+        if (j / bs == (a->positions[t]) / bs) block = (block + 1) % s->num_blocks;
+#endif
+        float dot = 0.0f;
+        for (int64_t d = 0; d < hd; ++d)
+          dot += q[d] * load(a->k_cache, s->kv_dtype, kv_index(s, 0, block, j % bs, g, d));
+        scores[j] = dot * a->scale;
+      }
+#if KVP_PLANTED == 5
+      /* Partitions of 4 * num_seqs positions, merged in order: right on its own, but the
+       * rounding depends on what else is in the batch. */
+      {
+        const int64_t part = 4 * (int64_t)s->num_seqs;
+        float run_max = 0.0f, run_sum = 0.0f;
+        for (int64_t begin = 0; begin <= last; begin += part) {
+          const int64_t end = begin + part <= last + 1 ? begin + part : last + 1;
+          float m = scores[begin], sum = 0.0f;
+          for (int64_t j = begin; j < end; ++j) m = scores[j] > m ? scores[j] : m;
+          float acc[256];
+          for (int64_t d = 0; d < hd; ++d) acc[d] = 0.0f;
+          for (int64_t j = begin; j < end; ++j) {
+            const float p = expf(scores[j] - m);
+            const int64_t block = table[j / bs];
+            sum += p;
+            for (int64_t d = 0; d < hd; ++d)
+              acc[d] += p * load(a->v_cache, s->kv_dtype, kv_index(s, 1, block, j % bs, g, d));
+          }
+          if (begin == 0) {
+            run_max = m;
+            run_sum = sum;
+            for (int64_t d = 0; d < hd; ++d) out[d] = acc[d];
+          } else {
+            const float nm = m > run_max ? m : run_max;
+            const float ca = expf(run_max - nm), cb = expf(m - nm);
+            run_sum = run_sum * ca + sum * cb;
+            for (int64_t d = 0; d < hd; ++d) out[d] = out[d] * ca + acc[d] * cb;
+            run_max = nm;
+          }
+        }
+        for (int64_t d = 0; d < hd; ++d) out[d] /= run_sum;
+      }
+#else
+      {
+#if KVP_PLANTED == 7
+        const float m = 0.0f;
+#else
+        float m = scores[0];
+        for (int64_t j = 1; j <= last; ++j) m = scores[j] > m ? scores[j] : m;
+#endif
+        float sum = 0.0f;
+        for (int64_t j = 0; j <= last; ++j) {
+          int64_t block = table[j / bs];
+#if KVP_PLANTED == 4
+          if (j / bs == (a->positions[t]) / bs) block = (block + 1) % s->num_blocks;
+#endif
+          const float p = expf(scores[j] - m);
+          sum += p;
+          for (int64_t d = 0; d < hd; ++d)
+            out[d] += p * load(a->v_cache, s->kv_dtype, kv_index(s, 1, block, j % bs, g, d));
+        }
+        for (int64_t d = 0; d < hd; ++d) out[d] /= sum;
+      }
+#endif
+    }
+  }
+#if KVP_PLANTED == 6
+  a->out[(int64_t)s->num_tokens * s->num_heads * hd] = 0.0f;
+#endif
+#if KVP_PLANTED == 15
+  {
+    static int calls = 0; /* stands for a reduction whose order depends on thread timing */
+    if (++calls % 2 == 0) a->out[0] = nextafterf(a->out[0], INFINITY);
+  }
+#endif
+  free(scores);
+  return 0;
+}
+
+static const char* plugin_name(void) {
+  switch (KVP_PLANTED) {
+    case 0: return "naive-c";
+    case 1: return "planted-past-context";
+    case 2: return "planted-drop-partial";
+    case 3: return "planted-head-modulo";
+    case 4: return "planted-outside-table";
+    case 5: return "planted-batch-split";
+    case 6: return "planted-write-past-out";
+    case 7: return "planted-no-max";
+    case 8: return "planted-crash";
+    case 9: return "planted-hang";
+    case 13: return "planted-run-error";
+    case 14: return "planted-write-pool";
+    case 15: return "planted-nondeterministic";
+    case 16: return "planted-declines-all";
+    default: return "planted-loader";
+  }
+}
+
+static kvp_attention_plugin descriptor = {
+#if KVP_PLANTED == 11
+    2,
+#else
+    KVP_ATTENTION_PLUGIN_ABI_VERSION,
+#endif
+    NULL,
+    KVP_DEVICE_HOST,
+    KVP_DTYPE_BIT(KVP_KV_F32) | KVP_DTYPE_BIT(KVP_KV_F16) | KVP_DTYPE_BIT(KVP_KV_BF16),
+#if KVP_PLANTED == 0
+    KVP_LAYOUT_BIT(KVP_LAYOUT_KVPROOF) | KVP_LAYOUT_BIT(KVP_LAYOUT_FLASHINFER_NHD) |
+        KVP_LAYOUT_BIT(KVP_LAYOUT_FLASHINFER_HND) | KVP_LAYOUT_BIT(KVP_LAYOUT_VLLM),
+#else
+    KVP_LAYOUT_BIT(KVP_LAYOUT_KVPROOF),
+#endif
+    supports,
+#if KVP_PLANTED == 12
+    NULL,
+#else
+    run,
+#endif
+};
+
+#if KVP_PLANTED == 10
+__attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v0(void) {
+#else
+__attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v1(void) {
+#endif
+  descriptor.name = plugin_name();
+  (void)run;
+  return &descriptor;
+}

@@ -1,0 +1,197 @@
+// kernel-check on the in-tree plug-ins (plugins/): kvproof's own CPU attention and the naive
+// C kernel pass the quick grid; each planted defect fails with the property that names it; a
+// crash and a hang are the case's failure, not the harness's; the loader refuses unusable
+// libraries by name.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <string>
+
+#include "verify/attention_plugin_loader.h"
+#include "verify/kernel_check.h"
+
+namespace kvp::verify::kernel_check {
+namespace {
+
+std::string plugin_path(const std::string& name) { return std::string(KVP_PLUGIN_DIR) + "/kvp_plugin_" + name + ".so"; }
+
+std::unique_ptr<AttentionPlugin> load_or_die(const std::string& name) {
+  auto p = AttentionPlugin::load(plugin_path(name));
+  if (!p) ADD_FAILURE() << p.status().message();
+  return p ? std::move(p).value() : nullptr;
+}
+
+// Properties that failed, with the number of cases each failed in.
+std::map<std::string, int> failed_properties(const Report& report) {
+  std::map<std::string, int> out;
+  for (const CaseRecord& c : report.cases) {
+    std::set<std::string> seen;
+    for (const Failure& f : c.result.failures)
+      if (seen.insert(f.property).second) ++out[f.property];
+  }
+  return out;
+}
+
+std::string failures_text(const Report& report) {
+  std::string s;
+  for (const auto& [p, n] : failed_properties(report)) s += p + " x" + std::to_string(n) + " ";
+  return s;
+}
+
+// The quick grid, or a third of it (shard 0/3: every layout still comes up), or up to the
+// first `max_failures` failing cases.
+Report quick_grid(const std::string& name, bool third = false, int64_t max_failures = 0) {
+  auto plugin = load_or_die(name);
+  if (!plugin) return {};
+  Options options;
+  options.shard_count = third ? 3 : 1;
+  options.max_failures = max_failures;
+  auto report = run_kernel_check(*plugin, options);
+  EXPECT_TRUE(report) << report.status().message();
+  return report ? std::move(report).value() : Report{};
+}
+
+TEST(KernelCheck, KvproofCpuPluginPassesTheQuickGridWithNoCaseSkipped) {
+  const Report report = quick_grid("kvproof_cpu");
+  ASSERT_GT(report.cases.size(), 100u);
+  EXPECT_TRUE(report.passed()) << report.summary();
+  EXPECT_EQ(report.num_skipped(), 0);
+}
+
+TEST(KernelCheck, NaiveCPluginPassesTheQuickGridInEveryLayout) {
+  const Report report = quick_grid("naive_c", /*third=*/true);
+  EXPECT_TRUE(report.passed()) << report.summary();
+  std::set<int32_t> layouts;
+  for (const CaseRecord& c : report.cases) layouts.insert(c.spec.kv_layout);
+  EXPECT_EQ(layouts.size(), 4u);
+}
+
+struct Planted {
+  const char* plugin;
+  const char* property;
+};
+
+class PlantedDefect : public testing::TestWithParam<Planted> {};
+
+TEST_P(PlantedDefect, FailsTheQuickGridWithTheDefectsPropertyInItsFirstFailingCases) {
+  const Report report = quick_grid(GetParam().plugin, /*third=*/false, /*max_failures=*/2);
+  EXPECT_FALSE(report.passed());
+  EXPECT_GT(failed_properties(report).count(GetParam().property), 0u)
+      << GetParam().plugin << " failed only: " << failures_text(report);
+}
+
+INSTANTIATE_TEST_SUITE_P(Plugins, PlantedDefect,
+                         testing::Values(Planted{"past_context", "no-poison-leak"}, Planted{"drop_partial", "accuracy"},
+                                         Planted{"head_modulo", "accuracy"}, Planted{"outside_table", "no-poison-leak"},
+                                         Planted{"batch_split", "batch-invariance"},
+                                         Planted{"write_past_out", "guard-zones"}, Planted{"no_max", "finite-output"},
+                                         Planted{"crash", "crash"}, Planted{"run_error", "run-error"},
+                                         Planted{"write_pool", "inputs-unchanged"},
+                                         Planted{"nondeterministic", "repeatability"}),
+                         [](const testing::TestParamInfo<Planted>& p) { return std::string(p.param.plugin); });
+
+TEST(KernelCheck, DefectsThatOnlyChangeValuesAreNotReportedAsPoisonOrOverflow) {
+  // A wrong head mapping reads only valid slots with finite values: only accuracy may fail.
+  const auto failed = failed_properties(quick_grid("head_modulo", /*third=*/true));
+  EXPECT_EQ(failed.count("no-poison-leak"), 0u);
+  EXPECT_EQ(failed.count("finite-output"), 0u);
+  EXPECT_EQ(failed.count("batch-invariance"), 0u);
+}
+
+TEST(KernelCheck, ACrashIsTheCasesFailureWithItsSignal) {
+  const Report report = quick_grid("crash", /*third=*/false, /*max_failures=*/1);
+  ASSERT_FALSE(report.cases.empty());
+  const CaseResult& last = report.cases.back().result;
+  ASSERT_TRUE(last.failed("crash")) << report.summary();
+  EXPECT_NE(last.failures[0].message.find("signal 11"), std::string::npos) << last.failures[0].message;
+}
+
+TEST(KernelCheck, APluginThatDeclinesEveryShapeChecksNothingAndDoesNotPass) {
+  const Report report = quick_grid("declines_all", /*third=*/true);
+  EXPECT_EQ(report.num_skipped(), static_cast<int64_t>(report.cases.size()));
+  EXPECT_EQ(report.num_failed(), 0);
+  EXPECT_FALSE(report.passed());
+  EXPECT_NE(report.summary().find("nothing was checked"), std::string::npos);
+}
+
+TEST(KernelCheck, AHangingKernelTimesOutInItsChildAndTheHarnessCarriesOn) {
+  auto plugin = load_or_die("hang");
+  ASSERT_TRUE(plugin);
+  const std::vector<KernelCase> grid =
+      make_grid(Grid::kQuick, plugin->descriptor().kv_dtypes, plugin->descriptor().kv_layouts);
+  int64_t id = -1;
+  for (const KernelCase& c : grid)
+    if (c.block_size == 1) id = c.id;
+  ASSERT_GE(id, 0);
+  Options options;
+  options.case_id = id;
+  options.timeout_s = 0.3;
+  auto report = run_kernel_check(*plugin, options);
+  ASSERT_TRUE(report);
+  ASSERT_EQ(report->cases.size(), 1u);
+  EXPECT_TRUE(report->cases[0].result.failed("timeout")) << report->summary();
+  EXPECT_NE(report->cases[0].reproduce.find("--case " + std::to_string(id)), std::string::npos);
+}
+
+TEST(KernelCheck, ShardsAreDisjointAndMergeIntoTheWholeGrid) {
+  auto plugin = load_or_die("kvproof_cpu");
+  ASSERT_TRUE(plugin);
+  std::vector<nlohmann::json> shards;
+  int64_t total = 0;
+  for (int i = 0; i < 3; ++i) {
+    Options options;
+    options.shard_index = i;
+    options.shard_count = 3;
+    options.isolate = false;
+    auto report = run_kernel_check(*plugin, options);
+    ASSERT_TRUE(report);
+    total += static_cast<int64_t>(report->cases.size());
+    shards.push_back(report->to_json());
+  }
+  const auto grid = make_grid(Grid::kQuick, plugin->descriptor().kv_dtypes, plugin->descriptor().kv_layouts);
+  EXPECT_EQ(total, static_cast<int64_t>(grid.size()));
+  auto merged = merge_reports(shards);
+  ASSERT_TRUE(merged) << merged.status().message();
+  EXPECT_EQ((*merged)["summary"]["cases"], total);
+  EXPECT_EQ((*merged)["verdict"], "pass");
+  shards.pop_back();
+  auto incomplete = merge_reports(shards);
+  ASSERT_FALSE(incomplete);
+  EXPECT_NE(incomplete.status().message().find("shards missing: 2"), std::string::npos);
+}
+
+TEST(AttentionPluginLoader, RefusesAMissingFileNamingIt) {
+  auto p = AttentionPlugin::load("/nonexistent/lib.so");
+  ASSERT_FALSE(p);
+  EXPECT_NE(p.status().message().find("/nonexistent/lib.so: no such file"), std::string::npos);
+}
+
+TEST(AttentionPluginLoader, RefusesALibraryWithoutTheEntryPoint) {
+  auto p = AttentionPlugin::load(plugin_path("no_entry"));
+  ASSERT_FALSE(p);
+  EXPECT_NE(p.status().message().find(plugin_path("no_entry") + ": no entry point kvp_attention_plugin_v1"),
+            std::string::npos)
+      << p.status().message();
+}
+
+TEST(AttentionPluginLoader, RefusesAnotherAbiVersion) {
+  auto p = AttentionPlugin::load(plugin_path("abi_v2"));
+  ASSERT_FALSE(p);
+  EXPECT_NE(p.status().message().find("ABI version 2"), std::string::npos) << p.status().message();
+}
+
+TEST(AttentionPluginLoader, RefusesADescriptorWithoutRun) {
+  auto p = AttentionPlugin::load(plugin_path("bad_descriptor"));
+  ASSERT_FALSE(p);
+  EXPECT_NE(p.status().message().find("bad descriptor: run is NULL"), std::string::npos) << p.status().message();
+}
+
+TEST(AttentionPluginLoader, RefusesAFileThatIsNotALibrary) {
+  auto p = AttentionPlugin::load(std::string(KVP_SOURCE_DIR) + "/README.md");
+  ASSERT_FALSE(p);
+  EXPECT_NE(p.status().message().find("README.md: cannot load"), std::string::npos) << p.status().message();
+}
+
+}  // namespace
+}  // namespace kvp::verify::kernel_check

@@ -1,0 +1,141 @@
+// kernel-check: kvproof's adversarial grid run on an attention plug-in
+// (include/kvproof/attention_plugin.h, docs/attention-plugin.md) against an fp64 reference.
+//
+// A case is one batch: a shape (heads, head_dim, block size, KV dtype and layout), its
+// sequences (context length, new tokens: a decode row or a prefill chunk that may start
+// mid-block), an input kind (random, large-magnitude scores, all-equal scores, one dominant
+// position) and a seed. Its inputs are drawn from the seed: dense K/V per sequence, rounded
+// to the KV dtype, scattered through block tables drawn without replacement from a pool
+// larger than needed, in random order; every slot outside the tables and past a context is
+// NaN. The reference is softmax(QK^T)V in double on the dense K/V, written here and nowhere
+// else (it shares no code with any kernel).
+//
+// Properties, each reported by name when it fails:
+//   accuracy          |out - ref| / max|ref row| <= tolerance(dtype) on every (token, head) row
+//   no-poison-leak    a non-finite output that disappears when the poison is 0 instead of NaN
+//   finite-output     a non-finite output from finite inputs (poison 0 too): overflow
+//   guard-zones       the floats before and after `out` unchanged
+//   inputs-unchanged  pools, queries, block tables and metadata unchanged
+//   batch-invariance  each sequence's rows bit-identical run alone and in the batch
+//   repeatability     the same batch twice gives the same bits
+//   run-error         run() failed on a shape that supports() accepted
+//   crash, timeout    the case's child process died by a signal or ran past its time limit
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "kvproof/attention_plugin.h"
+#include "verify/attention_plugin_loader.h"
+
+namespace kvp::verify::kernel_check {
+
+enum class Grid { kQuick, kFull };
+enum class InputKind { kRandom, kLargeScores, kEqualScores, kDominant };
+
+const char* grid_name(Grid grid);
+const char* input_kind_name(InputKind kind);
+const char* dtype_name(int32_t kv_dtype);
+const char* layout_name(int32_t kv_layout);
+
+// Largest accepted error relative to the row's largest reference value, per KV dtype. The
+// K/V values are exact in every dtype (drawn rounded), so a kernel computing in fp32 is held
+// to fp32's error; fp16/bf16 leave room for a kernel that rounds P or V to the KV dtype.
+double tolerance(int32_t kv_dtype);
+
+struct SeqSpec {
+  int32_t context_len = 1;  // positions the sequence holds, new ones included
+  int32_t num_new = 1;      // new tokens: the last num_new positions (1: a decode row)
+};
+
+struct KernelCase {
+  int64_t id = 0;
+  std::string label;  // the grid's scenario: decode, prefill-mid-block, partition-edges, ...
+  int32_t num_heads = 1, num_kv_heads = 1, head_dim = 64, block_size = 16;
+  int32_t kv_dtype = KVP_KV_F32, kv_layout = KVP_LAYOUT_KVPROOF;
+  std::vector<SeqSpec> seqs;
+  InputKind kind = InputKind::kRandom;
+  uint64_t seed = 0;
+
+  std::string describe() const;  // one line: shape, sequences, kind, seed
+  nlohmann::json to_json() const;
+};
+
+// The grid for a plug-in declaring `kv_dtypes` and `kv_layouts` (descriptor bitmasks): the
+// same list for the same declaration, ids 0..n-1. quick: every head_dim x head pairing once
+// per scenario, a few seconds; full: every block size, dtype and scenario, long contexts.
+std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_layouts);
+
+struct Failure {
+  std::string property;
+  std::string message;
+};
+
+struct CaseResult {
+  bool skipped = false;  // supports() declined the shape
+  std::vector<Failure> failures;
+  double max_rel_error = 0.0;   // over the rows, relative to the row's largest reference value
+  double max_error_ulps = 0.0;  // the same error in ULPs of the KV dtype at the row's largest value
+  double seconds = 0.0;
+
+  bool passed() const { return failures.empty(); }
+  bool failed(const std::string& property) const;
+};
+
+// Runs one case in this process (no isolation: a crashing kernel takes the caller down).
+CaseResult run_case(const kvp_attention_plugin& plugin, const KernelCase& c);
+// Runs one case in a forked child with a time limit; a signal or timeout is the case's
+// failure (property crash or timeout).
+CaseResult run_case_isolated(const kvp_attention_plugin& plugin, const KernelCase& c, double timeout_s);
+
+// The shard (0..shard_count-1) a case belongs to: a hash of its id, so that every shard gets a
+// mix of scenarios and sizes whatever N is.
+int shard_of(int64_t case_id, int shard_count);
+
+struct Options {
+  Grid grid = Grid::kQuick;
+  std::optional<int64_t> case_id;        // only this case
+  int shard_index = 0, shard_count = 1;  // the cases with shard_of(id, shard_count) == shard_index
+  double timeout_s = 30.0;
+  bool isolate = true;       // fork per case
+  int64_t max_failures = 0;  // stop after this many failing cases (0: run them all)
+};
+
+struct CaseRecord {
+  KernelCase spec;
+  CaseResult result;
+  std::string reproduce;  // the command that re-runs this case alone
+};
+
+struct Report {
+  std::string plugin_path, plugin_name;
+  Grid grid = Grid::kQuick;
+  int shard_index = 0, shard_count = 1;
+  std::vector<CaseRecord> cases;
+  double seconds = 0.0;
+
+  int64_t num_failed() const;
+  int64_t num_skipped() const;
+  // No case failed and at least one ran (a plug-in that declines every shape checks nothing).
+  bool passed() const { return num_failed() == 0 && num_skipped() < static_cast<int64_t>(cases.size()); }
+  nlohmann::json to_json() const;
+  std::string to_junit() const;
+  std::string summary() const;  // failing cases (shape, failures, reproducer) and totals
+};
+
+// Runs the grid (or one case of it) on a loaded plug-in. `on_case` is called after each case.
+// Errors: a --case id outside the grid, a bad shard, a CUDA plug-in (host plug-ins only so far).
+Result<Report> run_kernel_check(const AttentionPlugin& plugin, const Options& options,
+                                const std::function<void(const CaseRecord&)>& on_case = {});
+
+// Joins shard reports (to_json() of each) into one: same plug-in and grid, shards 0..N-1 of one
+// N, each once. Errors name the file (its index in `reports`) and what disagrees.
+Result<nlohmann::json> merge_reports(const std::vector<nlohmann::json>& reports);
+
+}  // namespace kvp::verify::kernel_check
