@@ -163,6 +163,11 @@ TEST(KvEventDecoder, BadBytesAreNamedErrorsNeverCrashes) {
       {"\x92\x01\xdd\xff\xff\xff\xff", "over the limit"},  // an array of 2^32-1 events, 7 bytes
       {raw("\x92\x01\xdd\x00\x10\x00\x00"), "truncated"},  // 1M events announced, none sent
       {std::string(100, '\x91'), "nested deeper"},
+      // Found by fuzz_kv_events: a medium that is not UTF-8 made the JSON report throw.
+      {raw("\x92\x01\x91\x93\xac"
+           "BlockRemoved"
+           "\x90\xa2\xc0\x80"),
+       "not UTF-8"},
   };
   for (const auto& c : cases) {
     auto d = decode_event_batch(c.bytes, 17);

@@ -74,7 +74,9 @@ void add_audit_command(CLI::App& app, int& exit_code) {
       }
       if (!audit) return fail(audit.status().message());
       std::printf("%s", audit->summary().c_str());
-      if (!opt->json_out.empty()) std::ofstream(opt->json_out) << audit->to_json().dump(2) << "\n";
+      if (!opt->json_out.empty())
+        std::ofstream(opt->json_out) << audit->to_json().dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+                                     << "\n";
       exit_code = audit->passed() ? kExitOk : kExitCheckFailed;
       return;
     }

@@ -16,8 +16,33 @@ constexpr std::size_t kMaxFields = 32;  // fields of one struct, known and futur
 // value, no deeper than kMaxDepth, with no trailing bytes. Once it is complete, every element
 // an array or map announces is really there (at least a byte each), so the allocating unpack
 // that follows is bounded by the payload's size.
+// Whether bytes are UTF-8 (msgpack strings must be; JSON reports need them to be).
+bool valid_utf8(const char* p, std::size_t n) {
+  std::size_t i = 0;
+  while (i < n) {
+    const auto c = static_cast<unsigned char>(p[i]);
+    std::size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (len == 0 || i + len > n) return false;
+    uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1f) : len == 3 ? (c & 0x0f) : (c & 0x07);
+    for (std::size_t k = 1; k < len; ++k) {
+      const auto d = static_cast<unsigned char>(p[i + k]);
+      if ((d >> 6) != 0x2) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    const bool overlong = (len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000);
+    if (overlong || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += len;
+  }
+  return true;
+}
+
 class Precheck : public msgpack::null_visitor {
  public:
+  bool visit_str(const char* v, uint32_t size) {
+    if (valid_utf8(v, size)) return true;
+    error_ = "a string that is not UTF-8";
+    return false;
+  }
   bool start_array(uint32_t n) { return open(n); }
   bool end_array() { return close(); }
   bool start_map(uint32_t n) { return open(n); }
