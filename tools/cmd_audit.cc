@@ -1,8 +1,6 @@
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -97,11 +95,10 @@ void add_audit_command(CLI::App& app, int& exit_code) {
                 a.engine.global_prefix_sharing ? "global" : "tenant-scoped", opt->preemption.c_str());
     std::unique_ptr<kv_events::Publisher> publisher;
     if (!opt->publish.empty()) {
-      auto p = kv_events::Publisher::bind(opt->publish, opt->publish_replay);
+      auto p = kv_events::start_publishing(opt->publish, opt->publish_replay);
       if (!p) return fail(p.status().message());
       publisher = std::move(*p);
       a.kv_events_publisher = publisher.get();
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // subscribers connect
     }
     auto report = verify::run_audit(model, workload, a);
     if (publisher) publisher->serve_replay(1000);  // a late subscriber asks for the start

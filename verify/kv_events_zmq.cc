@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <exception>
 #include <iterator>
+#include <thread>
 
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
@@ -182,6 +183,13 @@ void Publisher::serve_replay(int wait_ms) {
                                            zmq::const_buffer("", 0)};
     (void)zmq::send_multipart(s_->router, done);
   }
+}
+
+Result<std::unique_ptr<Publisher>> start_publishing(const std::string& endpoint, const std::string& replay_endpoint,
+                                                    double wait_s) {
+  auto p = Publisher::bind(endpoint, replay_endpoint);
+  if (p) std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
+  return p;
 }
 
 }  // namespace kvp::kv_events

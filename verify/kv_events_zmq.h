@@ -61,4 +61,9 @@ class Publisher {
   std::deque<Frame> sent_;
 };
 
+// Binds a publisher and waits `wait_s` for subscribers to connect (a PUB socket drops what it
+// sends before they have): what `--kv-events-publish` does before the engine runs.
+Result<std::unique_ptr<Publisher>> start_publishing(const std::string& endpoint, const std::string& replay_endpoint,
+                                                    double wait_s = 0.5);
+
 }  // namespace kvp::kv_events
