@@ -27,7 +27,7 @@ TEST(KvEventEngine, AuditPublishesAStreamThatPassesAndMatchesItsEventLog) {
   so.endpoint = (*pub)->endpoint();
   so.replay_endpoint = (*pub)->replay_endpoint();
   so.duration_s = 60;
-  so.idle_s = 1.5;
+  so.idle_s = 2.5;  // well above a step's time, under ASan too
   std::optional<Result<Subscription>> sub;
   std::thread subscriber([&] { sub.emplace(subscribe(so)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
