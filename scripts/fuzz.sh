@@ -18,7 +18,7 @@ if [ ${#names[@]} -eq 0 ]; then
   for f in build-fuzz/bin/fuzz_*; do names+=("$(basename "$f" | sed 's/^fuzz_//')"); done
 fi
 # Per target: executions per second at least (under ASan + UBSan), and libFuzzer options.
-declare -A floor=([kv_ops]=700 [scheduler]=100 [event_log]=2000 [checkpoint]=2000 [trace]=2000 [shard_index]=2000 [golden]=2000)
+declare -A floor=([kv_ops]=700 [scheduler]=100 [event_log]=2000 [checkpoint]=2000 [trace]=2000 [shard_index]=2000 [golden]=2000 [kv_events]=2000)
 declare -A extra=([kv_ops]="-max_len=456" [scheduler]="-max_len=200")  # at most 64 x 7 + 8 and 48 x 4 + 8 bytes
 status=0
 for n in "${names[@]}"; do

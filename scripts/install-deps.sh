@@ -8,6 +8,7 @@ packages=(
   build-essential cmake ninja-build git
   libeigen3-dev librapidcheck-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libssl-dev
+  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
   clang clang-format libclang-rt-14-dev llvm valgrind
   python3 python3-matplotlib
 )

@@ -1,15 +1,19 @@
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <numeric>
 
 #include <nlohmann/json.hpp>
 
 #include "common/sampling.h"
+#include "optimized/kv/event_log.h"
 #include "reference/reference_model.h"
 #include "tools/commands.h"
 #include "tools/model_source.h"
 #include "tools/run_inputs.h"
 #include "tools/token_list.h"
+#include "verify/kv_events_engine.h"
+#include "verify/kv_events_zmq.h"
 #include "verify/verify.h"
 
 namespace kvp::tools {
@@ -20,7 +24,8 @@ namespace {
 // from the engine's per-request stream of the same seed.
 Result<GenerateResult> engine_generate(const Model& model, const BackendChoice& choice,
                                        const std::vector<int32_t>& prompt, int64_t max_tokens,
-                                       const SamplingParams& sampling, const std::vector<int32_t>& stop_tokens) {
+                                       const SamplingParams& sampling, const std::vector<int32_t>& stop_tokens,
+                                       kv_events::Publisher* publisher) {
   verify::VerifyOptions o;
   if (Status s = choice.apply(o); !s) return s;
   const int64_t length = static_cast<int64_t>(prompt.size()) + max_tokens;
@@ -41,8 +46,20 @@ Result<GenerateResult> engine_generate(const Model& model, const BackendChoice& 
   spec.sampling = sampling;
   spec.capture_logits = true;
   spec.stop_tokens = stop_tokens;
+  // The engine's KV-event stream (docs/kv-events.md), published when asked: one batch per step.
+  EventLog log;
+  kv_events::EngineKvEvents stream(live->engine->kv(), publisher);
+  if (publisher != nullptr) {
+    live->engine->kv_mutable().set_event_log(&log);
+    log.set_listener([&](const KvEvent& e) { stream.on_event(e); });
+  }
   const RequestId id = live->engine->add_request(spec);
-  while (live->engine->has_unfinished()) KVP_RETURN_IF_ERROR(live->engine->step());
+  while (live->engine->has_unfinished()) {
+    KVP_RETURN_IF_ERROR(live->engine->step());
+    stream.end_step();
+  }
+  live->engine->kv_mutable().set_event_log(nullptr);
+  if (publisher != nullptr) publisher->serve_replay(1000);  // a late subscriber asks for the start
   const Request& r = live->engine->request(id);
   if (r.finish == FinishReason::kRejected) return Status::error("the engine rejected the request");
   GenerateResult out;
@@ -66,6 +83,7 @@ void add_generate_command(CLI::App& app, int& exit_code) {
     bool json = false;
     bool ignore_eos = false;
     BackendChoice backend;
+    std::string publish, publish_replay;
   };
   auto opt = std::make_shared<Options>();
   opt->backend.backend = "reference";
@@ -86,6 +104,11 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--ignore-eos", opt->ignore_eos,
                 "generate max-tokens tokens; by default generation stops after the model's eos_token_id "
                 "(config.json / generation_config.json)");
+  cmd->add_option("--kv-events-publish", opt->publish,
+                  "with an engine backend: publish the engine's KV-event stream on this ZMQ endpoint "
+                  "(tcp://127.0.0.1:PORT), as vLLM does (docs/kv-events.md)");
+  cmd->add_option("--kv-events-replay", opt->publish_replay,
+                  "with --kv-events-publish: serve replays of the stream on this ZMQ endpoint");
   cmd->callback([opt, &exit_code] {
     auto fail = [&](const std::string& msg) {
       std::fprintf(stderr, "kvproof generate: %s\n", msg.c_str());
@@ -97,9 +120,18 @@ void add_generate_command(CLI::App& app, int& exit_code) {
     auto model = opt->source.load();
     if (!model) return fail(model.status().message());
     const std::vector<int32_t> stop = opt->ignore_eos ? std::vector<int32_t>{} : model->config.eos_token_ids;
-    auto out = opt->backend.backend == "reference"
-                   ? reference_generate(ReferenceModel<float>(*model), *prompt, opt->max_tokens, opt->sampling, stop)
-                   : engine_generate(*model, opt->backend, *prompt, opt->max_tokens, opt->sampling, stop);
+    std::unique_ptr<kv_events::Publisher> publisher;
+    if (!opt->publish.empty()) {
+      if (opt->backend.backend == "reference")
+        return fail("--kv-events-publish: the reference model has no paged KV cache; choose an engine --backend");
+      auto p = kv_events::start_publishing(opt->publish, opt->publish_replay);
+      if (!p) return fail(p.status().message());
+      publisher = std::move(*p);
+    }
+    auto out =
+        opt->backend.backend == "reference"
+            ? reference_generate(ReferenceModel<float>(*model), *prompt, opt->max_tokens, opt->sampling, stop)
+            : engine_generate(*model, opt->backend, *prompt, opt->max_tokens, opt->sampling, stop, publisher.get());
     if (!out) return fail(out.status().message());
 
     if (!opt->json) {

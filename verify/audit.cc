@@ -14,6 +14,8 @@
 #include "optimized/checkers/event_log_replay.h"
 #include "optimized/checkers/invariants.h"
 #include "optimized/kv/event_log.h"
+#include "verify/kv_events_audit.h"
+#include "verify/kv_events_engine.h"
 
 namespace kvp::verify {
 
@@ -99,7 +101,8 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
   report.tenants = static_cast<int64_t>(tenants.size());
   CheckResult inv("invariants-every-step"), reads("ownership-of-every-read"), scope("backend-read-scope"),
       stale("no-stale-read (NaN scan)"), replay("event-log-replay"), logits("logits-vs-reference"),
-      greedy("greedy-tokens"), terminal("terminal-states"), evidence("isolation-evidence");
+      greedy("greedy-tokens"), terminal("terminal-states"), evidence("isolation-evidence"),
+      kv_stream_check("kv-event-stream");
 
   auto live = make_engine(model, o, {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
   if (!live) return live.status();
@@ -111,6 +114,9 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
   }
   EventLog log(options.event_log_path.empty() ? nullptr : &log_file);
   engine.kv_mutable().set_event_log(&log);
+  // kvproof's KV-event stream, one batch per step, published when asked.
+  kv_events::EngineKvEvents kv_stream(engine.kv(), options.kv_events_publisher);
+  log.set_listener([&](const KvEvent& e) { kv_stream.on_event(e); });
   std::set<int32_t> seen;
   engine.set_plan_observer([&](const Engine& e, const BatchPlan& plan) -> Status {
     ++report.plans;
@@ -127,10 +133,16 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
     seen.insert(stats.blocks.begin(), stats.blocks.end());
     return Status::ok();
   });
-  engine.set_step_observer([&](const Engine& e, const BatchPlan& plan) { return check_state(e, plan, inv); });
+  engine.set_step_observer([&](const Engine& e, const BatchPlan& plan) {
+    Status s = check_state(e, plan, inv);
+    kv_stream.end_step();
+    return s;
+  });
 
   ProgressWatch progress;
   auto run = run_workload(engine, workload, o.max_steps, [&](Engine& e) { return check_progress(e, progress); });
+  kv_stream.end_step();
+  log.set_listener(nullptr);
   scope.count = live->backend->audited_block_reads();
   if (!run && inv.passed && reads.passed) {
     CheckResult& blamed = run.status().message().find("audit:") != std::string::npos ? scope : inv;
@@ -202,7 +214,23 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
                       std::to_string(identical_across) + " cross-tenant request pairs with identical prefixes" +
                       (o.global_prefix_sharing ? " (global sharing)" : ", none shared");
   }
-  report.checks = {inv, reads, scope, stale, replay, logits, greedy, terminal, evidence};
+  // The stream checked by the KV-event auditor, and against the event log it came from.
+  const auto stream_audit = kv_events::audit_kv_events(kv_stream.batches(), "kvproof");
+  kv_stream_check.count = stream_audit.batches;
+  if (!stream_audit.passed()) {
+    kv_stream_check.passed = false;
+    const auto& v = stream_audit.violations.front();
+    kv_stream_check.detail =
+        v.reason + " at batch " + std::to_string(v.seq) + ", block " + v.block_hash + ": " + v.detail;
+  } else if (Status s = kv_events::check_stream_against_event_log(log.events(), kv_stream.batches()); !s) {
+    kv_stream_check.passed = false;
+    kv_stream_check.detail = "against the event log: " + s.message();
+  } else {
+    kv_stream_check.detail = std::to_string(stream_audit.mirror.stored) + " stores, " +
+                             std::to_string(stream_audit.mirror.removed) + " removals, as in the event log" +
+                             (options.kv_events_publisher != nullptr ? "; published" : "");
+  }
+  report.checks = {inv, reads, scope, stale, replay, logits, greedy, terminal, evidence, kv_stream_check};
   return report;
 }
 

@@ -35,12 +35,19 @@
 #include "optimized/engine/workload.h"
 #include "verify/verify.h"
 
+namespace kvp::kv_events {
+class Publisher;
+}
+
 namespace kvp::verify {
 
 struct AuditOptions {
   VerifyOptions engine;        // pool and schedule (one preemption mode: engine.modes[0])
   std::string event_log_path;  // where the log is written ("" = kept in memory only)
   bool allow_empty = false;    // pass even when the isolation evidence is vacuous
+  // Where kvproof's KV-event stream (docs/kv-events.md) is also published (nullptr: it is
+  // only checked). Must outlive run_audit.
+  kv_events::Publisher* kv_events_publisher = nullptr;
 };
 
 // One tenant pair's evidence (tenant_a < tenant_b).

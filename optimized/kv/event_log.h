@@ -20,6 +20,7 @@
 //   {"ev":"free","seq":S}                            S (already with an empty table) ends
 #pragma once
 
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -42,7 +43,11 @@ class EventLog {
   void record(const KvEvent& event) {
     events_.push_back(event);
     if (out_ != nullptr) *out_ << to_json_line(event) << '\n';
+    if (listener_) listener_(event);
   }
+  // Also calls `listener` with each later event, right after the state change it records
+  // (the manager's state is the new one); empty: none. The KV-event publisher uses it.
+  void set_listener(std::function<void(const KvEvent&)> listener) { listener_ = std::move(listener); }
   const std::vector<KvEvent>& events() const { return events_; }
   // One JSON line per event, in order.
   const std::vector<std::string>& lines() const {
@@ -57,6 +62,7 @@ class EventLog {
 
  private:
   std::ostream* out_ = nullptr;
+  std::function<void(const KvEvent&)> listener_;
   std::vector<KvEvent> events_;
   mutable std::vector<std::string> lines_;
 };

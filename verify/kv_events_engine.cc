@@ -1,0 +1,113 @@
+#include "verify/kv_events_engine.h"
+
+#include <chrono>
+#include <string>
+
+namespace kvp::kv_events {
+namespace {
+
+BlockHash hash_text(const kvp::BlockHash& h) {
+  static const char* digits = "0123456789abcdef";
+  std::string s = "0x";
+  for (uint8_t b : h) {
+    s += digits[b >> 4];
+    s += digits[b & 15];
+  }
+  return s;
+}
+
+}  // namespace
+
+void EngineKvEvents::on_event(const KvEvent& event) {
+  if (const auto* c = std::get_if<kv_event::Cache>(&event)) {
+    const PrefixCacheEntry& entry = kv_.prefix_cache().entry(c->block);
+    BlockStored s;
+    s.block_hashes = {hash_text(entry.hash)};
+    if (entry.parent.block >= 0) {
+      auto it = hash_of_block_.find(entry.parent.block);
+      if (it != hash_of_block_.end()) s.parent_block_hash = it->second;
+    } else if (!kv_.config().global_prefix_sharing) {
+      s.extra_keys = nlohmann::json::array({nlohmann::json::array({"tenant:" + std::to_string(entry.salt)})});
+    }
+    s.token_ids.assign(entry.tokens.begin(), entry.tokens.end());
+    s.block_size = kv_.block_size();
+    s.medium = kDefaultMedium;
+    hash_of_block_[c->block] = s.block_hashes.front();
+    pending_.push_back(std::move(s));
+  } else if (const auto* e = std::get_if<kv_event::Evict>(&event)) {
+    auto it = hash_of_block_.find(e->block);
+    BlockRemoved r;
+    r.block_hashes = {it != hash_of_block_.end() ? it->second : BlockHash("-1")};
+    r.medium = kDefaultMedium;
+    if (it != hash_of_block_.end()) hash_of_block_.erase(it);
+    pending_.push_back(std::move(r));
+  }
+}
+
+void EngineKvEvents::end_step() {
+  if (pending_.empty()) return;
+  EventBatch b;
+  b.ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  b.events = std::move(pending_);
+  b.data_parallel_rank = 0;
+  pending_.clear();
+  b.seq = static_cast<int64_t>(batches_.size());
+  if (publisher_ != nullptr) {
+    publisher_->publish(b);
+    publisher_->serve_replay(0);
+  }
+  batches_.push_back(std::move(b));
+}
+
+Status check_stream_against_event_log(const std::vector<KvEvent>& log, const std::vector<EventBatch>& stream) {
+  // The stream's stores and removals, flattened in order: (stored?, hash, batch seq).
+  struct Item {
+    bool stored;
+    BlockHash hash;
+    int64_t seq;
+  };
+  std::vector<Item> items;
+  for (const auto& b : stream)
+    for (const auto& ev : b.events) {
+      if (const auto* s = std::get_if<BlockStored>(&ev)) {
+        for (const auto& h : s->block_hashes) items.push_back({true, h, b.seq});
+      } else if (const auto* r = std::get_if<BlockRemoved>(&ev)) {
+        for (const auto& h : r->block_hashes) items.push_back({false, h, b.seq});
+      } else {
+        return Status::error("batch " + std::to_string(b.seq) + ": AllBlocksCleared, which the event log never has");
+      }
+    }
+  std::unordered_map<int32_t, BlockHash> stored_as;
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < log.size(); ++i) {
+    const auto* c = std::get_if<kv_event::Cache>(&log[i]);
+    const auto* e = std::get_if<kv_event::Evict>(&log[i]);
+    if (c == nullptr && e == nullptr) continue;
+    const int32_t block = c != nullptr ? c->block : e->block;
+    const std::string what = "event log entry " + std::to_string(i) + " (" + (c != nullptr ? "cache" : "evict") +
+                             " of block " + std::to_string(block) + ")";
+    if (next == items.size()) return Status::error(what + ": not in the stream");
+    const Item& it = items[next++];
+    if (it.stored != (c != nullptr))
+      return Status::error(what + ": the stream has a " + (it.stored ? "store" : "removal") + " of " + it.hash +
+                           " in batch " + std::to_string(it.seq));
+    if (c != nullptr) {
+      if (!stored_as.emplace(block, it.hash).second)
+        return Status::error(what + ": block registered twice without a drop");
+    } else {
+      auto s = stored_as.find(block);
+      if (s == stored_as.end()) return Status::error(what + ": block never registered");
+      if (s->second != it.hash)
+        return Status::error(what + ": the stream removes " + it.hash + " in batch " + std::to_string(it.seq) +
+                             ", the block was stored as " + s->second);
+      stored_as.erase(s);
+    }
+  }
+  if (next != items.size())
+    return Status::error("batch " + std::to_string(items[next].seq) + ": " +
+                         (items[next].stored ? "store" : "removal") + " of " + items[next].hash +
+                         " that the event log does not have");
+  return Status::ok();
+}
+
+}  // namespace kvp::kv_events

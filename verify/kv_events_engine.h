@@ -1,0 +1,45 @@
+// kvproof's own engine as a KV-event publisher (docs/kv-events.md): the manager's prefix-cache
+// registrations and drops, as vLLM's BlockStored / BlockRemoved, one batch per engine step.
+//
+// A registration (kv_event::Cache) becomes a BlockStored of the block's chain hash (bytes),
+// its parent's hash, its tokens and the block size; a root block (a sequence's first) carries
+// the tenant salt in its extra_keys as "tenant:N" unless prefix sharing is global, as vLLM
+// publishes a cache salt. A drop (kv_event::Evict) becomes a BlockRemoved of that hash. The
+// medium is "GPU": kvproof's prefix cache names device blocks only.
+#pragma once
+
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "optimized/kv/kv_cache_manager.h"
+#include "verify/kv_events.h"
+#include "verify/kv_events_zmq.h"
+
+namespace kvp::kv_events {
+
+class EngineKvEvents {
+ public:
+  // `kv` must outlive this; `publisher` may be nullptr (the stream is only kept).
+  EngineKvEvents(const KvCacheManager& kv, Publisher* publisher) : kv_(kv), publisher_(publisher) {}
+  // Called with every event the manager records, right after the change (EventLog::set_listener).
+  void on_event(const KvEvent& event);
+  // Sends the events since the last call as one batch (none: nothing sent).
+  void end_step();
+  // Every batch, in order, with its sequence number.
+  const std::vector<EventBatch>& batches() const { return batches_; }
+
+ private:
+  const KvCacheManager& kv_;
+  Publisher* publisher_;
+  std::unordered_map<int32_t, BlockHash> hash_of_block_;  // cached blocks
+  std::vector<KvCacheEvent> pending_;
+  std::vector<EventBatch> batches_;
+};
+
+// kvproof's stream against kvproof's own event log: the log's registrations and drops and the
+// stream's stores and removals pair one to one, in order, a drop naming the hash its block was
+// stored under, and nothing else is in the stream. The error names the first mismatch.
+Status check_stream_against_event_log(const std::vector<KvEvent>& log, const std::vector<EventBatch>& stream);
+
+}  // namespace kvp::kv_events
