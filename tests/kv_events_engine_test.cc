@@ -8,6 +8,7 @@
 #include <chrono>
 #include <optional>
 #include <thread>
+#include <variant>
 
 #include "model/presets.h"
 #include "optimized/engine/workload.h"
@@ -58,6 +59,57 @@ TEST(KvEventEngine, AuditPublishesAStreamThatPassesAndMatchesItsEventLog) {
   ASSERT_NE(stream, nullptr);
   EXPECT_TRUE(stream->passed) << stream->detail;
   EXPECT_EQ(audit.batches, stream->count) << "every batch published arrived";
+}
+
+// verify publishes each preemption mode's engine into one stream, an AllBlocksCleared between
+// them (the second engine starts empty): the stream that arrives passes the auditor (no block
+// of the first mode is referenced after the clear), and each mode's stream matches its log.
+TEST(KvEventEngine, VerifyPublishesBothModesWithAClearBetween) {
+  const Model model = *make_preset("tiny");
+  auto pub = Publisher::bind("tcp://127.0.0.1:*", "tcp://127.0.0.1:*");
+  ASSERT_TRUE(pub.is_ok()) << pub.status().message();
+  SubscribeOptions so;
+  so.endpoint = (*pub)->endpoint();
+  so.replay_endpoint = (*pub)->replay_endpoint();
+  so.duration_s = 120;
+  so.idle_s = 5;  // verify's oracle checks run between steps: well above their time, under ASan too
+  std::optional<Result<Subscription>> sub;
+  std::thread subscriber([&] { sub.emplace(subscribe(so)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+
+  verify::VerifyOptions v;
+  v.kv_events_publisher = pub->get();
+  auto report = verify::run_verify(model, *builtin_workload("shared-prefix", model.config.vocab_size, 0), v);
+  std::atomic<bool> done{false};
+  std::thread replays([&] {
+    while (!done) (*pub)->serve_replay(20);
+  });
+  subscriber.join();
+  done = true;
+  replays.join();
+  ASSERT_TRUE(report.is_ok()) << report.status().message();
+  EXPECT_TRUE(report->passed()) << report->table();
+  ASSERT_TRUE(sub.has_value() && sub->is_ok()) << (sub ? sub->status().message() : "no subscription");
+
+  int64_t per_mode_batches = 0;
+  int modes = 0;
+  for (const auto& c : report->checks) {
+    if (c.name.rfind("kv-event-stream[", 0) != 0) continue;
+    ++modes;
+    EXPECT_TRUE(c.passed) << c.name << ": " << c.detail;
+    EXPECT_GT(c.count, 0) << c.name;
+    per_mode_batches += c.count;
+  }
+  EXPECT_EQ(modes, 2);
+  const auto& batches = (*sub)->batches;
+  int clears = 0;
+  for (const auto& b : batches)
+    for (const auto& e : b.events) clears += std::holds_alternative<AllBlocksCleared>(e) ? 1 : 0;
+  EXPECT_EQ(clears, 1);
+  EXPECT_EQ(static_cast<int64_t>(batches.size()), per_mode_batches + 1) << "every batch published arrived";
+  const auto audit = audit_kv_events(batches, so.endpoint);
+  EXPECT_TRUE(audit.passed()) << audit.summary();
+  EXPECT_GT(audit.mirror.stored, 0);
 }
 
 // The cross-check against the event log catches a stream that lost a removal (TensorRT-LLM

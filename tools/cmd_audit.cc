@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tools/commands.h"
+#include "tools/kv_events_publish.h"
 #include "tools/run_inputs.h"
 #include "verify/audit.h"
 #include "verify/kv_events_audit.h"
@@ -15,7 +16,8 @@ namespace kvp::tools {
 void add_audit_command(CLI::App& app, int& exit_code) {
   struct Options {
     RunInputs inputs;
-    std::string preemption = "recompute", json_out, event_log, kv_events, replay, publish, publish_replay;
+    std::string preemption = "recompute", json_out, event_log, kv_events, replay;
+    KvEventsPublishOptions publish;
     double duration = 10;
     BackendChoice backend;
     verify::VerifyOptions v;
@@ -44,10 +46,7 @@ void add_audit_command(CLI::App& app, int& exit_code) {
                   "with --kv-events tcp://..: the publisher's replay endpoint, to recover lost batches");
   cmd->add_option("--duration", opt->duration, "with --kv-events tcp://..: seconds to listen (default 10)")
       ->check(CLI::Range(0.01, 86400.0));
-  cmd->add_option("--kv-events-publish", opt->publish,
-                  "publish kvproof's own KV-event stream on this ZMQ endpoint (tcp://127.0.0.1:PORT) as vLLM does");
-  cmd->add_option("--kv-events-replay", opt->publish_replay,
-                  "with --kv-events-publish: serve replays of the stream on this ZMQ endpoint");
+  opt->publish.add_options(*cmd);
   cmd->add_flag("--allow-empty", opt->allow_empty,
                 "pass even when the isolation evidence is vacuous (no reuse within a tenant, or no identical "
                 "prefix across tenants)");
@@ -94,8 +93,8 @@ void add_audit_command(CLI::App& app, int& exit_code) {
                 a.engine.block_size, a.engine.num_blocks, a.engine.num_host_blocks,
                 a.engine.global_prefix_sharing ? "global" : "tenant-scoped", opt->preemption.c_str());
     std::unique_ptr<kv_events::Publisher> publisher;
-    if (!opt->publish.empty()) {
-      auto p = kv_events::start_publishing(opt->publish, opt->publish_replay);
+    if (opt->publish.enabled()) {
+      auto p = opt->publish.start();
       if (!p) return fail(p.status().message());
       publisher = std::move(*p);
       a.kv_events_publisher = publisher.get();

@@ -9,6 +9,7 @@
 #include "optimized/kv/event_log.h"
 #include "reference/reference_model.h"
 #include "tools/commands.h"
+#include "tools/kv_events_publish.h"
 #include "tools/model_source.h"
 #include "tools/run_inputs.h"
 #include "tools/token_list.h"
@@ -83,7 +84,7 @@ void add_generate_command(CLI::App& app, int& exit_code) {
     bool json = false;
     bool ignore_eos = false;
     BackendChoice backend;
-    std::string publish, publish_replay;
+    KvEventsPublishOptions publish;
   };
   auto opt = std::make_shared<Options>();
   opt->backend.backend = "reference";
@@ -104,11 +105,7 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--ignore-eos", opt->ignore_eos,
                 "generate max-tokens tokens; by default generation stops after the model's eos_token_id "
                 "(config.json / generation_config.json)");
-  cmd->add_option("--kv-events-publish", opt->publish,
-                  "with an engine backend: publish the engine's KV-event stream on this ZMQ endpoint "
-                  "(tcp://127.0.0.1:PORT), as vLLM does (docs/kv-events.md)");
-  cmd->add_option("--kv-events-replay", opt->publish_replay,
-                  "with --kv-events-publish: serve replays of the stream on this ZMQ endpoint");
+  opt->publish.add_options(*cmd);  // with an engine backend
   cmd->callback([opt, &exit_code] {
     auto fail = [&](const std::string& msg) {
       std::fprintf(stderr, "kvproof generate: %s\n", msg.c_str());
@@ -121,10 +118,10 @@ void add_generate_command(CLI::App& app, int& exit_code) {
     if (!model) return fail(model.status().message());
     const std::vector<int32_t> stop = opt->ignore_eos ? std::vector<int32_t>{} : model->config.eos_token_ids;
     std::unique_ptr<kv_events::Publisher> publisher;
-    if (!opt->publish.empty()) {
+    if (opt->publish.enabled()) {
       if (opt->backend.backend == "reference")
         return fail("--kv-events-publish: the reference model has no paged KV cache; choose an engine --backend");
-      auto p = kv_events::start_publishing(opt->publish, opt->publish_replay);
+      auto p = opt->publish.start();
       if (!p) return fail(p.status().message());
       publisher = std::move(*p);
     }

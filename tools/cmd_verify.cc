@@ -1,10 +1,12 @@
 #include <cstdio>
 #include <fstream>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
 #include "optimized/engine/workload.h"
 #include "tools/commands.h"
+#include "tools/kv_events_publish.h"
 #include "tools/run_inputs.h"
 #include "verify/attention_plugin_loader.h"
 #include "verify/verify.h"
@@ -19,6 +21,7 @@ void add_verify_command(CLI::App& app, int& exit_code) {
     std::string json_out, junit_out;
     std::string speculate = "off";
     std::string attention_plugin;
+    KvEventsPublishOptions publish;
     verify::VerifyOptions v;
   };
   auto opt = std::make_shared<Options>();
@@ -59,6 +62,7 @@ void add_verify_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--attention-plugin", opt->attention_plugin,
                   "the cpu backend's attention from this plug-in (a host one taking f32 KV in the kvproof layout; "
                   "docs/attention-plugin.md)");
+  opt->publish.add_options(*cmd);
   cmd->add_option("--json", opt->json_out, "write the report as JSON to this file");
   cmd->add_option("--junit", opt->junit_out, "write the report as JUnit XML to this file");
   cmd->callback([opt, &exit_code] {
@@ -96,7 +100,15 @@ void add_verify_command(CLI::App& app, int& exit_code) {
     if (v.speculation.enabled())
       std::printf("speculative decoding: %s, k = %d, against plain decoding\n", to_string(v.speculation.proposer),
                   v.speculation.k);
+    std::unique_ptr<kv_events::Publisher> publisher;
+    if (opt->publish.enabled()) {
+      auto p = opt->publish.start();
+      if (!p) return fail(p.status().message());
+      publisher = std::move(*p);
+      v.kv_events_publisher = publisher.get();
+    }
     auto report = verify::run_verify(model, workload, v);
+    if (publisher) publisher->serve_replay(1000);  // a late subscriber asks for the start
     if (!report) return fail(report.status().message());
     std::printf("%s", report->table().c_str());
     if (!opt->json_out.empty()) {

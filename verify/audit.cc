@@ -101,8 +101,7 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
   report.tenants = static_cast<int64_t>(tenants.size());
   CheckResult inv("invariants-every-step"), reads("ownership-of-every-read"), scope("backend-read-scope"),
       stale("no-stale-read (NaN scan)"), replay("event-log-replay"), logits("logits-vs-reference"),
-      greedy("greedy-tokens"), terminal("terminal-states"), evidence("isolation-evidence"),
-      kv_stream_check("kv-event-stream");
+      greedy("greedy-tokens"), terminal("terminal-states"), evidence("isolation-evidence");
 
   auto live = make_engine(model, o, {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
   if (!live) return live.status();
@@ -215,21 +214,8 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
                       (o.global_prefix_sharing ? " (global sharing)" : ", none shared");
   }
   // The stream checked by the KV-event auditor, and against the event log it came from.
-  const auto stream_audit = kv_events::audit_kv_events(kv_stream.batches(), "kvproof");
-  kv_stream_check.count = stream_audit.batches;
-  if (!stream_audit.passed()) {
-    kv_stream_check.passed = false;
-    const auto& v = stream_audit.violations.front();
-    kv_stream_check.detail =
-        v.reason + " at batch " + std::to_string(v.seq) + ", block " + v.block_hash + ": " + v.detail;
-  } else if (Status s = kv_events::check_stream_against_event_log(log.events(), kv_stream.batches()); !s) {
-    kv_stream_check.passed = false;
-    kv_stream_check.detail = "against the event log: " + s.message();
-  } else {
-    kv_stream_check.detail = std::to_string(stream_audit.mirror.stored) + " stores, " +
-                             std::to_string(stream_audit.mirror.removed) + " removals, as in the event log" +
-                             (options.kv_events_publisher != nullptr ? "; published" : "");
-  }
+  const CheckResult kv_stream_check = kv_events::check_engine_stream(
+      "kv-event-stream", log.events(), kv_stream.batches(), options.kv_events_publisher != nullptr);
   report.checks = {inv, reads, scope, stale, replay, logits, greedy, terminal, evidence, kv_stream_check};
   return report;
 }

@@ -2,6 +2,9 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
+
+#include "verify/kv_events_audit.h"
 
 namespace kvp::kv_events {
 namespace {
@@ -108,6 +111,26 @@ Status check_stream_against_event_log(const std::vector<KvEvent>& log, const std
                          (items[next].stored ? "store" : "removal") + " of " + items[next].hash +
                          " that the event log does not have");
   return Status::ok();
+}
+
+verify::CheckResult check_engine_stream(std::string name, const std::vector<KvEvent>& log,
+                                        const std::vector<EventBatch>& stream, bool published) {
+  verify::CheckResult check(std::move(name));
+  const auto stream_audit = audit_kv_events(stream, "kvproof");
+  check.count = stream_audit.batches;
+  if (!stream_audit.passed()) {
+    check.passed = false;
+    const auto& v = stream_audit.violations.front();
+    check.detail = v.reason + " at batch " + std::to_string(v.seq) + ", block " + v.block_hash + ": " + v.detail;
+  } else if (Status s = check_stream_against_event_log(log, stream); !s) {
+    check.passed = false;
+    check.detail = "against the event log: " + s.message();
+  } else {
+    check.detail = std::to_string(stream_audit.mirror.stored) + " stores, " +
+                   std::to_string(stream_audit.mirror.removed) + " removals, as in the event log" +
+                   (published ? "; published" : "");
+  }
+  return check;
 }
 
 }  // namespace kvp::kv_events

@@ -15,6 +15,7 @@
 #include "optimized/kv/kv_cache_manager.h"
 #include "verify/kv_events.h"
 #include "verify/kv_events_zmq.h"
+#include "verify/verify.h"
 
 namespace kvp::kv_events {
 
@@ -41,5 +42,11 @@ class EngineKvEvents {
 // stream's stores and removals pair one to one, in order, a drop naming the hash its block was
 // stored under, and nothing else is in the stream. The error names the first mismatch.
 Status check_stream_against_event_log(const std::vector<KvEvent>& log, const std::vector<EventBatch>& stream);
+
+// The check `audit` and `verify` report for kvproof's own stream: it passes the KV-event
+// auditor (audit_kv_events) and matches the event log it came from; the detail names the
+// first violation or mismatch, else the stores and removals seen.
+verify::CheckResult check_engine_stream(std::string name, const std::vector<KvEvent>& log,
+                                        const std::vector<EventBatch>& stream, bool published);
 
 }  // namespace kvp::kv_events

@@ -1,6 +1,7 @@
 #include "verify/verify.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include "optimized/checkers/invariants.h"
 #include "optimized/engine/engine.h"
 #include "reference/reference_model.h"
+#include "verify/kv_events_engine.h"
 #include "verify/report.h"
 
 namespace kvp::verify {
@@ -425,6 +427,20 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
     if (!live) return live.status();
     Engine& engine = *live->engine;
     install_step_checks(engine, inv);
+    // kvproof's KV-event stream, when published: from the engine's event log, a batch a step.
+    EventLog kv_log;
+    std::optional<kv_events::EngineKvEvents> kv_stream;
+    if (o.kv_events_publisher != nullptr) {
+      if (mode != o.modes.front()) {  // this mode's engine starts with an empty cache
+        kv_events::EventBatch cleared;
+        cleared.ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+        cleared.events.push_back(kv_events::AllBlocksCleared{});
+        o.kv_events_publisher->publish(std::move(cleared));
+      }
+      engine.kv_mutable().set_event_log(&kv_log);
+      kv_stream.emplace(engine.kv(), o.kv_events_publisher);
+      kv_log.set_listener([&kv_stream](const KvEvent& e) { kv_stream->on_event(e); });
+    }
     std::map<RequestId, FinishedSnapshot> finished_at;
     TimelineWitness witness;
     engine.set_plan_observer([&inv, &witness](const Engine& e, const BatchPlan& plan) {
@@ -433,9 +449,10 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
     });
     // Finished requests are snapshotted by check_finished below, after every step and before
     // run_workload issues the next step's cancels: once per step, not here as well.
-    engine.set_step_observer([&inv, &witness](const Engine& e, const BatchPlan& plan) {
+    engine.set_step_observer([&inv, &witness, &kv_stream](const Engine& e, const BatchPlan& plan) {
       Status s = check_state(e, plan, inv);
       record_timeline(e, plan, /*after_step=*/true, witness);
+      if (kv_stream) kv_stream->end_step();
       return s;
     });
     // Each request is checked against the oracle as soon as it finishes, and (without
@@ -494,6 +511,7 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       Status s = check_no_leak(engine.kv());
       if (s) {
         engine.kv_mutable().flush_prefix_cache();
+        if (kv_stream) kv_stream->end_step();  // the flush's removals, as one last batch
         s = check_all_free(engine.kv());
       }
       leak.count = engine.kv().device_allocator().num_blocks() + engine.kv().host_allocator().num_blocks();
@@ -685,6 +703,11 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
       if (c == &determinism && !o.speculation.enabled()) continue;
       if (run && c->applies && c->count == 0) report.nothing_verified.push_back(c->name);
       report.checks.push_back(*c);
+    }
+    if (kv_stream) {
+      kv_stream->end_step();
+      report.checks.push_back(kv_events::check_engine_stream("kv-event-stream[" + m + "]", kv_log.events(),
+                                                             kv_stream->batches(), /*published=*/true));
     }
     if (o.speculation.enabled()) {
       CheckResult same("speculative-vs-plain[" + m + "]");

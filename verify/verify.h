@@ -56,6 +56,10 @@
 #include "optimized/engine/workload.h"
 #include "reference/reference_model.h"
 
+namespace kvp::kv_events {
+class Publisher;
+}
+
 namespace kvp::verify {
 
 struct VerifyOptions {
@@ -96,6 +100,12 @@ struct VerifyOptions {
   // nullptr: kvproof's own kernel. Every check runs as usual: a kernel that is not batch- or
   // chunk-invariant fails the bitwise ones by name.
   const kvp_attention_plugin* attention_plugin = nullptr;
+  // Where each mode's engine publishes kvproof's KV-event stream (docs/kv-events.md), one
+  // batch per step, an AllBlocksCleared before each mode after the first (its engine starts
+  // empty); nullptr: none. With one, every mode also gets a kv-event-stream check (the
+  // stream passes the KV-event auditor and matches the engine's event log). Must outlive
+  // run_verify.
+  kv_events::Publisher* kv_events_publisher = nullptr;
 };
 
 // The logit tolerance a run uses, and where it comes from (printed with the logits check).

@@ -1,0 +1,32 @@
+// `--kv-events-publish ENDPOINT [--kv-events-replay ENDPOINT]`, as `verify`, `audit` and
+// `generate` take it: where the engine publishes kvproof's KV-event stream (docs/kv-events.md).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "common/status.h"
+#include "verify/kv_events_zmq.h"
+
+namespace kvp::tools {
+
+struct KvEventsPublishOptions {
+  std::string endpoint, replay;
+
+  void add_options(CLI::App& cmd) {
+    cmd.add_option("--kv-events-publish", endpoint,
+                   "publish the engine's KV-event stream on this ZMQ endpoint (tcp://127.0.0.1:PORT), as vLLM does "
+                   "(docs/kv-events.md)");
+    cmd.add_option("--kv-events-replay", replay,
+                   "with --kv-events-publish: serve replays of the stream on this ZMQ endpoint");
+  }
+  bool enabled() const { return !endpoint.empty(); }
+  // Binds the publisher and waits briefly for subscribers; an error names the endpoint.
+  Result<std::unique_ptr<kv_events::Publisher>> start() const {
+    return kv_events::start_publishing(endpoint, replay);
+  }
+};
+
+}  // namespace kvp::tools
