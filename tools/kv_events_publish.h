@@ -24,9 +24,7 @@ struct KvEventsPublishOptions {
   }
   bool enabled() const { return !endpoint.empty(); }
   // Binds the publisher and waits briefly for subscribers; an error names the endpoint.
-  Result<std::unique_ptr<kv_events::Publisher>> start() const {
-    return kv_events::start_publishing(endpoint, replay);
-  }
+  Result<std::unique_ptr<kv_events::Publisher>> start() const { return kv_events::start_publishing(endpoint, replay); }
 };
 
 }  // namespace kvp::tools
