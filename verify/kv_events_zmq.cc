@@ -35,7 +35,10 @@ Status replay_from(zmq::context_t& ctx, const SubscribeOptions& o, int64_t from,
   req.set(zmq::sockopt::rcvtimeo, o.replay_timeout_ms);
   req.set(zmq::sockopt::sndtimeo, o.replay_timeout_ms);
   req.connect(o.replay_endpoint);
-  std::vector<zmq::const_buffer> request = {zmq::const_buffer("", 0), zmq::buffer(encode_seq(from))};
+  // The buffers point into these strings: they must outlive the send (a temporary's did not,
+  // which ASan caught as a stack-use-after-scope).
+  const std::string from_bytes = encode_seq(from);
+  std::vector<zmq::const_buffer> request = {zmq::const_buffer("", 0), zmq::buffer(from_bytes)};
   if (!zmq::send_multipart(req, request))
     return Status::error(o.replay_endpoint + ": replay request not sent in " + std::to_string(o.replay_timeout_ms) +
                          " ms");
