@@ -60,7 +60,9 @@ std::vector<Violation> check_sequence(const std::vector<EventBatch>& batches) {
   for (std::size_t i = 1; i < ordered.size(); ++i) {
     const int64_t prev = ordered[i - 1].seq, seq = ordered[i].seq;
     if (seq != prev + 1) {
-      const int64_t lost = seq - prev - 1;
+      // In unsigned arithmetic: seq > prev, and their difference can exceed int64's range (a
+      // fuzzed stream numbered from near INT64_MIN; UBSan caught the signed overflow).
+      const uint64_t lost = static_cast<uint64_t>(seq) - static_cast<uint64_t>(prev) - 1;
       out.push_back({kSequenceGap, seq, "",
                      std::to_string(lost) + " batch" + (lost == 1 ? "" : "es") + " lost: " + std::to_string(prev + 1) +
                          (lost == 1 ? "" : ".." + std::to_string(seq - 1))});
