@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -345,13 +346,9 @@ void write_recording(const std::string& path, const std::vector<EventBatch>& bat
 
 void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
-// Writes fuzz/corpus/kv_events (the fuzzer's seeds, and the inputs of the kv_events.cli tests):
-//   KVPROOF_KV_EVENTS_CORPUS=fuzz/corpus/kv_events build/bin/kv_events_test
-//     --gtest_also_run_disabled_tests --gtest_filter='*WriteCorpus'
-TEST(KvEventCorpus, DISABLED_WriteCorpus) {
-  const char* dir_env = std::getenv("KVPROOF_KV_EVENTS_CORPUS");
-  ASSERT_NE(dir_env, nullptr);
-  const std::string dir = dir_env;
+// Writes the seeds of fuzz/corpus/kv_events (the fuzzer's, and the inputs of the kv_events.cli
+// tests) into `dir`.
+void write_corpus(const std::string& dir) {
   write_recording(dir + "/clean.kvev", clean_stream(), Encoding::kArray);
   write_recording(dir + "/clean_map.kvev", clean_stream(), Encoding::kMap);
   auto gap = clean_stream();
@@ -389,6 +386,32 @@ TEST(KvEventCorpus, DISABLED_WriteCorpus) {
                                                            "\x90\xc0")));
   write_bytes(dir + "/bad_huge_array.kvev", one_frame(raw("\x92\x01\xdd\xff\xff\xff\xff")));
   write_bytes(dir + "/payload_stored.bin", encode_event_batch(clean_stream()[1]));
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The checked-in seeds are what write_corpus writes today: a change to the encoder or to the
+// planted streams shows here. To regenerate them:
+//   KVPROOF_KV_EVENTS_CORPUS=fuzz/corpus/kv_events build/bin/kv_events_test --gtest_filter='*Corpus*'
+TEST(KvEventCorpus, CheckedInSeedsAreWhatTheCodeWrites) {
+  if (const char* regenerate = std::getenv("KVPROOF_KV_EVENTS_CORPUS")) write_corpus(regenerate);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "kvp_kv_events_corpus_test";
+  std::filesystem::create_directories(dir);
+  write_corpus(dir.string());
+  int compared = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    const std::string checked_in = std::string(KVPROOF_SOURCE_DIR) + "/fuzz/corpus/kv_events/" + name;
+    ASSERT_TRUE(std::filesystem::exists(checked_in)) << checked_in << " is missing";
+    EXPECT_EQ(read_bytes(entry.path().string()), read_bytes(checked_in))
+        << name << " differs from what the code writes";
+    ++compared;
+  }
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(compared, 11);
 }
 
 }  // namespace
