@@ -92,13 +92,10 @@ void add_audit_command(CLI::App& app, int& exit_code) {
                 opt->inputs.describe(workload).c_str(), a.engine.backend.c_str(), opt->backend.kv_dtype.c_str(),
                 a.engine.block_size, a.engine.num_blocks, a.engine.num_host_blocks,
                 a.engine.global_prefix_sharing ? "global" : "tenant-scoped", opt->preemption.c_str());
-    std::unique_ptr<kv_events::Publisher> publisher;
-    if (opt->publish.enabled()) {
-      auto p = opt->publish.start();
-      if (!p) return fail(p.status().message());
-      publisher = std::move(*p);
-      a.kv_events_publisher = publisher.get();
-    }
+    auto started = opt->publish.start();
+    if (!started) return fail(started.status().message());
+    const std::unique_ptr<kv_events::Publisher> publisher = std::move(*started);
+    a.kv_events_publisher = publisher.get();
     auto report = verify::run_audit(model, workload, a);
     if (publisher) publisher->serve_replay(1000);  // a late subscriber asks for the start
     if (!report) return fail(report.status().message());

@@ -117,14 +117,11 @@ void add_generate_command(CLI::App& app, int& exit_code) {
     auto model = opt->source.load();
     if (!model) return fail(model.status().message());
     const std::vector<int32_t> stop = opt->ignore_eos ? std::vector<int32_t>{} : model->config.eos_token_ids;
-    std::unique_ptr<kv_events::Publisher> publisher;
-    if (opt->publish.enabled()) {
-      if (opt->backend.backend == "reference")
-        return fail("--kv-events-publish: the reference model has no paged KV cache; choose an engine --backend");
-      auto p = opt->publish.start();
-      if (!p) return fail(p.status().message());
-      publisher = std::move(*p);
-    }
+    if (opt->publish.enabled() && opt->backend.backend == "reference")
+      return fail("--kv-events-publish: the reference model has no paged KV cache; choose an engine --backend");
+    auto started = opt->publish.start();
+    if (!started) return fail(started.status().message());
+    const std::unique_ptr<kv_events::Publisher> publisher = std::move(*started);
     auto out =
         opt->backend.backend == "reference"
             ? reference_generate(ReferenceModel<float>(*model), *prompt, opt->max_tokens, opt->sampling, stop)

@@ -100,13 +100,10 @@ void add_verify_command(CLI::App& app, int& exit_code) {
     if (v.speculation.enabled())
       std::printf("speculative decoding: %s, k = %d, against plain decoding\n", to_string(v.speculation.proposer),
                   v.speculation.k);
-    std::unique_ptr<kv_events::Publisher> publisher;
-    if (opt->publish.enabled()) {
-      auto p = opt->publish.start();
-      if (!p) return fail(p.status().message());
-      publisher = std::move(*p);
-      v.kv_events_publisher = publisher.get();
-    }
+    auto started = opt->publish.start();
+    if (!started) return fail(started.status().message());
+    const std::unique_ptr<kv_events::Publisher> publisher = std::move(*started);
+    v.kv_events_publisher = publisher.get();
     auto report = verify::run_verify(model, workload, v);
     if (publisher) publisher->serve_replay(1000);  // a late subscriber asks for the start
     if (!report) return fail(report.status().message());

@@ -23,8 +23,12 @@ struct KvEventsPublishOptions {
                    "with --kv-events-publish: serve replays of the stream on this ZMQ endpoint");
   }
   bool enabled() const { return !endpoint.empty(); }
-  // Binds the publisher and waits briefly for subscribers; an error names the endpoint.
-  Result<std::unique_ptr<kv_events::Publisher>> start() const { return kv_events::start_publishing(endpoint, replay); }
+  // Binds the publisher and waits briefly for subscribers (nullptr when --kv-events-publish
+  // was not given); an error names the endpoint.
+  Result<std::unique_ptr<kv_events::Publisher>> start() const {
+    if (!enabled()) return std::unique_ptr<kv_events::Publisher>();
+    return kv_events::start_publishing(endpoint, replay);
+  }
 };
 
 }  // namespace kvp::tools
