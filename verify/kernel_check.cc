@@ -16,6 +16,7 @@
 
 #include "common/dtype.h"
 #include "common/rng.h"
+#include "verify/cuda_runtime.h"
 #include "verify/report.h"
 
 namespace kvp::verify::kernel_check {
@@ -259,8 +260,78 @@ struct Output {
   std::vector<float> buffer;  // guard, out, guard
   int status = 0;
   std::string error;
+  std::vector<std::string> inputs_changed;  // a CUDA plug-in: device copies read back changed
   float* out() { return buffer.data() + kGuardFloats; }
 };
+
+// A CUDA plug-in's call: every array copied to the device, `out` with its guard zones too, and
+// all of them read back afterwards, so that guard-zones and inputs-unchanged are checked on
+// the device as on the host. The plug-in runs on a stream of its own, synchronised after run()
+// (an asynchronous fault is then this call's error).
+void call_on_device(const CudaRuntime& rt, const kvp_attention_plugin& plugin, kvp_attention_args args,
+                    const Inputs& in, Output& o) {
+  const kvp_attention_shape& shape = args.shape;
+  const auto ints = [](int64_t n) { return static_cast<std::size_t>(n) * sizeof(int32_t); };
+  struct Array {
+    const void* host;
+    std::size_t bytes;
+    const char* name;
+    void* device = nullptr;
+  };
+  const bool combined = in.v_pool.empty();
+  std::vector<Array> arrays = {
+      {args.query, static_cast<std::size_t>(o.buffer.size() - 2 * kGuardFloats) * sizeof(float), "query"},
+      {args.query_start, ints(shape.num_seqs + 1), "the batch metadata"},
+      {args.token_seq, ints(shape.num_tokens), "the batch metadata"},
+      {args.positions, ints(shape.num_tokens), "the batch metadata"},
+      {args.context_lens, ints(shape.num_seqs), "the batch metadata"},
+      {args.block_tables, ints(static_cast<int64_t>(shape.num_seqs) * shape.max_blocks_per_seq), "block_tables"},
+      {in.k_pool.data(), in.k_pool.size(), combined ? "the KV pool" : "the K pool"},
+      {in.v_pool.data(), in.v_pool.size(), "the V pool"},
+      {o.buffer.data(), o.buffer.size() * sizeof(float), "out"},
+  };
+  void* stream = nullptr;
+  auto fail = [&](const std::string& why) {
+    o.status = -1;
+    o.error = why;
+  };
+  auto run = [&]() {
+    for (Array& a : arrays) {
+      if (std::string e = rt.alloc(&a.device, a.bytes); !e.empty()) return fail("kernel-check: " + e);
+      if (std::string e = rt.to_device(a.device, a.host, a.bytes); !e.empty()) return fail("kernel-check: " + e);
+    }
+    if (std::string e = rt.stream_create(&stream); !e.empty()) return fail("kernel-check: " + e);
+    args.query = static_cast<const float*>(arrays[0].device);
+    args.query_start = static_cast<const int32_t*>(arrays[1].device);
+    args.token_seq = static_cast<const int32_t*>(arrays[2].device);
+    args.positions = static_cast<const int32_t*>(arrays[3].device);
+    args.context_lens = static_cast<const int32_t*>(arrays[4].device);
+    args.block_tables = static_cast<const int32_t*>(arrays[5].device);
+    args.k_cache = arrays[6].device;
+    args.v_cache = combined ? static_cast<const uint8_t*>(arrays[6].device) + in.v_offset_bytes : arrays[7].device;
+    args.out = static_cast<float*>(arrays[8].device) + kGuardFloats;
+    args.stream = stream;
+    char err[512] = {};
+    o.status = plugin.run(&args, err, sizeof err);
+    if (o.status != 0) o.error = err[0] != '\0' ? std::string(err, strnlen(err, sizeof err)) : "(no message)";
+    if (std::string e = rt.stream_synchronize(stream); !e.empty())
+      return fail("the kernel's stream reported an error after run() returned " + std::to_string(o.status) + ": " + e);
+    if (std::string e = rt.to_host(o.buffer.data(), arrays[8].device, arrays[8].bytes); !e.empty())
+      return fail("kernel-check: " + e);
+    std::vector<uint8_t> back;
+    for (std::size_t i = 0; i + 1 < arrays.size(); ++i) {
+      back.resize(arrays[i].bytes);
+      if (std::string e = rt.to_host(back.data(), arrays[i].device, arrays[i].bytes); !e.empty())
+        return fail("kernel-check: " + e);
+      if (arrays[i].bytes > 0 && std::memcmp(back.data(), arrays[i].host, arrays[i].bytes) != 0 &&
+          std::find(o.inputs_changed.begin(), o.inputs_changed.end(), arrays[i].name) == o.inputs_changed.end())
+        o.inputs_changed.emplace_back(arrays[i].name);
+    }
+  };
+  run();
+  rt.stream_destroy(stream);
+  for (Array& a : arrays) rt.free(a.device);
+}
 
 Output call_plugin(const kvp_attention_plugin& plugin, const Inputs& in, const kvp_attention_shape& shape,
                    const float* query, const int32_t* query_start, const int32_t* token_seq, const int32_t* positions,
@@ -282,6 +353,17 @@ Output call_plugin(const kvp_attention_plugin& plugin, const Inputs& in, const k
   args.v_cache = in.v_pool.empty() ? in.k_pool.data() + in.v_offset_bytes : in.v_pool.data();
   args.scale = in.scale;
   args.stream = nullptr;
+  if (plugin.device == KVP_DEVICE_CUDA) {
+    std::string why;
+    const CudaRuntime* rt = CudaRuntime::shared(why);
+    if (rt == nullptr) {
+      o.status = -1;
+      o.error = "kernel-check: " + why;
+    } else {
+      call_on_device(*rt, plugin, args, in, o);
+    }
+    return o;
+  }
   char err[512] = {};
   o.status = plugin.run(&args, err, sizeof err);
   if (o.status != 0) o.error = err[0] != '\0' ? std::string(err, strnlen(err, sizeof err)) : "(no message)";
@@ -532,6 +614,8 @@ CaseResult run_case(const kvp_attention_plugin& plugin, const KernelCase& c) {
   if (in.positions != pristine.positions || in.token_seq != pristine.token_seq ||
       in.query_start != pristine.query_start || in.context_lens != pristine.context_lens)
     changed.push_back("the batch metadata");
+  for (const std::string& name : first.inputs_changed)  // a CUDA plug-in's device copies
+    if (std::find(changed.begin(), changed.end(), name) == changed.end()) changed.push_back(name);
   if (!changed.empty()) {
     std::string what;
     for (const std::string& s : changed) what += (what.empty() ? "" : ", ") + s;
@@ -819,9 +903,19 @@ std::string Report::summary() const {
 Result<Report> run_kernel_check(const AttentionPlugin& plugin, const Options& options,
                                 const std::function<void(const CaseRecord&)>& on_case) {
   const kvp_attention_plugin& d = plugin.descriptor();
-  if (d.device != KVP_DEVICE_HOST)
-    return Status::error("attention plug-in " + plugin.path() +
-                         ": a CUDA plug-in; kernel-check runs host plug-ins only");
+  if (d.device == KVP_DEVICE_CUDA) {
+    // Without isolation the cases run here, so the probe may too; with it, a child probes, so
+    // that this process never initialises CUDA and its per-case children can.
+    std::string why;
+    if (!options.isolate) {
+      const CudaRuntime* rt = CudaRuntime::shared(why);
+      if (rt != nullptr) why = rt->check_device();
+    } else {
+      why = probe_device_in_child();
+    }
+    if (!why.empty())
+      return Status::error("attention plug-in " + plugin.path() + " (" + plugin.name() + ") runs on CUDA: " + why);
+  }
   if (options.shard_count < 1 || options.shard_index < 0 || options.shard_index >= options.shard_count)
     return Status::error("--shard " + std::to_string(options.shard_index) + "/" + std::to_string(options.shard_count) +
                          ": want I/N with 0 <= I < N");

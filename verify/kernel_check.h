@@ -130,7 +130,10 @@ struct Report {
 };
 
 // Runs the grid (or one case of it) on a loaded plug-in. `on_case` is called after each case.
-// Errors: a --case id outside the grid, a bad shard, a CUDA plug-in (host plug-ins only so far).
+// A CUDA plug-in (device KVP_DEVICE_CUDA) gets device copies of every array and a stream
+// (verify/cuda_runtime.h); `out`'s guard zones and the inputs are read back from the device.
+// Errors: a --case id outside the grid, a bad shard, a CUDA plug-in without a CUDA runtime or
+// device ("... runs on CUDA: no CUDA device: ...").
 Result<Report> run_kernel_check(const AttentionPlugin& plugin, const Options& options,
                                 const std::function<void(const CaseRecord&)>& on_case = {});
 
