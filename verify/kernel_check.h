@@ -1,5 +1,5 @@
 // kernel-check: kvproof's adversarial grid run on an attention plug-in
-// (include/kvproof/attention_plugin.h, docs/attention-plugin.md) against an fp64 reference.
+// (include/kvproof/attention_plugin.h, docs/plugins.md) against an fp64 reference.
 //
 // A case is one batch: a shape (heads, head_dim, block size, KV dtype and layout), its
 // sequences (context length, new tokens: a decode row or a prefill chunk that may start
