@@ -1,13 +1,10 @@
 #include "properties/kv_harness.h"
 
+#include "common/text.h"
 #include "kernels/kv_index.h"
 #include "optimized/checkers/invariants.h"
 
 namespace kvp::testing {
-namespace {
-std::string str(int64_t v) { return std::to_string(v); }
-}  // namespace
-
 KvHarness::KvHarness(const KvCacheConfig& config, CheckScope scope)
     : config_(config),
       m_(config),

@@ -23,6 +23,7 @@
 #include "optimized/engine/engine.h"
 #include "optimized/engine/speculation.h"
 #include "optimized/engine/workload.h"
+#include "tests/micro_model.h"
 #include "verify/verify.h"
 
 namespace kvp {
@@ -32,21 +33,7 @@ using V = std::vector<int32_t>;
 
 // ---------------------------------------------------------------- the engine
 
-const Model& micro_model() {
-  static const Model m = [] {
-    ModelConfig c;
-    c.vocab_size = 64;
-    c.hidden_size = 32;
-    c.intermediate_size = 64;
-    c.num_layers = 2;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 8;
-    c.max_position_embeddings = 256;
-    return make_random_model(c, 5);
-  }();
-  return m;
-}
+using ::kvp::test_models::micro_model;
 
 struct SpecSetup {
   int32_t block_size = 4;
