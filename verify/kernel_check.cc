@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -575,29 +576,14 @@ std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_lay
   return cases;
 }
 
-CaseResult run_case(const kvp_attention_plugin& plugin, const KernelCase& c) {
-  const auto start = Clock::now();
-  CaseResult r;
-  auto fail = [&r](const char* property, std::string message) { r.failures.push_back({property, std::move(message)}); };
-  Inputs in = make_inputs(c);
-  if (plugin.supports != nullptr && plugin.supports(&in.shape) == 0) {
-    r.skipped = true;
-    return r;
-  }
-  fill_pool(c, in, /*nan_poison=*/true);
-  const Inputs pristine = in;
-  const std::vector<double> ref = reference_attention(c, in);
-  const int64_t row_len = c.head_dim;
-  const int64_t n = static_cast<int64_t>(ref.size());
+namespace {
 
-  Output first = call_plugin(plugin, in);
-  if (first.status != 0) {
-    fail("run-error",
-         "supports() accepted the shape but run() returned " + std::to_string(first.status) + ": " + first.error);
-    r.seconds = seconds_since(start);
-    return r;
-  }
-  // guard-zones and inputs-unchanged
+using FailFn = std::function<void(const char*, std::string)>;
+
+// guard-zones: the floats on each side of `out` unchanged; inputs-unchanged: the host arrays
+// (and a CUDA plug-in's device copies, read back) as they were given.
+void check_guards_and_inputs(const KernelCase& c, const Inputs& in, const Inputs& pristine, Output& first, int64_t n,
+                             const FailFn& fail) {
   int64_t before = 0, after = 0;
   for (int64_t i = 0; i < kGuardFloats; ++i) {
     before += float_bits(first.buffer[static_cast<std::size_t>(i)]) != kGuardBits ? 1 : 0;
@@ -621,29 +607,35 @@ CaseResult run_case(const kvp_attention_plugin& plugin, const KernelCase& c) {
     for (const std::string& s : changed) what += (what.empty() ? "" : ", ") + s;
     fail("inputs-unchanged", "run() wrote into its inputs: " + what);
   }
+}
 
-  // no-poison-leak / finite-output: a non-finite value, and what it becomes with the poison at 0.
-  const float* out = first.out();
+// no-poison-leak / finite-output: a non-finite value, and what it becomes with the poison at 0.
+void check_non_finite(const kvp_attention_plugin& plugin, const KernelCase& c, const Inputs& in, const Inputs& pristine,
+                      const float* out, int64_t n, const FailFn& fail) {
   const int64_t non_finite = count_non_finite(out, n);
-  if (non_finite > 0) {
-    int64_t first_bad = 0;
-    while (std::isfinite(out[first_bad])) ++first_bad;
-    Inputs zero = pristine;
-    fill_pool(c, zero, /*nan_poison=*/false);
-    Output again = call_plugin(plugin, zero);
-    const int64_t still = again.status == 0 ? count_non_finite(again.out(), n) : n;
-    const std::string where = std::to_string(non_finite) + " non-finite output values, the first at " +
-                              row_name(c, in, first_bad / row_len) + " dim " + std::to_string(first_bad % row_len);
-    if (still == 0)
-      fail("no-poison-leak", where +
-                                 "; with the poisoned (unused and padding) slots 0 instead of NaN every value is "
-                                 "finite: the kernel read a slot outside the context");
-    else
-      fail("finite-output", where + " from finite inputs (still " + std::to_string(still) +
-                                " with the poison at 0): overflow, or 0/0 in the softmax");
-  }
+  if (non_finite == 0) return;
+  int64_t first_bad = 0;
+  while (std::isfinite(out[first_bad])) ++first_bad;
+  Inputs zero = pristine;
+  fill_pool(c, zero, /*nan_poison=*/false);
+  Output again = call_plugin(plugin, zero);
+  const int64_t still = again.status == 0 ? count_non_finite(again.out(), n) : n;
+  const std::string where = std::to_string(non_finite) + " non-finite output values, the first at " +
+                            row_name(c, in, first_bad / c.head_dim) + " dim " + std::to_string(first_bad % c.head_dim);
+  if (still == 0)
+    fail("no-poison-leak", where +
+                               "; with the poisoned (unused and padding) slots 0 instead of NaN every value is "
+                               "finite: the kernel read a slot outside the context");
+  else
+    fail("finite-output", where + " from finite inputs (still " + std::to_string(still) +
+                              " with the poison at 0): overflow, or 0/0 in the softmax");
+}
 
-  // accuracy, on the finite rows
+// accuracy, on the finite rows: the worst error relative to its row's largest reference value.
+void check_accuracy(const KernelCase& c, const Inputs& in, const std::vector<double>& ref, const float* out,
+                    CaseResult& r, const FailFn& fail) {
+  const int64_t row_len = c.head_dim;
+  const int64_t n = static_cast<int64_t>(ref.size());
   double worst = 0.0;
   int64_t worst_row = -1;
   double worst_got = 0.0, worst_want = 0.0;
@@ -679,37 +671,69 @@ CaseResult run_case(const kvp_attention_plugin& plugin, const KernelCase& c) {
       << ", fp64 reference " << worst_want;
     fail("accuracy", o.str());
   }
+}
 
-  // repeatability
+// batch-invariance: each sequence alone, bit for bit its rows in the batch.
+void check_batch_invariance(const kvp_attention_plugin& plugin, const KernelCase& c, const Inputs& in, const float* out,
+                            const FailFn& fail) {
+  if (c.seqs.size() < 2) return;
+  const int64_t row_len = c.head_dim;
+  for (std::size_t s = 0; s < c.seqs.size(); ++s) {
+    const int32_t t0 = in.query_start[s], t1 = in.query_start[s + 1];
+    kvp_attention_shape alone = in.shape;
+    alone.num_seqs = 1;
+    alone.num_tokens = t1 - t0;
+    alone.max_context_len = in.context_lens[s];
+    const std::vector<int32_t> qs = {0, t1 - t0};
+    const std::vector<int32_t> seq0(static_cast<std::size_t>(t1 - t0), 0);
+    const int64_t offset = static_cast<int64_t>(t0) * c.num_heads * row_len;
+    Output o = call_plugin(plugin, in, alone, in.query.data() + offset, qs.data(), seq0.data(),
+                           in.positions.data() + t0, in.context_lens.data() + s,
+                           in.block_tables.data() + s * static_cast<std::size_t>(in.shape.max_blocks_per_seq));
+    const int64_t len = static_cast<int64_t>(t1 - t0) * c.num_heads * row_len;
+    if (o.status != 0 || !same_bits(o.out(), out + offset, len)) {
+      fail("batch-invariance", o.status != 0 ? "run() failed on sequence " + std::to_string(s) + " alone: " + o.error
+                                             : "sequence " + std::to_string(s) + " (context " +
+                                                   std::to_string(in.context_lens[s]) +
+                                                   ") alone differs in its bits from the same sequence in the batch");
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+CaseResult run_case(const kvp_attention_plugin& plugin, const KernelCase& c) {
+  const auto start = Clock::now();
+  CaseResult r;
+  const FailFn fail = [&r](const char* property, std::string message) {
+    r.failures.push_back({property, std::move(message)});
+  };
+  Inputs in = make_inputs(c);
+  if (plugin.supports != nullptr && plugin.supports(&in.shape) == 0) {
+    r.skipped = true;
+    return r;
+  }
+  fill_pool(c, in, /*nan_poison=*/true);
+  const Inputs pristine = in;
+  const std::vector<double> ref = reference_attention(c, in);
+  const int64_t n = static_cast<int64_t>(ref.size());
+
+  Output first = call_plugin(plugin, in);
+  if (first.status != 0) {
+    fail("run-error",
+         "supports() accepted the shape but run() returned " + std::to_string(first.status) + ": " + first.error);
+    r.seconds = seconds_since(start);
+    return r;
+  }
+  check_guards_and_inputs(c, in, pristine, first, n, fail);
+  check_non_finite(plugin, c, in, pristine, first.out(), n, fail);
+  check_accuracy(c, in, ref, first.out(), r, fail);
   Output second = call_plugin(plugin, in);
   if (second.status != 0 || !same_bits(first.out(), second.out(), n))
     fail("repeatability", second.status != 0 ? "the second run() failed: " + second.error
                                              : "the same batch run twice gave different bits");
-
-  // batch-invariance: each sequence alone, bit for bit its rows in the batch.
-  if (c.seqs.size() > 1) {
-    for (std::size_t s = 0; s < c.seqs.size(); ++s) {
-      const int32_t t0 = in.query_start[s], t1 = in.query_start[s + 1];
-      kvp_attention_shape alone = in.shape;
-      alone.num_seqs = 1;
-      alone.num_tokens = t1 - t0;
-      alone.max_context_len = in.context_lens[s];
-      const std::vector<int32_t> qs = {0, t1 - t0};
-      const std::vector<int32_t> seq0(static_cast<std::size_t>(t1 - t0), 0);
-      const int64_t offset = static_cast<int64_t>(t0) * c.num_heads * row_len;
-      Output o = call_plugin(plugin, in, alone, in.query.data() + offset, qs.data(), seq0.data(),
-                             in.positions.data() + t0, in.context_lens.data() + s,
-                             in.block_tables.data() + s * static_cast<std::size_t>(in.shape.max_blocks_per_seq));
-      const int64_t len = static_cast<int64_t>(t1 - t0) * c.num_heads * row_len;
-      if (o.status != 0 || !same_bits(o.out(), out + offset, len)) {
-        fail("batch-invariance", o.status != 0 ? "run() failed on sequence " + std::to_string(s) + " alone: " + o.error
-                                               : "sequence " + std::to_string(s) + " (context " +
-                                                     std::to_string(in.context_lens[s]) +
-                                                     ") alone differs in its bits from the same sequence in the batch");
-        break;
-      }
-    }
-  }
+  check_batch_invariance(plugin, c, in, first.out(), fail);
   r.seconds = seconds_since(start);
   return r;
 }
