@@ -273,7 +273,7 @@ RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmal
   }
   if (s.admission == AdmissionRule::kConservative) RC_ASSERT(engine.metrics().counters.preemptions == 0);
   RC_ASSERT(check_no_leak(engine.kv()).is_ok());
-  engine.kv_mutable().flush_prefix_cache();
+  RC_ASSERT(engine.flush_prefix_cache_when_idle().is_ok());
   RC_ASSERT(check_all_free(engine.kv()).is_ok());
   RC_CLASSIFY(engine.metrics().counters.preemptions > 0, "preempted");
   RC_CLASSIFY(engine.metrics().counters.copy_on_writes > 0, "copy-on-write");

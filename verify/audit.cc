@@ -122,7 +122,7 @@ Status run_audited(const Model& model, const VerifyOptions& o, const Workload& w
     if (!a.log_file) return Status::error(options.event_log_path + ": cannot open for writing");
   }
   a.log = std::make_unique<EventLog>(options.event_log_path.empty() ? nullptr : &a.log_file);
-  engine.kv_mutable().set_event_log(a.log.get());
+  engine.set_kv_event_log(a.log.get());
   a.kv_stream.emplace(engine.kv(), options.kv_events_publisher);
   a.log->set_listener([&a](const KvEvent& e) { a.kv_stream->on_event(e); });
   engine.set_plan_observer([&a, &c, &report](const Engine& e, const BatchPlan& plan) -> Status {

@@ -461,7 +461,7 @@ Status run_mode(const Model& model, const VerifyOptions& o, const Workload& work
       cleared.events.push_back(kv_events::AllBlocksCleared{});
       o.kv_events_publisher->publish(std::move(cleared));
     }
-    engine.kv_mutable().set_event_log(&r.kv_log);
+    engine.set_kv_event_log(&r.kv_log);
     r.kv_stream.emplace(engine.kv(), o.kv_events_publisher);
     r.kv_log.set_listener([&r](const KvEvent& e) { r.kv_stream->on_event(e); });
   }
@@ -538,8 +538,8 @@ void check_leaks(ModeRun& r, CheckResult& leak) {
   if (!r.ran()) return;
   Engine& engine = r.engine();
   Status s = check_no_leak(engine.kv());
+  if (s) s = engine.flush_prefix_cache_when_idle();
   if (s) {
-    engine.kv_mutable().flush_prefix_cache();
     if (r.kv_stream) r.kv_stream->end_step();  // the flush's removals, as one last batch
     s = check_all_free(engine.kv());
   }
