@@ -121,6 +121,25 @@ TEST(Engine, GeneratesExactlyMaxTokensAndFreesEverything) {
     EXPECT_EQ(r.tokens[p + 1], (r.tokens[p] * 31 + static_cast<int64_t>(p) * 17) % kVocab) << p;
 }
 
+// The one way to flush the prefix cache from outside the scheduler refuses while a request
+// holds blocks, and changes nothing then; once every request has ended it frees every block.
+TEST(Engine, FlushWhenIdleIsRefusedWhileARequestIsUnfinished) {
+  const EngineConfig e_config = small_config(32);
+  testing::FakeBackend backend(e_config.kv.pool, kVocab);
+  Engine e(e_config, backend);
+  e.add_request(spec(10, 7));
+  ASSERT_TRUE(e.step().is_ok());
+  const int64_t free_before = e.kv().device_allocator().num_free();
+  const Status refused = e.flush_prefix_cache_when_idle();
+  EXPECT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.message().find("1 sequences are waiting, running or swapped"), std::string::npos)
+      << refused.message();
+  EXPECT_EQ(e.kv().device_allocator().num_free(), free_before);
+  ASSERT_TRUE(run_to_end(e).is_ok());
+  ASSERT_TRUE(e.flush_prefix_cache_when_idle().is_ok());
+  EXPECT_TRUE(check_all_free(e.kv()).is_ok());
+}
+
 TEST(Engine, StopTokenEndsTheRequest) {
   const EngineConfig e_config = small_config(32);
   testing::FakeBackend backend(e_config.kv.pool, kVocab);
