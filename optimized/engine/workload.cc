@@ -51,48 +51,42 @@ Result<double> number_field(const json& r, const char* key, double fallback) {
   return it->get<double>();
 }
 
-Result<WorkloadRequest> parse_request(const json& r, int64_t vocab, uint64_t seed, int64_t index) {
-  if (!r.is_object()) return Status::error("must be an object");
-  static const std::set<std::string> known = {
-      "prompt", "prompt_len", "shared_prefix", "max_tokens",  "temperature", "top_k",     "top_p", "seed",
-      "tenant", "stop_token", "arrival_step",  "cancel_step", "n",           "speculate", "k"};
-  for (auto it = r.begin(); it != r.end(); ++it)
-    if (!known.count(it.key())) return Status::error("unknown field '" + it.key() + "'");
-  WorkloadRequest w;
+// The prompt: an explicit token list or a length of seeded random tokens, after the shared
+// prefix of its group when one is named.
+Result<std::vector<int32_t>> parse_prompt(const json& r, int64_t vocab, uint64_t seed, int64_t index) {
   const bool has_prompt = r.contains("prompt"), has_len = r.contains("prompt_len");
   if (has_prompt == has_len) return Status::error("exactly one of 'prompt' and 'prompt_len' is required");
-  std::vector<int32_t> prefix;
+  std::vector<int32_t> prompt;
   if (auto sp = r.find("shared_prefix"); sp != r.end()) {
     if (!sp->is_object() || !sp->contains("group") || !(*sp)["group"].is_string())
       return Status::error("shared_prefix: must be {\"group\": string, \"len\": integer}");
     auto len = int_field(*sp, "len", -1, 1, kMaxLen);
     if (!len) return len.status().with_context("shared_prefix");
     if (*len < 1) return Status::error("shared_prefix.len: required");
-    prefix = random_tokens(*len, vocab, mix_seed(seed, name_seed((*sp)["group"].get<std::string>())));
+    prompt = random_tokens(*len, vocab, mix_seed(seed, name_seed((*sp)["group"].get<std::string>())));
   }
   if (has_prompt) {
     const json& p = r["prompt"];
     if (!p.is_array()) return Status::error("prompt: must be an array of token ids");
-    w.spec.prompt = prefix;
     for (const auto& t : p) {
       if (!t.is_number_integer()) return Status::error("prompt: token " + t.dump() + " is not an integer");
       const int64_t v = t.get<int64_t>();
       if (v < 0 || v >= vocab)
         return Status::error("prompt: token " + std::to_string(v) + " is outside the vocabulary [0, " +
                              std::to_string(vocab) + ")");
-      w.spec.prompt.push_back(static_cast<int32_t>(v));
+      prompt.push_back(static_cast<int32_t>(v));
     }
-  } else {
-    auto len = int_field(r, "prompt_len", 0, 1, kMaxLen);
-    if (!len) return len.status();
-    w.spec.prompt = prefix;
-    const int64_t extra = std::max<int64_t>(0, *len - static_cast<int64_t>(prefix.size()));
-    auto rest = random_tokens(extra, vocab, mix_seed(seed, 1000003u + static_cast<uint64_t>(index)));
-    w.spec.prompt.insert(w.spec.prompt.end(), rest.begin(), rest.end());
+    return prompt;
   }
-  auto max_tokens = int_field(r, "max_tokens", 16, 1, kMaxLen);
-  if (!max_tokens) return max_tokens.status();
-  w.spec.max_tokens = *max_tokens;
+  auto len = int_field(r, "prompt_len", 0, 1, kMaxLen);
+  if (!len) return len.status();
+  const int64_t extra = std::max<int64_t>(0, *len - static_cast<int64_t>(prompt.size()));
+  auto rest = random_tokens(extra, vocab, mix_seed(seed, 1000003u + static_cast<uint64_t>(index)));
+  prompt.insert(prompt.end(), rest.begin(), rest.end());
+  return prompt;
+}
+
+Result<SamplingParams> parse_sampling(const json& r, int64_t index) {
   auto temperature = number_field(r, "temperature", 0.0);
   if (!temperature) return temperature.status();
   auto top_p = number_field(r, "top_p", 1.0);
@@ -101,9 +95,51 @@ Result<WorkloadRequest> parse_request(const json& r, int64_t vocab, uint64_t see
   if (!top_k) return top_k.status();
   auto s = int_field(r, "seed", index, 0, INT64_MAX);
   if (!s) return s.status();
-  w.spec.sampling = SamplingParams{static_cast<float>(*temperature), static_cast<int32_t>(*top_k),
-                                   static_cast<float>(*top_p), static_cast<uint64_t>(*s)};
-  if (Status st = w.spec.sampling.validate(); !st) return st;
+  const SamplingParams sampling{static_cast<float>(*temperature), static_cast<int32_t>(*top_k),
+                                static_cast<float>(*top_p), static_cast<uint64_t>(*s)};
+  KVP_RETURN_IF_ERROR(sampling.validate());
+  return sampling;
+}
+
+// "speculate" (off, ngram, draft; ngram when only "k" is given) and "k".
+Result<SpeculationParams> parse_speculation(const json& r) {
+  SpeculationParams sp;
+  if (auto it = r.find("speculate"); it != r.end()) {
+    const std::string kind = it->is_string() ? it->get<std::string>() : "";
+    if (kind == "off")
+      sp.proposer = ProposerKind::kOff;
+    else if (kind == "ngram")
+      sp.proposer = ProposerKind::kNgram;
+    else if (kind == "draft")
+      sp.proposer = ProposerKind::kDraft;
+    else
+      return Status::error("speculate: must be \"off\", \"ngram\" or \"draft\"");
+  } else {
+    sp.proposer = ProposerKind::kNgram;
+  }
+  auto k = int_field(r, "k", 4, 0, 64);
+  if (!k) return k.status();
+  sp.k = static_cast<int32_t>(*k);
+  return sp;
+}
+
+Result<WorkloadRequest> parse_request(const json& r, int64_t vocab, uint64_t seed, int64_t index) {
+  if (!r.is_object()) return Status::error("must be an object");
+  static const std::set<std::string> known = {
+      "prompt", "prompt_len", "shared_prefix", "max_tokens",  "temperature", "top_k",     "top_p", "seed",
+      "tenant", "stop_token", "arrival_step",  "cancel_step", "n",           "speculate", "k"};
+  for (auto it = r.begin(); it != r.end(); ++it)
+    if (!known.count(it.key())) return Status::error("unknown field '" + it.key() + "'");
+  WorkloadRequest w;
+  auto prompt = parse_prompt(r, vocab, seed, index);
+  if (!prompt) return prompt.status();
+  w.spec.prompt = std::move(*prompt);
+  auto max_tokens = int_field(r, "max_tokens", 16, 1, kMaxLen);
+  if (!max_tokens) return max_tokens.status();
+  w.spec.max_tokens = *max_tokens;
+  auto sampling = parse_sampling(r, index);
+  if (!sampling) return sampling.status();
+  w.spec.sampling = *sampling;
   auto tenant = int_field(r, "tenant", 0, 0, INT32_MAX);
   if (!tenant) return tenant.status();
   w.spec.tenant = *tenant;
@@ -116,24 +152,9 @@ Result<WorkloadRequest> parse_request(const json& r, int64_t vocab, uint64_t see
   if (!n) return n.status();
   w.spec.n = static_cast<int32_t>(*n);
   if (r.contains("speculate") || r.contains("k")) {
-    SpeculationParams sp;
-    if (auto it = r.find("speculate"); it != r.end()) {
-      const std::string kind = it->is_string() ? it->get<std::string>() : "";
-      if (kind == "off")
-        sp.proposer = ProposerKind::kOff;
-      else if (kind == "ngram")
-        sp.proposer = ProposerKind::kNgram;
-      else if (kind == "draft")
-        sp.proposer = ProposerKind::kDraft;
-      else
-        return Status::error("speculate: must be \"off\", \"ngram\" or \"draft\"");
-    } else {
-      sp.proposer = ProposerKind::kNgram;
-    }
-    auto k = int_field(r, "k", 4, 0, 64);
-    if (!k) return k.status();
-    sp.k = static_cast<int32_t>(*k);
-    w.spec.speculation = sp;
+    auto sp = parse_speculation(r);
+    if (!sp) return sp.status();
+    w.spec.speculation = *sp;
   }
   auto arrival = int_field(r, "arrival_step", 0, 0, kMaxLen);
   if (!arrival) return arrival.status();
