@@ -126,6 +126,10 @@ inline bool device_available() {
   ::kvp::simt::Launch(#kernel, kernel, (grid), (block), (shmem_bytes), (stream))
 #define KVP_UNROLL
 
+// Every name below is in the inline namespaces of runtime.h (kvp_simt_emulated,
+// kvp::simt::emulated), apart from CUDA's real names in the nvcc flavour's objects.
+inline namespace kvp_simt_emulated {
+
 struct uint3 {
   unsigned x, y, z;
 };
@@ -138,7 +142,10 @@ inline thread_local dim3 blockDim;
 inline thread_local dim3 gridDim;
 inline constexpr int warpSize = 32;
 
+}  // namespace kvp_simt_emulated
+
 namespace kvp::simt {
+inline namespace emulated {
 
 namespace detail {
 
@@ -219,7 +226,10 @@ class Launch {
   cudaStream_t stream_;
 };
 
+}  // namespace emulated
 }  // namespace kvp::simt
+
+inline namespace kvp_simt_emulated {
 
 // ---- barriers, warp collectives ----
 // The trailing defaulted arguments record the call site for error messages.
@@ -362,5 +372,7 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{kvp::fl
 inline float __bfloat162float(__nv_bfloat16 h) { return kvp::bf16_to_float(h.bits); }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
 inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return __nv_bfloat16{u}; }
+
+}  // namespace kvp_simt_emulated
 
 #endif  // emulated flavour
