@@ -126,8 +126,9 @@ inline bool device_available() {
   ::kvp::simt::Launch(#kernel, kernel, (grid), (block), (shmem_bytes), (stream))
 #define KVP_UNROLL
 
-// Every name below is in the inline namespaces of runtime.h (kvp_simt_emulated,
-// kvp::simt::emulated), apart from CUDA's real names in the nvcc flavour's objects.
+// Everything below is declared in runtime.h's inline namespaces (kvp_simt_emulated,
+// kvp::simt::emulated): kernels name it as CUDA spells it, and its mangled names are not
+// those of the nvcc flavour's objects, which a program links beside these (runtime.h).
 inline namespace kvp_simt_emulated {
 
 struct uint3 {
