@@ -45,9 +45,6 @@ struct CudaBackendConfig {
 
 enum class CudaFlavour { kEmulated, kDevice };
 
-// "cuda-emu" or "cuda": the backend's name, as --backend spells it.
-const char* cuda_flavour_name(CudaFlavour flavour);
-
 // Whether the kDevice flavour can run here: ok, or "this kvproof was built without CUDA ..."
 // or "no CUDA device: ..." (no GPU, or no driver). The emulated flavour always can.
 Status cuda_device_status();

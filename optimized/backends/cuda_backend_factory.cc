@@ -17,8 +17,6 @@ Status CudaBackendConfig::validate() const {
   return Status::ok();
 }
 
-const char* cuda_flavour_name(CudaFlavour flavour) { return flavour == CudaFlavour::kDevice ? "cuda" : "cuda-emu"; }
-
 Status cuda_device_status() {
 #if defined(KVP_HAS_CUDA_DEVICE)
   return cuda_backend::dev::device_status();
