@@ -46,11 +46,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   h.manager().set_event_log(&log);
   int commands = 0;
   while (!in.empty() && commands++ < kMaxCommands) {
-    kvp::testing::Op op;
-    op.kind = in.u8();
-    op.a = in.u16();
-    op.b = in.u16();
-    op.c = in.u16();
+    const int kind = in.u8();  // one statement each: the bytes are read in this order
+    const int arg_a = in.u16();
+    const int arg_b = in.u16();
+    const int arg_c = in.u16();
+    const kvp::testing::Op op = kvp::testing::Op::drawn(kind, arg_a, arg_b, arg_c);
     const kvp::Status st = h.apply(op);
     if (!st.is_ok()) fail(st.message());
   }

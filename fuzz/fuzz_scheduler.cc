@@ -131,7 +131,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (const kvp::Status st = kvp::check_timeline(engine, checked.witness()); !st.is_ok()) fail(st.message());
   if (const kvp::Status st = kvp::check_no_leak(engine.kv()); !st.is_ok()) fail(st.message());
-  engine.kv_mutable().flush_prefix_cache();
+  if (const kvp::Status st = engine.flush_prefix_cache_when_idle(); !st.is_ok()) fail(st.message());
   if (const kvp::Status st = kvp::check_all_free(engine.kv()); !st.is_ok()) fail(st.message());
   return 0;
 }

@@ -7,7 +7,7 @@
 // over pointers and marked KVP_HOST_DEVICE so that a CUDA backend can call (or mirror) it as
 // it stands; no allocation, no std containers, scratch comes from the caller.
 //
-// Determinism (N1 in DESIGN.md) is a property of these loops, not of their callers:
+// Determinism (N1, docs/architecture.md) is a property of these loops, not of their callers:
 //   - dot() reduces in a fixed order that depends only on n: a matrix row times a vector
 //     gives the same bits however many other rows or vectors are computed beside it.
 //   - paged_attention_head() reads positions 0..position in order, through the block

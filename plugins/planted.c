@@ -19,6 +19,10 @@
  *  15  nondeterministic: every second call changes the last bit of out[0]
  *  16  declines-all: supports() accepts no shape
  * This file is C on purpose: it shows the ABI header is plain C.
+ *
+ * KVP_PLANTED_DEVICE=1 builds it declaring KVP_DEVICE_CUDA while still computing on the host:
+ * with kernel-check's CUDA runtime replaced by plugins/fake_cudart.c (host memory), that
+ * tests kernel-check's device path (copies, guard zones and pools read back) without a GPU.
  */
 #include <math.h>
 #include <signal.h>
@@ -30,6 +34,9 @@
 
 #ifndef KVP_PLANTED
 #define KVP_PLANTED 0
+#endif
+#ifndef KVP_PLANTED_DEVICE
+#define KVP_PLANTED_DEVICE 0
 #endif
 
 static float f16_to_f32(uint16_t h) {
@@ -240,7 +247,11 @@ static kvp_attention_plugin descriptor = {
     KVP_ATTENTION_PLUGIN_ABI_VERSION,
 #endif
     NULL,
+#if KVP_PLANTED_DEVICE
+    KVP_DEVICE_CUDA,
+#else
     KVP_DEVICE_HOST,
+#endif
     KVP_DTYPE_BIT(KVP_KV_F32) | KVP_DTYPE_BIT(KVP_KV_F16) | KVP_DTYPE_BIT(KVP_KV_BF16),
 #if KVP_PLANTED == 0
     KVP_LAYOUT_BIT(KVP_LAYOUT_KVPROOF) | KVP_LAYOUT_BIT(KVP_LAYOUT_FLASHINFER_NHD) |

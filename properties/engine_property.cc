@@ -19,27 +19,14 @@
 #include "optimized/engine/engine.h"
 #include "optimized/engine/workload.h"
 #include "tests/fake_backend.h"
+#include "tests/micro_model.h"
 
 namespace kvp {
 namespace {
 
 constexpr int64_t kMaxLen = 48;
 
-const Model& micro_model() {
-  static const Model m = [] {
-    ModelConfig c;
-    c.vocab_size = 64;
-    c.hidden_size = 32;
-    c.intermediate_size = 64;
-    c.num_layers = 2;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 8;
-    c.max_position_embeddings = 256;
-    return make_random_model(c, 5);
-  }();
-  return m;
-}
+using ::kvp::test_models::micro_model;
 
 struct Schedule {
   int32_t block_size, num_blocks, chunk, budget, max_seqs;
@@ -286,7 +273,7 @@ RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmal
   }
   if (s.admission == AdmissionRule::kConservative) RC_ASSERT(engine.metrics().counters.preemptions == 0);
   RC_ASSERT(check_no_leak(engine.kv()).is_ok());
-  engine.kv_mutable().flush_prefix_cache();
+  RC_ASSERT(engine.flush_prefix_cache_when_idle().is_ok());
   RC_ASSERT(check_all_free(engine.kv()).is_ok());
   RC_CLASSIFY(engine.metrics().counters.preemptions > 0, "preempted");
   RC_CLASSIFY(engine.metrics().counters.copy_on_writes > 0, "copy-on-write");

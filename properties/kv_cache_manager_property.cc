@@ -22,7 +22,7 @@ rc::Gen<std::vector<Op>> gen_ops() {
                                          rc::gen::inRange(0, 1 << 12), rc::gen::inRange(0, 1 << 12))),
                       [](const std::vector<std::tuple<int, int, int, int>>& v) {
                         std::vector<Op> ops;
-                        for (const auto& [k, a, b, c] : v) ops.push_back(Op{k, a, b, c});
+                        for (const auto& [k, a, b, c] : v) ops.push_back(Op::drawn(k, a, b, c));
                         return ops;
                       });
 }
@@ -70,15 +70,17 @@ RC_GTEST_PROP(KvCacheManagerProperty, TinyHashNeverSharesAForeignBlock, ()) {
   run(config, *gen_ops());
 }
 
-// Speculative steps (kind 10) among prefills, appends, forks, swaps and truncates: drafts
-// get slots but never become final, rollbacks release what they must, and no rejected draft
-// ever enters the prefix cache (I9, checked after every command).
+// Speculative steps (kSpeculate, four draws in eleven) among prefills, appends, forks, swaps
+// and truncates: drafts get slots but never become final, rollbacks release what they must,
+// and no rejected draft ever enters the prefix cache (I9, checked after every command).
 RC_GTEST_PROP(KvCacheManagerProperty, SpeculativeAppendAndRollbackKeepEveryInvariant, ()) {
   KvCacheConfig config = gen_config(/*tiny_pools=*/false);
   config.enable_prefix_caching = *rc::gen::element(true, true, true, false);
-  const auto ops = *rc::gen::container<std::vector<std::tuple<int, int, int, int>>>(
-      rc::gen::tuple(rc::gen::element(0, 1, 2, 3, 4, 6, 7, 10, 10, 10, 10), rc::gen::inRange(0, 1 << 12),
-                     rc::gen::inRange(0, 1 << 12), rc::gen::inRange(0, 1 << 12)));
+  const auto ops = *rc::gen::container<std::vector<std::tuple<OpKind, int, int, int>>>(
+      rc::gen::tuple(rc::gen::element(OpKind::kPrefill, OpKind::kPrefillChunk, OpKind::kAppend, OpKind::kFork,
+                                      OpKind::kTruncate, OpKind::kSwapOut, OpKind::kSwapIn, OpKind::kSpeculate,
+                                      OpKind::kSpeculate, OpKind::kSpeculate, OpKind::kSpeculate),
+                     rc::gen::inRange(0, 1 << 12), rc::gen::inRange(0, 1 << 12), rc::gen::inRange(0, 1 << 12)));
   std::vector<Op> v;
   for (const auto& [k, a, b, c] : ops) v.push_back(Op{k, a, b, c});
   run(config, v);

@@ -1,13 +1,10 @@
 #include "properties/kv_harness.h"
 
+#include "common/text.h"
 #include "kernels/kv_index.h"
 #include "optimized/checkers/invariants.h"
 
 namespace kvp::testing {
-namespace {
-std::string str(int64_t v) { return std::to_string(v); }
-}  // namespace
-
 KvHarness::KvHarness(const KvCacheConfig& config, CheckScope scope)
     : config_(config),
       m_(config),
@@ -108,141 +105,48 @@ Status KvHarness::allocate(SeqId s, int64_t n) {
   return Status::ok();
 }
 
+const char* op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::kPrefill: return "prefill";
+    case OpKind::kPrefillChunk: return "prefill-chunk";
+    case OpKind::kAppend: return "append";
+    case OpKind::kFork: return "fork";
+    case OpKind::kTruncate: return "truncate";
+    case OpKind::kFree: return "free";
+    case OpKind::kSwapOut: return "swap-out";
+    case OpKind::kSwapIn: return "swap-in";
+    case OpKind::kEvict: return "evict";
+    case OpKind::kFlush: return "flush";
+    case OpKind::kSpeculate: return "speculate";
+    case OpKind::kCount: break;
+  }
+  return "unknown";
+}
+
+Op Op::drawn(int kind, int a, int b, int c) {
+  const int n = static_cast<int>(OpKind::kCount);
+  return Op{static_cast<OpKind>(((kind % n) + n) % n), a, b, c};
+}
+
 Status KvHarness::apply(const Op& op) {
   ++commands_;
   touched_.clear();
-  const int kind = ((op.kind % kNumKinds) + kNumKinds) % kNumKinds;
   const int a = op.a < 0 ? -op.a : op.a, b = op.b < 0 ? -op.b : op.b, c = op.c < 0 ? -op.c : op.c;
-  switch (kind) {
-    case 0:
-    case 1: {  // add a sequence and prefill (all or part of) its prompt
-      const SeqId s = next_id_++;
-      const std::vector<int32_t> prompt = make_prompt(a, b, c);
-      const int64_t tenant = (a / 3) % 2;
-      KVP_RETURN_IF_ERROR(m_.add_sequence(s, tenant, prompt));
-      model_[s] = ModelSeq{tenant, prompt, 0, false};
-      touch(s);
-      const int64_t skip = m_.cached_prefix_tokens(s);
-      int64_t n = static_cast<int64_t>(prompt.size()) - skip;
-      if (kind == 1) n = n * (c % 3) / 2;  // chunked prefill: none, half or all
-      KVP_RETURN_IF_ERROR(allocate(s, n));
-      const SequenceState* st = m_.sequence(s);
-      KVP_RETURN_IF_ERROR(m_.mark_final(s, st->num_slots));
-      break;
-    }
-    case 2: {  // append k tokens (decode or speculative), final or not
-      const SeqId s = pick(a);
-      if (s < 0) break;
-      touch(s);
-      ModelSeq& ms = model_.at(s);
-      const int k = 1 + b % 3;
-      std::vector<int32_t> t;
-      for (int i = 0; i < k; ++i) t.push_back(2000 + (c + i) % 4);
-      KVP_RETURN_IF_ERROR(m_.append_tokens(s, t));
-      ms.tokens.insert(ms.tokens.end(), t.begin(), t.end());
-      if (ms.swapped) break;
-      const int64_t n = static_cast<int64_t>(ms.tokens.size()) - ms.num_slots;
-      KVP_RETURN_IF_ERROR(allocate(s, n));
-      const SequenceState* st = m_.sequence(s);
-      if (c % 2 == 0) KVP_RETURN_IF_ERROR(m_.mark_final(s, st->num_slots));
-      break;
-    }
-    case 3: {  // fork
-      const SeqId s = pick(a);
-      if (s < 0) break;
-      touch(s);
-      const SeqId child = next_id_++;
-      const Status st = m_.fork(s, child);
-      if (model_.at(s).swapped) {
-        if (st.is_ok()) return Status::error("fork of a swapped sequence succeeded");
-        break;
-      }
-      KVP_RETURN_IF_ERROR(st);
-      model_[child] = model_.at(s);
-      touch(child);
-      break;
-    }
-    case 4: {  // truncate
-      const SeqId s = pick(a);
-      if (s < 0) break;
-      touch(s);
-      ModelSeq& ms = model_.at(s);
-      const auto len = static_cast<int64_t>(ms.tokens.size());
-      const int64_t new_len = len - (b % (len + 1));
-      KVP_RETURN_IF_ERROR(m_.truncate(s, new_len));
-      ms.tokens.resize(static_cast<size_t>(new_len));
-      ms.num_slots = std::min(ms.num_slots, new_len);
-      break;
-    }
-    case 5: {  // free
-      const SeqId s = pick(a);
-      if (s < 0) break;
-      touch(s);
-      KVP_RETURN_IF_ERROR(m_.free(s));
-      model_.erase(s);
-      break;
-    }
-    case 6: {  // swap out
-      const SeqId s = pick(a);
-      if (s < 0) break;
-      touch(s);
-      const Snapshot before = snapshot();
-      const Status st = m_.swap_out(s);
-      if (!st.is_ok()) {
-        if (!(snapshot() == before)) return Status::error("failed swap_out changed the state");
-        break;
-      }
-      model_.at(s).swapped = true;
-      break;
-    }
-    case 7: {  // swap in
-      const SeqId s = pick(a);
-      if (s < 0) break;
-      touch(s);
-      const bool can = m_.can_swap_in(s);
-      std::optional<Snapshot> before;
-      if (!can) before = snapshot();
-      const Status st = m_.swap_in(s);
-      if (st.is_ok() != can) return Status::error("can_swap_in disagrees with swap_in");
-      if (!st.is_ok()) {
-        if (!(snapshot() == *before)) return Status::error("failed swap_in changed the state");
-        break;
-      }
-      model_.at(s).swapped = false;
-      break;
-    }
-    case 8:  // evict
-      m_.evict_cached(1 + a % 4);
-      break;
-    case 9:  // flush
+  switch (op.kind) {
+    case OpKind::kPrefill: KVP_RETURN_IF_ERROR(add_and_prefill(a, b, c, /*chunked=*/false)); break;
+    case OpKind::kPrefillChunk: KVP_RETURN_IF_ERROR(add_and_prefill(a, b, c, /*chunked=*/true)); break;
+    case OpKind::kAppend: KVP_RETURN_IF_ERROR(append(a, b, c)); break;
+    case OpKind::kFork: KVP_RETURN_IF_ERROR(fork(a)); break;
+    case OpKind::kTruncate: KVP_RETURN_IF_ERROR(truncate(a, b)); break;
+    case OpKind::kFree: KVP_RETURN_IF_ERROR(free_sequence(a)); break;
+    case OpKind::kSwapOut: KVP_RETURN_IF_ERROR(swap_out(a)); break;
+    case OpKind::kSwapIn: KVP_RETURN_IF_ERROR(swap_in(a)); break;
+    case OpKind::kEvict: m_.evict_cached(1 + a % 4); break;
+    case OpKind::kFlush:
       if (b % 4 == 0) m_.flush_prefix_cache();
       break;
-    case 10: {  // speculative append of k drafts, verification, rollback of the rejected ones
-      const SeqId s = pick(a);
-      if (s < 0) break;
-      touch(s);
-      ModelSeq& ms = model_.at(s);
-      if (ms.swapped || ms.num_slots == 0) break;  // speculation starts once a sequence decodes
-      const auto accepted_len = static_cast<int64_t>(ms.tokens.size());
-      const int64_t final_before = m_.sequence(s)->num_final;
-      const int k = 1 + b % 4;
-      std::vector<int32_t> drafts;
-      for (int i = 0; i < k; ++i) drafts.push_back(3000 + (c + i) % 5);
-      KVP_RETURN_IF_ERROR(m_.append_tokens(s, drafts));
-      ms.tokens.insert(ms.tokens.end(), drafts.begin(), drafts.end());
-      const int64_t slots_before = ms.num_slots;
-      KVP_RETURN_IF_ERROR(allocate(s, static_cast<int64_t>(ms.tokens.size()) - ms.num_slots));
-      const bool verified = ms.num_slots != slots_before || ms.num_slots == static_cast<int64_t>(ms.tokens.size());
-      // Drafts are never final: nothing new may have entered the prefix cache yet.
-      if (m_.sequence(s)->num_final != final_before) return Status::error("a speculative append changed num_final");
-      const int64_t keep = accepted_len + (verified ? (c >> 3) % (k + 1) : 0);
-      KVP_RETURN_IF_ERROR(m_.truncate(s, keep));
-      ms.tokens.resize(static_cast<size_t>(keep));
-      ms.num_slots = std::min(ms.num_slots, keep);
-      if (m_.sequence(s)->num_final != final_before) return Status::error("a rollback of drafts changed num_final");
-      KVP_RETURN_IF_ERROR(m_.mark_final(s, ms.num_slots));
-      break;
-    }
+    case OpKind::kSpeculate: KVP_RETURN_IF_ERROR(speculate(a, b, c)); break;
+    case OpKind::kCount: return Status::error("OpKind::kCount is not a command (use Op::drawn)");
   }
   apply_plan_ops();
   Status st = Status::ok();
@@ -255,7 +159,141 @@ Status KvHarness::apply(const Op& op) {
       if (!st.is_ok()) break;
     }
   }
-  return st.with_context("after command " + str(commands_) + " (kind " + str(kind) + ")");
+  return st.with_context("after command " + str(commands_) + " (" + op_kind_name(op.kind) + ")");
+}
+
+// Adds a sequence and prefills its prompt past the cached prefix: all of it, or (chunked)
+// none, half or all of it.
+Status KvHarness::add_and_prefill(int a, int b, int c, bool chunked) {
+  const SeqId s = next_id_++;
+  const std::vector<int32_t> prompt = make_prompt(a, b, c);
+  const int64_t tenant = (a / 3) % 2;
+  KVP_RETURN_IF_ERROR(m_.add_sequence(s, tenant, prompt));
+  model_[s] = ModelSeq{tenant, prompt, 0, false};
+  touch(s);
+  const int64_t skip = m_.cached_prefix_tokens(s);
+  int64_t n = static_cast<int64_t>(prompt.size()) - skip;
+  if (chunked) n = n * (c % 3) / 2;
+  KVP_RETURN_IF_ERROR(allocate(s, n));
+  return m_.mark_final(s, m_.sequence(s)->num_slots);
+}
+
+// Appends 1 to 3 tokens (a decode step, or a speculative one), final or not.
+Status KvHarness::append(int a, int b, int c) {
+  const SeqId s = pick(a);
+  if (s < 0) return Status::ok();
+  touch(s);
+  ModelSeq& ms = model_.at(s);
+  const int k = 1 + b % 3;
+  std::vector<int32_t> t;
+  for (int i = 0; i < k; ++i) t.push_back(2000 + (c + i) % 4);
+  KVP_RETURN_IF_ERROR(m_.append_tokens(s, t));
+  ms.tokens.insert(ms.tokens.end(), t.begin(), t.end());
+  if (ms.swapped) return Status::ok();
+  const int64_t n = static_cast<int64_t>(ms.tokens.size()) - ms.num_slots;
+  KVP_RETURN_IF_ERROR(allocate(s, n));
+  if (c % 2 == 0) KVP_RETURN_IF_ERROR(m_.mark_final(s, m_.sequence(s)->num_slots));
+  return Status::ok();
+}
+
+// Forks a sequence; a swapped one must refuse.
+Status KvHarness::fork(int a) {
+  const SeqId s = pick(a);
+  if (s < 0) return Status::ok();
+  touch(s);
+  const SeqId child = next_id_++;
+  const Status st = m_.fork(s, child);
+  if (model_.at(s).swapped) {
+    if (st.is_ok()) return Status::error("fork of a swapped sequence succeeded");
+    return Status::ok();
+  }
+  KVP_RETURN_IF_ERROR(st);
+  model_[child] = model_.at(s);
+  touch(child);
+  return Status::ok();
+}
+
+Status KvHarness::truncate(int a, int b) {
+  const SeqId s = pick(a);
+  if (s < 0) return Status::ok();
+  touch(s);
+  ModelSeq& ms = model_.at(s);
+  const auto len = static_cast<int64_t>(ms.tokens.size());
+  const int64_t new_len = len - (b % (len + 1));
+  KVP_RETURN_IF_ERROR(m_.truncate(s, new_len));
+  ms.tokens.resize(static_cast<size_t>(new_len));
+  ms.num_slots = std::min(ms.num_slots, new_len);
+  return Status::ok();
+}
+
+Status KvHarness::free_sequence(int a) {
+  const SeqId s = pick(a);
+  if (s < 0) return Status::ok();
+  touch(s);
+  KVP_RETURN_IF_ERROR(m_.free(s));
+  model_.erase(s);
+  return Status::ok();
+}
+
+// A failed swap-out must leave the whole state as it was.
+Status KvHarness::swap_out(int a) {
+  const SeqId s = pick(a);
+  if (s < 0) return Status::ok();
+  touch(s);
+  const Snapshot before = snapshot();
+  const Status st = m_.swap_out(s);
+  if (!st.is_ok()) {
+    if (!(snapshot() == before)) return Status::error("failed swap_out changed the state");
+    return Status::ok();
+  }
+  model_.at(s).swapped = true;
+  return Status::ok();
+}
+
+// swap_in succeeds exactly when can_swap_in said so, and a failure changes nothing.
+Status KvHarness::swap_in(int a) {
+  const SeqId s = pick(a);
+  if (s < 0) return Status::ok();
+  touch(s);
+  const bool can = m_.can_swap_in(s);
+  std::optional<Snapshot> before;
+  if (!can) before = snapshot();
+  const Status st = m_.swap_in(s);
+  if (st.is_ok() != can) return Status::error("can_swap_in disagrees with swap_in");
+  if (!st.is_ok()) {
+    if (!(snapshot() == *before)) return Status::error("failed swap_in changed the state");
+    return Status::ok();
+  }
+  model_.at(s).swapped = false;
+  return Status::ok();
+}
+
+// A speculative step: k drafts appended and given slots, never final; then all but the
+// accepted ones rolled back and the accepted ones marked final.
+Status KvHarness::speculate(int a, int b, int c) {
+  const SeqId s = pick(a);
+  if (s < 0) return Status::ok();
+  touch(s);
+  ModelSeq& ms = model_.at(s);
+  if (ms.swapped || ms.num_slots == 0) return Status::ok();  // speculation starts once a sequence decodes
+  const auto accepted_len = static_cast<int64_t>(ms.tokens.size());
+  const int64_t final_before = m_.sequence(s)->num_final;
+  const int k = 1 + b % 4;
+  std::vector<int32_t> drafts;
+  for (int i = 0; i < k; ++i) drafts.push_back(3000 + (c + i) % 5);
+  KVP_RETURN_IF_ERROR(m_.append_tokens(s, drafts));
+  ms.tokens.insert(ms.tokens.end(), drafts.begin(), drafts.end());
+  const int64_t slots_before = ms.num_slots;
+  KVP_RETURN_IF_ERROR(allocate(s, static_cast<int64_t>(ms.tokens.size()) - ms.num_slots));
+  const bool verified = ms.num_slots != slots_before || ms.num_slots == static_cast<int64_t>(ms.tokens.size());
+  // Drafts are never final: nothing new may have entered the prefix cache yet.
+  if (m_.sequence(s)->num_final != final_before) return Status::error("a speculative append changed num_final");
+  const int64_t keep = accepted_len + (verified ? (c >> 3) % (k + 1) : 0);
+  KVP_RETURN_IF_ERROR(m_.truncate(s, keep));
+  ms.tokens.resize(static_cast<size_t>(keep));
+  ms.num_slots = std::min(ms.num_slots, keep);
+  if (m_.sequence(s)->num_final != final_before) return Status::error("a rollback of drafts changed num_final");
+  return m_.mark_final(s, ms.num_slots);
 }
 
 Status KvHarness::check() {

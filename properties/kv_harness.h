@@ -18,7 +18,7 @@
 //       everything is checked as in kEverything. A corruption of a sequence the command did
 //       not touch (a skipped copy-on-write seen by the other holder, a refcount left
 //       behind) is found at the next full check, within the same input.
-// Command kind 10 is a speculative step: draft tokens appended and given slots (written),
+// OpKind::kSpeculate is a speculative step: draft tokens appended and given slots (written),
 // never final, then all but the accepted ones rolled back with truncate and the accepted
 // ones marked final; the prefix cache must never register a rejected draft (I9), and every
 // kept position must read back its own token.
@@ -36,11 +36,32 @@
 
 namespace kvp::testing {
 
+// What one command does (KvHarness::apply). Fuzzers and properties draw an integer and map it
+// with Op::drawn (the draw modulo kCount), so every draw names a kind and a checked-in fuzz
+// input keeps its meaning.
+enum class OpKind : uint8_t {
+  kPrefill,       // add a sequence, prefill its prompt past the cached prefix
+  kPrefillChunk,  // the same, prefilling none, half or all of it (chunked prefill)
+  kAppend,        // append 1 to 3 tokens, final or not
+  kFork,          // fork a sequence (refused when it is swapped)
+  kTruncate,      // truncate a sequence
+  kFree,          // free a sequence
+  kSwapOut,       // swap a sequence out (a failure changes nothing)
+  kSwapIn,        // swap it in (succeeds exactly when can_swap_in says so)
+  kEvict,         // evict 1 to 4 cached blocks
+  kFlush,         // flush the prefix cache (one draw in four)
+  kSpeculate,     // drafts appended, verified, the rejected ones rolled back
+  kCount          // not a command
+};
+const char* op_kind_name(OpKind kind);
+
 struct Op {
-  int kind = 0;  // see KvHarness::apply
+  OpKind kind = OpKind::kPrefill;
+  // Arguments: each used as |x| modulo what the kind needs (which sequence, how many tokens).
   int a = 0;
   int b = 0;
   int c = 0;
+  static Op drawn(int kind, int a, int b, int c);
 };
 
 enum class CheckScope { kEverything, kTouched };
@@ -59,7 +80,7 @@ class KvHarness {
   const KvCacheManager& manager() const { return m_; }
   KvCacheManager& manager() { return m_; }
   int64_t commands() const { return commands_; }
-  static constexpr int kNumKinds = 11;
+  static constexpr int kNumKinds = static_cast<int>(OpKind::kCount);
 
  private:
   struct Cell {
@@ -90,6 +111,15 @@ class KvHarness {
   std::vector<int32_t> make_prompt(int a, int b, int c) const;
   SeqId pick(int a) const;  // an existing sequence (or -1)
   Status allocate(SeqId s, int64_t n);
+  // One method per command (see OpKind); each returns an error only for a broken check.
+  Status add_and_prefill(int a, int b, int c, bool chunked);
+  Status append(int a, int b, int c);
+  Status fork(int a);
+  Status truncate(int a, int b);
+  Status free_sequence(int a);
+  Status swap_out(int a);
+  Status swap_in(int a);
+  Status speculate(int a, int b, int c);
   void apply_plan_ops();
   Status check();                   // everything
   Status check_sequence(SeqId id);  // one sequence against the model, read back through its table

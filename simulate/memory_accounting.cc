@@ -6,12 +6,11 @@
 #include <string>
 #include <unordered_map>
 
+#include "common/text.h"
 #include "simulate/simulate.h"
 
 namespace kvp::sim {
 namespace {
-
-std::string str(int64_t v) { return std::to_string(v); }
 
 std::string terms(const MemorySlots& m) {
   return "token_states " + str(m.token_states) + " + reserved " + str(m.reserved) + " + internal " + str(m.internal) +

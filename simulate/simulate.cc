@@ -233,6 +233,17 @@ class Driver {
   MemorySlots contiguous_sample();
   Status check_sample(const MemorySlots& m, double now) const;
   std::string run_name() const;
+  // The phases of run(): the pool sized from the cost model, the engine on the cost-model
+  // backend, the report's description of the run, the event loop, the results.
+  struct Pool {
+    int64_t block_size = 0, device_blocks = 0, host_blocks = 0;
+  };
+  Result<Pool> size_pool();
+  Result<EngineConfig> build_engine(const Pool& pool);
+  void describe_run(const EngineConfig& ec, const Pool& pool);
+  Status drive();
+  void summarize_requests();
+  void summarize_memory();
 
   const SimOptions& o_;
   const Traffic& t_;
@@ -529,41 +540,48 @@ Status Driver::sample(double now) {
   return Status::ok();
 }
 
-Result<SimReport> Driver::run() {
-  const auto wall0 = std::chrono::steady_clock::now();
-  max_model_len_ = o_.max_model_len > 0 ? o_.max_model_len : cost_.model.max_position_embeddings;
+// The KV pool the GPU's memory leaves after the weights: paged blocks (device and host), or
+// for the contiguous policies a slot capacity and a block pool they can never exhaust.
+Result<Driver::Pool> Driver::size_pool() {
   if (cost_.kv_pool_bytes() <= 0)
     return Status::error("model " + cost_.model.name + " (" + std::to_string(cost_.weight_bytes() / 1e9) +
                          " GB of weights) leaves no KV memory on " + cost_.gpu.name);
-  const int64_t bs = contiguous() ? 16 : o_.block_size;
+  Pool pool;
+  pool.block_size = contiguous() ? 16 : o_.block_size;
+  const int64_t bs = pool.block_size;
   const int64_t max_blocks = std::numeric_limits<int32_t>::max() / 2;
-  int64_t device_blocks = 0, host_blocks = 0;
   if (contiguous()) {
     capacity_ = static_cast<int64_t>(std::floor(cost_.kv_pool_bytes() / cost_.kv_bytes_per_token()));
     // A pool the reservations can never exhaust: they hold at most capacity_ slots.
-    device_blocks = kernels::blocks_for_tokens(std::max(capacity_, max_model_len_), bs) + o_.max_num_seqs + 1;
+    pool.device_blocks = kernels::blocks_for_tokens(std::max(capacity_, max_model_len_), bs) + o_.max_num_seqs + 1;
     alloc_ = std::make_unique<ContiguousAllocator>(capacity_);
   } else {
-    device_blocks = cost_.num_device_blocks(o_.block_size);
-    host_blocks = cost_.num_host_blocks(o_.block_size);
-    capacity_ = device_blocks * bs;
+    pool.device_blocks = cost_.num_device_blocks(o_.block_size);
+    pool.host_blocks = cost_.num_host_blocks(o_.block_size);
+    capacity_ = pool.device_blocks * bs;
   }
-  if (device_blocks > max_blocks || host_blocks > max_blocks)
+  if (pool.device_blocks > max_blocks || pool.host_blocks > max_blocks)
     return Status::error("KV pool too large for block size " + std::to_string(bs));
-  if (device_blocks <= 0) return Status::error("KV pool holds no block of " + std::to_string(bs) + " tokens");
+  if (pool.device_blocks <= 0) return Status::error("KV pool holds no block of " + std::to_string(bs) + " tokens");
+  return pool;
+}
 
+// The real engine (scheduler and KV manager unchanged) on the cost-model backend; with
+// --check, every plan and step checked.
+Result<EngineConfig> Driver::build_engine(const Pool& pool) {
   EngineConfig ec;
   ec.vocab_size = cost_.model.vocab_size;
   ec.kv.pool.num_layers = static_cast<int32_t>(cost_.model.num_layers);
   ec.kv.pool.num_kv_heads = static_cast<int32_t>(cost_.model.num_kv_heads);
   ec.kv.pool.head_dim = static_cast<int32_t>(cost_.model.head_dim);
-  ec.kv.pool.block_size = static_cast<int32_t>(bs);
-  ec.kv.pool.num_device_blocks = static_cast<int32_t>(device_blocks);
-  ec.kv.pool.num_host_blocks = static_cast<int32_t>(host_blocks);
+  ec.kv.pool.block_size = static_cast<int32_t>(pool.block_size);
+  ec.kv.pool.num_device_blocks = static_cast<int32_t>(pool.device_blocks);
+  ec.kv.pool.num_host_blocks = static_cast<int32_t>(pool.host_blocks);
   ec.kv.pool.kv_dtype = DType::kBF16;
   ec.kv.enable_prefix_caching = o_.prefix_sharing && !contiguous();
   ec.kv.watermark_blocks =
-      contiguous() ? 0 : static_cast<int32_t>(std::floor(o_.watermark_fraction * static_cast<double>(device_blocks)));
+      contiguous() ? 0
+                   : static_cast<int32_t>(std::floor(o_.watermark_fraction * static_cast<double>(pool.device_blocks)));
   ec.scheduler.max_num_batched_tokens = o_.max_num_batched_tokens;
   ec.scheduler.max_num_seqs = o_.max_num_seqs;
   ec.scheduler.max_model_len = max_model_len_;
@@ -581,7 +599,10 @@ Result<SimReport> Driver::run() {
       return check_engine_state(e);
     });
   }
+  return ec;
+}
 
+void Driver::describe_run(const EngineConfig& ec, const Pool& pool) {
   rep_.traffic = t_.name;
   rep_.model = cost_.model.name;
   rep_.gpu = cost_.gpu.name;
@@ -597,10 +618,15 @@ Result<SimReport> Driver::run() {
   rep_.kv_pool_bytes = cost_.kv_pool_bytes();
   rep_.kv_bytes_per_token = cost_.kv_bytes_per_token();
   rep_.kv_capacity_tokens = capacity_;
-  rep_.num_device_blocks = contiguous() ? 0 : device_blocks;
-  rep_.num_host_blocks = host_blocks;
+  rep_.num_device_blocks = contiguous() ? 0 : pool.device_blocks;
+  rep_.num_host_blocks = pool.host_blocks;
   rep_.requests = static_cast<int64_t>(t_.requests.size());
+}
 
+// The event loop: arrivals handed to the engine at their time (contiguous policies through
+// their reservations), a memory sample every interval, one engine step at a time until every
+// request has ended.
+Status Driver::drive() {
   const std::size_t n = t_.requests.size();
   outcomes_.assign(n, Outcome{});
   std::size_t next = 0;
@@ -641,8 +667,12 @@ Result<SimReport> Driver::run() {
     rep_.checked_steps = checked_steps_;
   }
   if (o_.progress) o_.progress(1.0);
+  return Status::ok();
+}
 
-  // Per-request results.
+// Per-request results: latencies, SLO attainment, throughput over the run's span.
+void Driver::summarize_requests() {
+  const std::size_t n = t_.requests.size();
   const EngineMetrics m = engine_->metrics();
   rep_.preemptions = m.counters.preemptions + contiguous_preemptions_;
   rep_.swaps_out = m.counters.swaps_out;
@@ -692,6 +722,10 @@ Result<SimReport> Driver::run() {
     rep_.ttft_attainment = static_cast<double>(ttft_ok) / static_cast<double>(n);
     rep_.tpot_attainment = static_cast<double>(tpot_ok) / static_cast<double>(n);
   }
+}
+
+// Where the KV memory went, over the samples: token states, reservations, fragmentation.
+void Driver::summarize_memory() {
   rep_.memory_slots = sum_memory_;
   if (sum_memory_.total() > 0) {
     const auto total = static_cast<double>(sum_memory_.total());
@@ -705,6 +739,19 @@ Result<SimReport> Driver::run() {
         static_cast<double>(sum_memory_.held()) / static_cast<double>(samples_) / static_cast<double>(capacity_);
     rep_.mean_running = sum_running_ / static_cast<double>(samples_);
   }
+}
+
+Result<SimReport> Driver::run() {
+  const auto wall0 = std::chrono::steady_clock::now();
+  max_model_len_ = o_.max_model_len > 0 ? o_.max_model_len : cost_.model.max_position_embeddings;
+  auto pool = size_pool();
+  if (!pool) return pool.status();
+  auto ec = build_engine(*pool);
+  if (!ec) return ec.status();
+  describe_run(*ec, *pool);
+  KVP_RETURN_IF_ERROR(drive());
+  summarize_requests();
+  summarize_memory();
   if (o_.check) KVP_RETURN_IF_ERROR(check_memory_shares(rep_).with_context("simulate --check: " + run_name()));
   rep_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return rep_;

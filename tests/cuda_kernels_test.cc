@@ -14,6 +14,9 @@
 // head dim 64, every KV dtype, contexts 1, block size +- 1,
 // partition size +- 1 and several partitions long; block tables drawn without replacement
 // from a pool four times larger than the sequences, every slot that is not theirs NaN.
+// Beside the grid, a RapidCheck property draws shapes (head dims 1 to 257, groups up to 400
+// query heads per KV head) and requires each to be computed as on the CPU or refused by
+// check_attention_shape.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <rapidcheck.h>
 
 #include "common/dtype.h"
 #include "kernels/cpu_attention.h"
@@ -96,21 +100,26 @@ uint32_t bits(float f) {
   return u;
 }
 
-// got == want bit for bit (emulated) or within kGpuRelTolerance of max|want| (GPU); never NaN
-// where want is a number.
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
+// "" when got == want bit for bit (emulated) or within kGpuRelTolerance of max|want| (GPU),
+// never NaN where want is a number; else what differs first.
+std::string compare_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  if (got.size() != want.size())
+    return what + ": " + std::to_string(got.size()) + " elements, want " + std::to_string(want.size());
   float scale = 0.0f;
   for (float w : want) scale = std::max(scale, std::abs(w));
   for (std::size_t i = 0; i < got.size(); ++i) {
-    if (kBitwise) {
-      ASSERT_EQ(bits(got[i]), bits(want[i])) << what << " element " << i << ": " << got[i] << " vs " << want[i];
-    } else {
-      ASSERT_FALSE(std::isnan(got[i]) && !std::isnan(want[i])) << what << " element " << i;
-      ASSERT_LE(std::abs(got[i] - want[i]), kGpuRelTolerance * scale)
-          << what << " element " << i << ": " << got[i] << " vs " << want[i];
-    }
+    const bool differs = kBitwise ? bits(got[i]) != bits(want[i])
+                                  : (std::isnan(got[i]) && !std::isnan(want[i])) ||
+                                        !(std::abs(got[i] - want[i]) <= kGpuRelTolerance * scale);
+    if (differs)
+      return what + " element " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(want[i]);
   }
+  return {};
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  const std::string e = compare_close(got, want, what);
+  ASSERT_TRUE(e.empty()) << e;
 }
 
 // ---- the per-token kernels ----
@@ -288,9 +297,15 @@ struct Seq {
 // Runs write_kv then attention on one batch of sequences over a NaN-filled pool with block
 // tables drawn without replacement; checks the pool after the write (each slot the value
 // rounded to the dtype, -1 slots and every other slot untouched NaN) and every query's output
-// against the CPU counterpart. Returns the outputs, [token][num_heads * head_dim].
-std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>& seqs, int64_t partition,
-                                      uint32_t seed) {
+// against the CPU counterpart. Returns the outputs, [token][num_heads * head_dim], or the
+// first thing that was wrong.
+struct AttentionRun {
+  std::vector<float> out;
+  std::string error;  // "" when every check held
+};
+
+AttentionRun try_attention_case(const GridCase& c, const std::vector<Seq>& seqs, int64_t partition, uint32_t seed) {
+  auto failed = [](std::string why) { return AttentionRun{{}, std::move(why)}; };
   const int64_t kv_dim = c.num_kv_heads * c.head_dim;
   const int64_t q_dim = c.num_heads * c.head_dim;
   int64_t needed = 0, max_blocks = 0;
@@ -304,7 +319,7 @@ std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>&
   DeviceArray k_pool(pool_bytes), v_pool(pool_bytes);
   // K by the poison kernel; V by an upload of the dtype's NaN (the emulator pays a fiber per
   // few elements of a kernel, and the pools are large).
-  EXPECT_EQ(fill_kv_nan(k_pool.ptr, pool_elements, c.dtype), "");
+  if (std::string e = fill_kv_nan(k_pool.ptr, pool_elements, c.dtype); !e.empty()) return failed(e);
   {
     HostPool nan_pool{c.dtype, std::vector<unsigned char>(pool_bytes)};
     for (std::size_t i = 0; i < pool_bytes; i += nan_pool.element())
@@ -336,16 +351,18 @@ std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>&
   upload(dk, k);
   upload(dv, v);
   upload(dslots, slots);
-  EXPECT_EQ(
-      write_kv(dk.as<float>(), dv.as<float>(), dslots.as<int64_t>(), total, kv_dim, c.dtype, k_pool.ptr, v_pool.ptr),
-      "");
+  if (std::string e = write_kv(dk.as<float>(), dv.as<float>(), dslots.as<int64_t>(), total, kv_dim, c.dtype, k_pool.ptr,
+                               v_pool.ptr);
+      !e.empty())
+    return failed(e);
   std::vector<int64_t> skipped(slots.size(), kk::kSkipSlot);
   upload(dslots, skipped);
   const std::vector<float> garbage = random_floats(k.size(), seed + 3, 50.0f, 60.0f);
   upload(dk, garbage);
-  EXPECT_EQ(
-      write_kv(dk.as<float>(), dk.as<float>(), dslots.as<int64_t>(), total, kv_dim, c.dtype, k_pool.ptr, v_pool.ptr),
-      "");
+  if (std::string e = write_kv(dk.as<float>(), dk.as<float>(), dslots.as<int64_t>(), total, kv_dim, c.dtype, k_pool.ptr,
+                               v_pool.ptr);
+      !e.empty())
+    return failed(e);
 
   HostPool hk{c.dtype, download<unsigned char>(k_pool, pool_bytes)};
   HostPool hv{c.dtype, download<unsigned char>(v_pool, pool_bytes)};
@@ -357,8 +374,8 @@ std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>&
       const int64_t i = slot * kv_dim + e;
       if (!hk.holds(i, k[static_cast<std::size_t>(t * kv_dim + e)]) ||
           !hv.holds(i, v[static_cast<std::size_t>(t * kv_dim + e)])) {
-        ADD_FAILURE() << "write_kv: slot " << slot << " element " << e << " does not hold its value";
-        return {};
+        return failed("write_kv: slot " + std::to_string(slot) + " element " + std::to_string(e) +
+                      " does not hold its value");
       }
     }
   }
@@ -366,8 +383,7 @@ std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>&
     if (written[static_cast<std::size_t>(slot)]) continue;
     for (int64_t e = 0; e < kv_dim; ++e)
       if (!std::isnan(hk.at(slot * kv_dim + e)) || !std::isnan(hv.at(slot * kv_dim + e))) {
-        ADD_FAILURE() << "slot " << slot << " is no sequence's but is not NaN";
-        return {};
+        return failed("slot " + std::to_string(slot) + " is no sequence's but is not NaN");
       }
   }
 
@@ -390,10 +406,11 @@ std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>&
   upload(dseq, seq_of_token);
   upload(dpos, positions);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  EXPECT_EQ(attention(dq.as<float>(), c.dtype, k_pool.ptr, v_pool.ptr, dtables.as<int32_t>(), max_blocks,
-                      dseq.as<int32_t>(), dpos.as<int32_t>(), n, c.num_heads, c.num_kv_heads, c.head_dim, c.block_size,
-                      scale, partition, parts, dws.as<float>(), dout.as<float>()),
-            "");
+  if (std::string e = attention(dq.as<float>(), c.dtype, k_pool.ptr, v_pool.ptr, dtables.as<int32_t>(), max_blocks,
+                                dseq.as<int32_t>(), dpos.as<int32_t>(), n, c.num_heads, c.num_kv_heads, c.head_dim,
+                                c.block_size, scale, partition, parts, dws.as<float>(), dout.as<float>());
+      !e.empty())
+    return failed(e);
   const std::vector<float> got = download<float>(dout, q.size());
   std::vector<float> want(q.size());
   for (int64_t t = 0; t < n; ++t) {
@@ -404,12 +421,18 @@ std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>&
   }
   for (float x : got) {
     if (std::isnan(x)) {
-      ADD_FAILURE() << "attention read a NaN slot (outside its sequence)";
-      return {};
+      return failed("attention read a NaN slot (outside its sequence)");
     }
   }
-  expect_close(got, want, "attention " + case_name(c));
-  return got;
+  if (std::string e = compare_close(got, want, "attention " + case_name(c)); !e.empty()) return failed(e);
+  return {got, ""};
+}
+
+std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>& seqs, int64_t partition,
+                                      uint32_t seed) {
+  AttentionRun r = try_attention_case(c, seqs, partition, seed);
+  if (!r.error.empty()) ADD_FAILURE() << r.error;
+  return std::move(r.out);
 }
 
 // Context lengths of the grid for a block size: 1, block size +- 1, partition +- 1, and
@@ -481,6 +504,46 @@ TEST(CUDA_KERNEL_SUITE, AttentionRefusesShapesItCannotRun) {
   EXPECT_FALSE(kv_dtype_supported(DType::kF64));
   EXPECT_NE(fill_kv_nan(nullptr, 4, DType::kF64), "");
 }
+
+// Every shape check_attention_shape accepts is computed as the CPU counterpart computes it,
+// and every other shape is refused with that check's reason before anything runs: head dims
+// from 1 to one past kMaxHeadDim (odd ones too), 1 to 3 KV heads, groups from 1 up to 400
+// query heads per KV head (more than the attention block's threads), block sizes 1 to 32,
+// partitions 4 to 48, one or two sequences of decode rows and prefill chunks, every KV dtype.
+// Not under KVP_SIMT_THREADS (an OS thread per CUDA thread: the grid above covers it there).
+#if !defined(KVP_SIMT_THREADS)
+TEST(CUDA_KERNEL_SUITE, AttentionComputesEveryShapeItsCheckAcceptsAndRefusesTheRest) {
+  REQUIRE_DEVICE();
+  const bool held = rc::check("attention over drawn shapes", [] {
+    const auto num_kv_heads = *rc::gen::inRange<int64_t>(1, 4);
+    const auto group = *rc::gen::oneOf(rc::gen::inRange<int64_t>(1, 17), rc::gen::inRange<int64_t>(100, 401));
+    const auto head_dim =
+        *rc::gen::oneOf(rc::gen::inRange<int64_t>(1, 33), rc::gen::element<int64_t>(64, 80, 96, 128, 256),
+                        rc::gen::inRange<int64_t>(1, kMaxHeadDim + 2));
+    const int64_t num_heads = group * num_kv_heads;
+    const std::string verdict = check_attention_shape(num_heads, num_kv_heads, head_dim);
+    RC_CLASSIFY(verdict.empty(), "accepted");
+    RC_CLASSIFY(verdict.empty() && group > 128, "accepted, group over 128 query heads");
+    if (!verdict.empty()) {
+      // Refused before any launch: no pointer is touched.
+      RC_ASSERT(attention(nullptr, DType::kF32, nullptr, nullptr, nullptr, 1, nullptr, nullptr, 1, num_heads,
+                          num_kv_heads, head_dim, 1, 1.0f, 1, 1, nullptr, nullptr) == verdict);
+      return;
+    }
+    const GridCase c{head_dim, *rc::gen::inRange<int64_t>(1, 33), num_heads, num_kv_heads,
+                     *rc::gen::element(DType::kF32, DType::kF16, DType::kBF16)};
+    const auto partition = *rc::gen::inRange<int64_t>(4, 49);
+    std::vector<Seq> seqs;
+    for (int64_t s = *rc::gen::inRange(1, 3); s > 0; --s) {
+      const auto context = *rc::gen::inRange<int64_t>(1, 3 * partition + 6);
+      seqs.push_back({context, *rc::gen::inRange<int64_t>(1, std::min<int64_t>(context, 3) + 1)});
+    }
+    const AttentionRun r = try_attention_case(c, seqs, partition, *rc::gen::arbitrary<uint32_t>());
+    if (!r.error.empty()) RC_FAIL(case_name(c) + ", partition " + std::to_string(partition) + ": " + r.error);
+  });
+  EXPECT_TRUE(held);
+}
+#endif
 
 #if defined(KVP_CUDA_DEVICE_FLAVOUR)
 // GPU only: a 32k context with the default partition (256 partitions), and a pool of more

@@ -11,6 +11,13 @@
 #include "tests/fake_backend.h"
 
 namespace kvp {
+
+// The engine's KV manager behind the scheduler's back: only to plant a leak.
+class EngineTestPeer {
+ public:
+  static KvCacheManager& kv(Engine& e) { return e.kv_; }
+};
+
 namespace {
 
 constexpr int64_t kVocab = 64;
@@ -58,8 +65,8 @@ TEST(Engine, ARunThatStopsMakingProgressFailsWithAnS1ViolationNamingTheStuckRequ
   // A planted leak: a sequence the scheduler does not know holds every device block.
   std::vector<int32_t> hog(32, 7);
   std::vector<int64_t> slots;
-  ASSERT_TRUE(e.kv_mutable().add_sequence(9999, 0, hog).is_ok());
-  ASSERT_TRUE(e.kv_mutable().allocate_slots(9999, 32, slots).is_ok());
+  ASSERT_TRUE(EngineTestPeer::kv(e).add_sequence(9999, 0, hog).is_ok());
+  ASSERT_TRUE(EngineTestPeer::kv(e).allocate_slots(9999, 32, slots).is_ok());
   const RequestId id = e.add_request(spec(8, 4));
   int64_t steps = 0;
   ProgressWatch watch;
@@ -112,6 +119,25 @@ TEST(Engine, GeneratesExactlyMaxTokensAndFreesEverything) {
   const Request& r = e.request(id);
   for (std::size_t p = 9; p + 1 < r.tokens.size(); ++p)
     EXPECT_EQ(r.tokens[p + 1], (r.tokens[p] * 31 + static_cast<int64_t>(p) * 17) % kVocab) << p;
+}
+
+// The one way to flush the prefix cache from outside the scheduler refuses while a request
+// holds blocks, and changes nothing then; once every request has ended it frees every block.
+TEST(Engine, FlushWhenIdleIsRefusedWhileARequestIsUnfinished) {
+  const EngineConfig e_config = small_config(32);
+  testing::FakeBackend backend(e_config.kv.pool, kVocab);
+  Engine e(e_config, backend);
+  e.add_request(spec(10, 7));
+  ASSERT_TRUE(e.step().is_ok());
+  const int64_t free_before = e.kv().device_allocator().num_free();
+  const Status refused = e.flush_prefix_cache_when_idle();
+  EXPECT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.message().find("1 sequences are waiting, running or swapped"), std::string::npos)
+      << refused.message();
+  EXPECT_EQ(e.kv().device_allocator().num_free(), free_before);
+  ASSERT_TRUE(run_to_end(e).is_ok());
+  ASSERT_TRUE(e.flush_prefix_cache_when_idle().is_ok());
+  EXPECT_TRUE(check_all_free(e.kv()).is_ok());
 }
 
 TEST(Engine, StopTokenEndsTheRequest) {

@@ -4,11 +4,13 @@
 // libraries by name.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
 
 #include "verify/attention_plugin_loader.h"
+#include "verify/cuda_runtime.h"
 #include "verify/kernel_check.h"
 
 namespace kvp::verify::kernel_check {
@@ -159,6 +161,62 @@ TEST(KernelCheck, ShardsAreDisjointAndMergeIntoTheWholeGrid) {
   auto incomplete = merge_reports(shards);
   ASSERT_FALSE(incomplete);
   EXPECT_NE(incomplete.status().message().find("shards missing: 2"), std::string::npos);
+}
+
+// kernel-check's CUDA path without a GPU: host plug-ins built declaring KVP_DEVICE_CUDA
+// (planted.c, KVP_PLANTED_DEVICE), with the CUDA runtime replaced by plugins/fake_cudart.c.
+// Every array goes through the runtime's copies, so a defect must be caught on the device
+// copies read back, not on the host arrays (which a device kernel cannot touch).
+class DevicePath : public testing::Test {
+ protected:
+  static void SetUpTestSuite() { ::setenv("KVPROOF_CUDART", KVP_FAKE_CUDART, 1); }
+};
+
+TEST_F(DevicePath, NaiveCDeclaredCudaPassesTheQuickGridInEveryLayout) {
+  const Report report = quick_grid("naive_c_as_cuda", /*third=*/true);
+  EXPECT_TRUE(report.passed()) << report.summary();
+  EXPECT_EQ(report.num_skipped(), 0);
+}
+
+TEST_F(DevicePath, WritesPastOutAreCaughtInTheDeviceCopysGuardZones) {
+  const Report report = quick_grid("write_past_out_as_cuda", /*third=*/false, /*max_failures=*/2);
+  EXPECT_GT(failed_properties(report).count("guard-zones"), 0u) << failures_text(report);
+}
+
+TEST_F(DevicePath, WritesIntoThePoolAreCaughtOnTheDeviceCopy) {
+  const Report report = quick_grid("write_pool_as_cuda", /*third=*/false, /*max_failures=*/2);
+  EXPECT_GT(failed_properties(report).count("inputs-unchanged"), 0u) << failures_text(report);
+}
+
+TEST_F(DevicePath, NoDeviceIsOneClearErrorBeforeAnyCase) {
+  auto plugin = load_or_die("naive_c_as_cuda");
+  ASSERT_TRUE(plugin);
+  for (bool isolate : {true, false}) {
+    ::setenv("KVP_FAKE_CUDART_DEVICES", "0", 1);
+    Options options;
+    options.isolate = isolate;
+    auto report = run_kernel_check(*plugin, options);
+    ::unsetenv("KVP_FAKE_CUDART_DEVICES");
+    ASSERT_FALSE(report) << "isolate " << isolate;
+    EXPECT_NE(report.status().message().find(
+                  "runs on CUDA: no CUDA device: cudaGetDeviceCount: no CUDA-capable device is detected"),
+              std::string::npos)
+        << report.status().message();
+    EXPECT_NE(report.status().message().find("naive_c_as_cuda"), std::string::npos) << report.status().message();
+  }
+}
+
+TEST_F(DevicePath, AMissingRuntimeIsNamedInTheError) {
+  // CudaRuntime::open, not shared(): this process may already hold the stand-in.
+  ::setenv("KVPROOF_CUDART", "/nonexistent/libcudart.so.12", 1);
+  auto rt = CudaRuntime::open();
+  ::setenv("KVPROOF_CUDART", KVP_FAKE_CUDART, 1);
+  ASSERT_FALSE(rt);
+  EXPECT_NE(rt.status().message().find("no CUDA runtime library (/nonexistent/libcudart.so.12"), std::string::npos)
+      << rt.status().message();
+  auto fake = CudaRuntime::open();
+  ASSERT_TRUE(fake) << fake.status().message();
+  EXPECT_EQ(fake.value()->check_device(), "");
 }
 
 TEST(AttentionPluginLoader, RefusesAMissingFileNamingIt) {

@@ -1,6 +1,7 @@
 // Each checker must report a broken state, and name where it broke. The peer reaches into
 // the manager to corrupt exactly one thing per test.
 #include "optimized/checkers/invariants.h"
+#include "tests/kv_cache_manager_test_peer.h"
 
 #include <gtest/gtest.h>
 
@@ -10,13 +11,6 @@
 #include <vector>
 
 namespace kvp {
-
-class KvCacheManagerTestPeer {
- public:
-  static BlockAllocator& device(KvCacheManager& m) { return m.device_; }
-  static PrefixCache& cache(KvCacheManager& m) { return m.cache_; }
-  static SequenceState& seq(KvCacheManager& m, SeqId s) { return m.seqs_.at(s); }
-};
 
 namespace {
 

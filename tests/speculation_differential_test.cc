@@ -23,6 +23,7 @@
 #include "optimized/engine/engine.h"
 #include "optimized/engine/speculation.h"
 #include "optimized/engine/workload.h"
+#include "tests/micro_model.h"
 #include "verify/verify.h"
 
 namespace kvp {
@@ -32,21 +33,7 @@ using V = std::vector<int32_t>;
 
 // ---------------------------------------------------------------- the engine
 
-const Model& micro_model() {
-  static const Model m = [] {
-    ModelConfig c;
-    c.vocab_size = 64;
-    c.hidden_size = 32;
-    c.intermediate_size = 64;
-    c.num_layers = 2;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 8;
-    c.max_position_embeddings = 256;
-    return make_random_model(c, 5);
-  }();
-  return m;
-}
+using ::kvp::test_models::micro_model;
 
 struct SpecSetup {
   int32_t block_size = 4;
@@ -89,7 +76,7 @@ std::unique_ptr<Run> run_engine(const Model& model, const SpecSetup& s, const Wo
   out->engine = std::make_unique<Engine>(ec, *out->backend);
   Engine& e = *out->engine;
   e.set_draft_proposer(verify::make_draft_proposer(make_draft_model(model, 1), s.max_seqs, 128, 1));
-  e.kv_mutable().set_event_log(&out->log);
+  e.set_kv_event_log(&out->log);
   Run* r = out.get();
   e.set_plan_observer([r](const Engine& eng, const BatchPlan& plan) {
     Status st = check_plan(eng, plan);
@@ -166,7 +153,7 @@ int64_t expect_same_as_plain(const Engine& spec, const Engine& plain, RequestId 
 void expect_clean_end(Run& r, const std::string& where) {
   EXPECT_TRUE(r.failure.empty()) << where << ": " << r.failure;
   EXPECT_TRUE(check_no_leak(r.engine->kv()).is_ok()) << where;
-  r.engine->kv_mutable().flush_prefix_cache();
+  EXPECT_TRUE(r.engine->flush_prefix_cache_when_idle().is_ok()) << where;
   const Status all_free = check_all_free(r.engine->kv());
   EXPECT_TRUE(all_free.is_ok()) << where << ": " << all_free.message();
   const auto* draft = dynamic_cast<const DraftModelProposer*>(r.engine->draft_proposer());

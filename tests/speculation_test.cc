@@ -10,16 +10,9 @@
 #include "optimized/checkers/invariants.h"
 #include "optimized/engine/acceptance.h"
 #include "optimized/engine/speculation.h"
+#include "tests/kv_cache_manager_test_peer.h"
 
 namespace kvp {
-
-// Tests corrupt the manager's I9 bookkeeping to prove the checker sees it.
-class KvCacheManagerTestPeer {
- public:
-  static void mark_rolled_back(KvCacheManager& m, int32_t block) {
-    m.rolled_back_generation_[static_cast<std::size_t>(block)] = m.device_allocator().generation(block);
-  }
-};
 
 namespace {
 

@@ -51,7 +51,7 @@ Result<GenerateResult> engine_generate(const Model& model, const BackendChoice& 
   EventLog log;
   kv_events::EngineKvEvents stream(live->engine->kv(), publisher);
   if (publisher != nullptr) {
-    live->engine->kv_mutable().set_event_log(&log);
+    live->engine->set_kv_event_log(&log);
     log.set_listener([&](const KvEvent& e) { stream.on_event(e); });
   }
   const RequestId id = live->engine->add_request(spec);
@@ -59,7 +59,7 @@ Result<GenerateResult> engine_generate(const Model& model, const BackendChoice& 
     KVP_RETURN_IF_ERROR(live->engine->step());
     stream.end_step();
   }
-  live->engine->kv_mutable().set_event_log(nullptr);
+  live->engine->set_kv_event_log(nullptr);
   if (publisher != nullptr) publisher->serve_replay(1000);  // a late subscriber asks for the start
   const Request& r = live->engine->request(id);
   if (r.finish == FinishReason::kRejected) return Status::error("the engine rejected the request");

@@ -20,7 +20,7 @@ void add_kernel_check_command(CLI::App& app, int& exit_code) {
   auto opt = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "kernel-check",
-      "Run kvproof's adversarial attention grid on a paged-attention plug-in (docs/attention-plugin.md) against an "
+      "Run kvproof's adversarial attention grid on a paged-attention plug-in (docs/plugins.md) against an "
       "fp64 reference; exit 1 when a case fails");
   cmd->add_option("--plugin", opt->plugin, "the plug-in: a shared library exporting kvp_attention_plugin_v1");
   cmd->add_option("--grid", opt->grid, "quick (seconds, CI) or full (every block size and dtype, contexts past 32k)")

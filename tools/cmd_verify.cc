@@ -61,7 +61,7 @@ void add_verify_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(1, 1 << 10));
   cmd->add_option("--attention-plugin", opt->attention_plugin,
                   "the cpu backend's attention from this plug-in (a host one taking f32 KV in the kvproof layout; "
-                  "docs/attention-plugin.md)");
+                  "docs/plugins.md)");
   opt->publish.add_options(*cmd);
   cmd->add_option("--json", opt->json_out, "write the report as JSON to this file");
   cmd->add_option("--junit", opt->junit_out, "write the report as JUnit XML to this file");

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -85,100 +87,111 @@ bool AuditReport::passed() const {
   return true;
 }
 
-Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, const AuditOptions& options) {
-  VerifyOptions o = options.engine;
-  o.poison_on_free = true;
-  o.audit_reads = true;
+namespace {
+
+// The audited run and what the checks read afterwards. Held by pointer: the engine's
+// observers and the event log's listener point into it.
+struct AuditRun {
+  LiveEngine live;
+  std::ofstream log_file;
+  std::unique_ptr<EventLog> log;
+  std::optional<kv_events::EngineKvEvents> kv_stream;  // kvproof's KV-event stream, one batch a step
+  Result<WorkloadRun> run = Status::error("not run");
+  std::set<int32_t> seen;  // every block a plan read
+  Engine& engine() const { return *live.engine; }
+};
+
+struct AuditChecks {
+  CheckResult inv{"invariants-every-step"}, reads{"ownership-of-every-read"}, scope{"backend-read-scope"},
+      stale{"no-stale-read (NaN scan)"}, replay{"event-log-replay"}, logits{"logits-vs-reference"},
+      greedy{"greedy-tokens"}, terminal{"terminal-states"}, evidence{"isolation-evidence"};
+};
+
+// Runs the workload with every plan's reads checked against ownership (I4 and the rest of
+// check_plan), every step's state checked, the event log kept (and written when asked) and
+// the KV-event stream published when asked. Errors: the engine or the log file.
+Status run_audited(const Model& model, const VerifyOptions& o, const Workload& workload, const AuditOptions& options,
+                   AuditRun& a, AuditChecks& c, AuditReport& report) {
   const PreemptionMode mode = o.modes.empty() ? PreemptionMode::kRecompute : o.modes.front();
-  Workload workload = workload_in;
-  std::set<int64_t> tenants;
-  for (WorkloadRequest& r : workload.requests) {
-    r.spec.capture_logits = true;
-    tenants.insert(r.spec.tenant);
-  }
-
-  AuditReport report;
-  report.tenants = static_cast<int64_t>(tenants.size());
-  CheckResult inv("invariants-every-step"), reads("ownership-of-every-read"), scope("backend-read-scope"),
-      stale("no-stale-read (NaN scan)"), replay("event-log-replay"), logits("logits-vs-reference"),
-      greedy("greedy-tokens"), terminal("terminal-states"), evidence("isolation-evidence");
-
   auto live = make_engine(model, o, {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
   if (!live) return live.status();
-  Engine& engine = *live->engine;
-  std::ofstream log_file;
+  a.live = std::move(*live);
+  Engine& engine = a.engine();
   if (!options.event_log_path.empty()) {
-    log_file.open(options.event_log_path, std::ios::trunc);
-    if (!log_file) return Status::error(options.event_log_path + ": cannot open for writing");
+    a.log_file.open(options.event_log_path, std::ios::trunc);
+    if (!a.log_file) return Status::error(options.event_log_path + ": cannot open for writing");
   }
-  EventLog log(options.event_log_path.empty() ? nullptr : &log_file);
-  engine.kv_mutable().set_event_log(&log);
-  // kvproof's KV-event stream, one batch per step, published when asked.
-  kv_events::EngineKvEvents kv_stream(engine.kv(), options.kv_events_publisher);
-  log.set_listener([&](const KvEvent& e) { kv_stream.on_event(e); });
-  std::set<int32_t> seen;
-  engine.set_plan_observer([&](const Engine& e, const BatchPlan& plan) -> Status {
+  a.log = std::make_unique<EventLog>(options.event_log_path.empty() ? nullptr : &a.log_file);
+  engine.set_kv_event_log(a.log.get());
+  a.kv_stream.emplace(engine.kv(), options.kv_events_publisher);
+  a.log->set_listener([&a](const KvEvent& e) { a.kv_stream->on_event(e); });
+  engine.set_plan_observer([&a, &c, &report](const Engine& e, const BatchPlan& plan) -> Status {
     ++report.plans;
-    ++reads.count;
+    ++c.reads.count;
     PlanReadStats stats;
     if (Status s = kvp::check_plan(e, plan, &stats); !s) {
-      CheckResult& blamed = s.message().find("I4:") != std::string::npos ? reads : inv;
+      CheckResult& blamed = s.message().find("I4:") != std::string::npos ? c.reads : c.inv;
       blamed.passed = false;
       blamed.detail = s.message();
       return s;
     }
     report.block_reads += stats.block_reads;
     report.kv_reads += stats.kv_position_reads;
-    seen.insert(stats.blocks.begin(), stats.blocks.end());
+    a.seen.insert(stats.blocks.begin(), stats.blocks.end());
     return Status::ok();
   });
-  engine.set_step_observer([&](const Engine& e, const BatchPlan& plan) {
-    Status s = check_state(e, plan, inv);
-    kv_stream.end_step();
+  engine.set_step_observer([&a, &c](const Engine& e, const BatchPlan& plan) {
+    Status s = check_state(e, plan, c.inv);
+    a.kv_stream->end_step();
     return s;
   });
-
   ProgressWatch progress;
-  auto run = run_workload(engine, workload, o.max_steps, [&](Engine& e) { return check_progress(e, progress); });
-  kv_stream.end_step();
-  log.set_listener(nullptr);
-  scope.count = live->backend->audited_block_reads();
-  if (!run && inv.passed && reads.passed) {
-    CheckResult& blamed = run.status().message().find("audit:") != std::string::npos ? scope : inv;
+  a.run = run_workload(engine, workload, o.max_steps, [&](Engine& e) { return check_progress(e, progress); });
+  a.kv_stream->end_step();
+  a.log->set_listener(nullptr);
+  c.scope.count = a.live.backend->audited_block_reads();
+  if (!a.run && c.inv.passed && c.reads.passed) {
+    CheckResult& blamed = a.run.status().message().find("audit:") != std::string::npos ? c.scope : c.inv;
     blamed.passed = false;
-    blamed.detail = "engine run failed: " + run.status().message();
+    blamed.detail = "engine run failed: " + a.run.status().message();
   }
-  report.blocks_checked = static_cast<int64_t>(seen.size());
+  report.blocks_checked = static_cast<int64_t>(a.seen.size());
   const EngineMetrics metrics = engine.metrics();
   report.prefix_hit_tokens = metrics.counters.prefix_hit_tokens;
   report.poisoned_blocks = metrics.counters.poisoned_blocks;
+  return Status::ok();
+}
 
+// Every request ended; no logit is NaN (a read of a poisoned, freed block: I7); logits and
+// greedy tokens against the oracle.
+void check_outputs(const Model& model, const VerifyOptions& o, const AuditRun& a, AuditChecks& c, AuditReport& report) {
+  if (!a.run) return;
   const ReferenceModel<double> oracle(model);
-  for (const auto& [i, owned] : engine.requests()) {
-    if (!run) break;
+  for (const auto& [i, owned] : a.engine().requests()) {
     const Request& r = *owned;
-    ++terminal.count;
-    if (!r.finished() && terminal.passed) {
-      terminal.passed = false;
-      terminal.detail = "request " + std::to_string(i) + " did not end";
+    ++c.terminal.count;
+    if (!r.finished() && c.terminal.passed) {
+      c.terminal.passed = false;
+      c.terminal.detail = "request " + std::to_string(i) + " did not end";
     }
     for (std::size_t p = 0; p < r.logits.size(); ++p) {
       for (float v : r.logits[p]) {
         ++report.logits_scanned;
-        if (std::isnan(v) && stale.passed) {
-          stale.passed = false;
-          stale.detail = "request " + std::to_string(i) + " (tenant " + std::to_string(r.spec.tenant) + ") position " +
-                         std::to_string(p) + ": NaN logit, a read of a poisoned (freed) block";
+        if (std::isnan(v) && c.stale.passed) {
+          c.stale.passed = false;
+          c.stale.detail = "request " + std::to_string(i) + " (tenant " + std::to_string(r.spec.tenant) +
+                           ") position " + std::to_string(p) + ": NaN logit, a read of a poisoned (freed) block";
         }
       }
     }
     if (r.finish != FinishReason::kRejected)
-      check_against_reference(oracle, r, tolerance_for(o).value, logits, greedy, "request " + std::to_string(i));
+      check_against_reference(oracle, r, tolerance_for(o).value, c.logits, c.greedy, "request " + std::to_string(i));
   }
-  stale.count = report.logits_scanned;
+}
 
-  // Block reuse: allocations of a block that held state before.
-  std::map<int64_t, int64_t> allocs;
+// The event log replayed by the independent replayer; block reuse counted from it.
+void check_event_log(const EventLog& log, const AuditOptions& options, CheckResult& replay, AuditReport& report) {
+  std::map<int64_t, int64_t> allocs;  // allocations of a block that held state before
   for (const std::string& line : log.lines()) {
     auto j = nlohmann::json::parse(line, nullptr, false);
     if (!j.is_discarded() && j.value("ev", "") == "alloc" && j.contains("block") &&
@@ -194,8 +207,13 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
   } else {
     replay.detail = options.event_log_path.empty() ? "in memory" : "written to " + options.event_log_path;
   }
-  // Both halves: reuse within a tenant, and identical prefixes across tenants kept apart.
-  if (run) collect_isolation_evidence(log, engine, o.block_size, report);
+}
+
+// Both halves of cache isolation: reuse within a tenant, and identical prefixes across
+// tenants kept apart; vacuous, and failing unless allowed, when either is missing.
+void check_isolation_evidence(const AuditRun& a, const VerifyOptions& o, const AuditOptions& options,
+                              CheckResult& evidence, AuditReport& report) {
+  if (a.run) collect_isolation_evidence(*a.log, a.engine(), o.block_size, report);
   int64_t within = 0, identical_across = 0;
   for (const auto& [t, n] : report.reuses_within_tenant) within += n;
   for (const auto& [pair, e] : report.tenant_pairs) identical_across += e.identical_prefix_requests;
@@ -213,10 +231,34 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
                       std::to_string(identical_across) + " cross-tenant request pairs with identical prefixes" +
                       (o.global_prefix_sharing ? " (global sharing)" : ", none shared");
   }
+}
+
+}  // namespace
+
+Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, const AuditOptions& options) {
+  VerifyOptions o = options.engine;
+  o.poison_on_free = true;
+  o.audit_reads = true;
+  Workload workload = workload_in;
+  std::set<int64_t> tenants;
+  for (WorkloadRequest& r : workload.requests) {
+    r.spec.capture_logits = true;
+    tenants.insert(r.spec.tenant);
+  }
+  AuditReport report;
+  report.tenants = static_cast<int64_t>(tenants.size());
+  AuditChecks c;
+  auto a = std::make_unique<AuditRun>();
+  KVP_RETURN_IF_ERROR(run_audited(model, o, workload, options, *a, c, report));
+  check_outputs(model, o, *a, c, report);
+  c.stale.count = report.logits_scanned;
+  check_event_log(*a->log, options, c.replay, report);
+  check_isolation_evidence(*a, o, options, c.evidence, report);
   // The stream checked by the KV-event auditor, and against the event log it came from.
   const CheckResult kv_stream_check = kv_events::check_engine_stream(
-      "kv-event-stream", log.events(), kv_stream.batches(), options.kv_events_publisher != nullptr);
-  report.checks = {inv, reads, scope, stale, replay, logits, greedy, terminal, evidence, kv_stream_check};
+      "kv-event-stream", a->log->events(), a->kv_stream->batches(), options.kv_events_publisher != nullptr);
+  report.checks = {c.inv,    c.reads,  c.scope,    c.stale,    c.replay,
+                   c.logits, c.greedy, c.terminal, c.evidence, kv_stream_check};
   return report;
 }
 

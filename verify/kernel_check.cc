@@ -10,12 +10,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
 
 #include "common/dtype.h"
 #include "common/rng.h"
+#include "verify/cuda_runtime.h"
 #include "verify/report.h"
 
 namespace kvp::verify::kernel_check {
@@ -259,8 +261,78 @@ struct Output {
   std::vector<float> buffer;  // guard, out, guard
   int status = 0;
   std::string error;
+  std::vector<std::string> inputs_changed;  // a CUDA plug-in: device copies read back changed
   float* out() { return buffer.data() + kGuardFloats; }
 };
+
+// A CUDA plug-in's call: every array copied to the device, `out` with its guard zones too, and
+// all of them read back afterwards, so that guard-zones and inputs-unchanged are checked on
+// the device as on the host. The plug-in runs on a stream of its own, synchronised after run()
+// (an asynchronous fault is then this call's error).
+void call_on_device(const CudaRuntime& rt, const kvp_attention_plugin& plugin, kvp_attention_args args,
+                    const Inputs& in, Output& o) {
+  const kvp_attention_shape& shape = args.shape;
+  const auto ints = [](int64_t n) { return static_cast<std::size_t>(n) * sizeof(int32_t); };
+  struct Array {
+    const void* host;
+    std::size_t bytes;
+    const char* name;
+    void* device = nullptr;
+  };
+  const bool combined = in.v_pool.empty();
+  std::vector<Array> arrays = {
+      {args.query, static_cast<std::size_t>(o.buffer.size() - 2 * kGuardFloats) * sizeof(float), "query"},
+      {args.query_start, ints(shape.num_seqs + 1), "the batch metadata"},
+      {args.token_seq, ints(shape.num_tokens), "the batch metadata"},
+      {args.positions, ints(shape.num_tokens), "the batch metadata"},
+      {args.context_lens, ints(shape.num_seqs), "the batch metadata"},
+      {args.block_tables, ints(static_cast<int64_t>(shape.num_seqs) * shape.max_blocks_per_seq), "block_tables"},
+      {in.k_pool.data(), in.k_pool.size(), combined ? "the KV pool" : "the K pool"},
+      {in.v_pool.data(), in.v_pool.size(), "the V pool"},
+      {o.buffer.data(), o.buffer.size() * sizeof(float), "out"},
+  };
+  void* stream = nullptr;
+  auto fail = [&](const std::string& why) {
+    o.status = -1;
+    o.error = why;
+  };
+  auto run = [&]() {
+    for (Array& a : arrays) {
+      if (std::string e = rt.alloc(&a.device, a.bytes); !e.empty()) return fail("kernel-check: " + e);
+      if (std::string e = rt.to_device(a.device, a.host, a.bytes); !e.empty()) return fail("kernel-check: " + e);
+    }
+    if (std::string e = rt.stream_create(&stream); !e.empty()) return fail("kernel-check: " + e);
+    args.query = static_cast<const float*>(arrays[0].device);
+    args.query_start = static_cast<const int32_t*>(arrays[1].device);
+    args.token_seq = static_cast<const int32_t*>(arrays[2].device);
+    args.positions = static_cast<const int32_t*>(arrays[3].device);
+    args.context_lens = static_cast<const int32_t*>(arrays[4].device);
+    args.block_tables = static_cast<const int32_t*>(arrays[5].device);
+    args.k_cache = arrays[6].device;
+    args.v_cache = combined ? static_cast<const uint8_t*>(arrays[6].device) + in.v_offset_bytes : arrays[7].device;
+    args.out = static_cast<float*>(arrays[8].device) + kGuardFloats;
+    args.stream = stream;
+    char err[512] = {};
+    o.status = plugin.run(&args, err, sizeof err);
+    if (o.status != 0) o.error = err[0] != '\0' ? std::string(err, strnlen(err, sizeof err)) : "(no message)";
+    if (std::string e = rt.stream_synchronize(stream); !e.empty())
+      return fail("the kernel's stream reported an error after run() returned " + std::to_string(o.status) + ": " + e);
+    if (std::string e = rt.to_host(o.buffer.data(), arrays[8].device, arrays[8].bytes); !e.empty())
+      return fail("kernel-check: " + e);
+    std::vector<uint8_t> back;
+    for (std::size_t i = 0; i + 1 < arrays.size(); ++i) {
+      back.resize(arrays[i].bytes);
+      if (std::string e = rt.to_host(back.data(), arrays[i].device, arrays[i].bytes); !e.empty())
+        return fail("kernel-check: " + e);
+      if (arrays[i].bytes > 0 && std::memcmp(back.data(), arrays[i].host, arrays[i].bytes) != 0 &&
+          std::find(o.inputs_changed.begin(), o.inputs_changed.end(), arrays[i].name) == o.inputs_changed.end())
+        o.inputs_changed.emplace_back(arrays[i].name);
+    }
+  };
+  run();
+  rt.stream_destroy(stream);
+  for (Array& a : arrays) rt.free(a.device);
+}
 
 Output call_plugin(const kvp_attention_plugin& plugin, const Inputs& in, const kvp_attention_shape& shape,
                    const float* query, const int32_t* query_start, const int32_t* token_seq, const int32_t* positions,
@@ -282,6 +354,17 @@ Output call_plugin(const kvp_attention_plugin& plugin, const Inputs& in, const k
   args.v_cache = in.v_pool.empty() ? in.k_pool.data() + in.v_offset_bytes : in.v_pool.data();
   args.scale = in.scale;
   args.stream = nullptr;
+  if (plugin.device == KVP_DEVICE_CUDA) {
+    std::string why;
+    const CudaRuntime* rt = CudaRuntime::shared(why);
+    if (rt == nullptr) {
+      o.status = -1;
+      o.error = "kernel-check: " + why;
+    } else {
+      call_on_device(*rt, plugin, args, in, o);
+    }
+    return o;
+  }
   char err[512] = {};
   o.status = plugin.run(&args, err, sizeof err);
   if (o.status != 0) o.error = err[0] != '\0' ? std::string(err, strnlen(err, sizeof err)) : "(no message)";
@@ -493,29 +576,14 @@ std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_lay
   return cases;
 }
 
-CaseResult run_case(const kvp_attention_plugin& plugin, const KernelCase& c) {
-  const auto start = Clock::now();
-  CaseResult r;
-  auto fail = [&r](const char* property, std::string message) { r.failures.push_back({property, std::move(message)}); };
-  Inputs in = make_inputs(c);
-  if (plugin.supports != nullptr && plugin.supports(&in.shape) == 0) {
-    r.skipped = true;
-    return r;
-  }
-  fill_pool(c, in, /*nan_poison=*/true);
-  const Inputs pristine = in;
-  const std::vector<double> ref = reference_attention(c, in);
-  const int64_t row_len = c.head_dim;
-  const int64_t n = static_cast<int64_t>(ref.size());
+namespace {
 
-  Output first = call_plugin(plugin, in);
-  if (first.status != 0) {
-    fail("run-error",
-         "supports() accepted the shape but run() returned " + std::to_string(first.status) + ": " + first.error);
-    r.seconds = seconds_since(start);
-    return r;
-  }
-  // guard-zones and inputs-unchanged
+using FailFn = std::function<void(const char*, std::string)>;
+
+// guard-zones: the floats on each side of `out` unchanged; inputs-unchanged: the host arrays
+// (and a CUDA plug-in's device copies, read back) as they were given.
+void check_guards_and_inputs(const KernelCase& c, const Inputs& in, const Inputs& pristine, Output& first, int64_t n,
+                             const FailFn& fail) {
   int64_t before = 0, after = 0;
   for (int64_t i = 0; i < kGuardFloats; ++i) {
     before += float_bits(first.buffer[static_cast<std::size_t>(i)]) != kGuardBits ? 1 : 0;
@@ -532,34 +600,42 @@ CaseResult run_case(const kvp_attention_plugin& plugin, const KernelCase& c) {
   if (in.positions != pristine.positions || in.token_seq != pristine.token_seq ||
       in.query_start != pristine.query_start || in.context_lens != pristine.context_lens)
     changed.push_back("the batch metadata");
+  for (const std::string& name : first.inputs_changed)  // a CUDA plug-in's device copies
+    if (std::find(changed.begin(), changed.end(), name) == changed.end()) changed.push_back(name);
   if (!changed.empty()) {
     std::string what;
     for (const std::string& s : changed) what += (what.empty() ? "" : ", ") + s;
     fail("inputs-unchanged", "run() wrote into its inputs: " + what);
   }
+}
 
-  // no-poison-leak / finite-output: a non-finite value, and what it becomes with the poison at 0.
-  const float* out = first.out();
+// no-poison-leak / finite-output: a non-finite value, and what it becomes with the poison at 0.
+void check_non_finite(const kvp_attention_plugin& plugin, const KernelCase& c, const Inputs& in, const Inputs& pristine,
+                      const float* out, int64_t n, const FailFn& fail) {
   const int64_t non_finite = count_non_finite(out, n);
-  if (non_finite > 0) {
-    int64_t first_bad = 0;
-    while (std::isfinite(out[first_bad])) ++first_bad;
-    Inputs zero = pristine;
-    fill_pool(c, zero, /*nan_poison=*/false);
-    Output again = call_plugin(plugin, zero);
-    const int64_t still = again.status == 0 ? count_non_finite(again.out(), n) : n;
-    const std::string where = std::to_string(non_finite) + " non-finite output values, the first at " +
-                              row_name(c, in, first_bad / row_len) + " dim " + std::to_string(first_bad % row_len);
-    if (still == 0)
-      fail("no-poison-leak", where +
-                                 "; with the poisoned (unused and padding) slots 0 instead of NaN every value is "
-                                 "finite: the kernel read a slot outside the context");
-    else
-      fail("finite-output", where + " from finite inputs (still " + std::to_string(still) +
-                                " with the poison at 0): overflow, or 0/0 in the softmax");
-  }
+  if (non_finite == 0) return;
+  int64_t first_bad = 0;
+  while (std::isfinite(out[first_bad])) ++first_bad;
+  Inputs zero = pristine;
+  fill_pool(c, zero, /*nan_poison=*/false);
+  Output again = call_plugin(plugin, zero);
+  const int64_t still = again.status == 0 ? count_non_finite(again.out(), n) : n;
+  const std::string where = std::to_string(non_finite) + " non-finite output values, the first at " +
+                            row_name(c, in, first_bad / c.head_dim) + " dim " + std::to_string(first_bad % c.head_dim);
+  if (still == 0)
+    fail("no-poison-leak", where +
+                               "; with the poisoned (unused and padding) slots 0 instead of NaN every value is "
+                               "finite: the kernel read a slot outside the context");
+  else
+    fail("finite-output", where + " from finite inputs (still " + std::to_string(still) +
+                              " with the poison at 0): overflow, or 0/0 in the softmax");
+}
 
-  // accuracy, on the finite rows
+// accuracy, on the finite rows: the worst error relative to its row's largest reference value.
+void check_accuracy(const KernelCase& c, const Inputs& in, const std::vector<double>& ref, const float* out,
+                    CaseResult& r, const FailFn& fail) {
+  const int64_t row_len = c.head_dim;
+  const int64_t n = static_cast<int64_t>(ref.size());
   double worst = 0.0;
   int64_t worst_row = -1;
   double worst_got = 0.0, worst_want = 0.0;
@@ -595,37 +671,69 @@ CaseResult run_case(const kvp_attention_plugin& plugin, const KernelCase& c) {
       << ", fp64 reference " << worst_want;
     fail("accuracy", o.str());
   }
+}
 
-  // repeatability
+// batch-invariance: each sequence alone, bit for bit its rows in the batch.
+void check_batch_invariance(const kvp_attention_plugin& plugin, const KernelCase& c, const Inputs& in, const float* out,
+                            const FailFn& fail) {
+  if (c.seqs.size() < 2) return;
+  const int64_t row_len = c.head_dim;
+  for (std::size_t s = 0; s < c.seqs.size(); ++s) {
+    const int32_t t0 = in.query_start[s], t1 = in.query_start[s + 1];
+    kvp_attention_shape alone = in.shape;
+    alone.num_seqs = 1;
+    alone.num_tokens = t1 - t0;
+    alone.max_context_len = in.context_lens[s];
+    const std::vector<int32_t> qs = {0, t1 - t0};
+    const std::vector<int32_t> seq0(static_cast<std::size_t>(t1 - t0), 0);
+    const int64_t offset = static_cast<int64_t>(t0) * c.num_heads * row_len;
+    Output o = call_plugin(plugin, in, alone, in.query.data() + offset, qs.data(), seq0.data(),
+                           in.positions.data() + t0, in.context_lens.data() + s,
+                           in.block_tables.data() + s * static_cast<std::size_t>(in.shape.max_blocks_per_seq));
+    const int64_t len = static_cast<int64_t>(t1 - t0) * c.num_heads * row_len;
+    if (o.status != 0 || !same_bits(o.out(), out + offset, len)) {
+      fail("batch-invariance", o.status != 0 ? "run() failed on sequence " + std::to_string(s) + " alone: " + o.error
+                                             : "sequence " + std::to_string(s) + " (context " +
+                                                   std::to_string(in.context_lens[s]) +
+                                                   ") alone differs in its bits from the same sequence in the batch");
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+CaseResult run_case(const kvp_attention_plugin& plugin, const KernelCase& c) {
+  const auto start = Clock::now();
+  CaseResult r;
+  const FailFn fail = [&r](const char* property, std::string message) {
+    r.failures.push_back({property, std::move(message)});
+  };
+  Inputs in = make_inputs(c);
+  if (plugin.supports != nullptr && plugin.supports(&in.shape) == 0) {
+    r.skipped = true;
+    return r;
+  }
+  fill_pool(c, in, /*nan_poison=*/true);
+  const Inputs pristine = in;
+  const std::vector<double> ref = reference_attention(c, in);
+  const int64_t n = static_cast<int64_t>(ref.size());
+
+  Output first = call_plugin(plugin, in);
+  if (first.status != 0) {
+    fail("run-error",
+         "supports() accepted the shape but run() returned " + std::to_string(first.status) + ": " + first.error);
+    r.seconds = seconds_since(start);
+    return r;
+  }
+  check_guards_and_inputs(c, in, pristine, first, n, fail);
+  check_non_finite(plugin, c, in, pristine, first.out(), n, fail);
+  check_accuracy(c, in, ref, first.out(), r, fail);
   Output second = call_plugin(plugin, in);
   if (second.status != 0 || !same_bits(first.out(), second.out(), n))
     fail("repeatability", second.status != 0 ? "the second run() failed: " + second.error
                                              : "the same batch run twice gave different bits");
-
-  // batch-invariance: each sequence alone, bit for bit its rows in the batch.
-  if (c.seqs.size() > 1) {
-    for (std::size_t s = 0; s < c.seqs.size(); ++s) {
-      const int32_t t0 = in.query_start[s], t1 = in.query_start[s + 1];
-      kvp_attention_shape alone = in.shape;
-      alone.num_seqs = 1;
-      alone.num_tokens = t1 - t0;
-      alone.max_context_len = in.context_lens[s];
-      const std::vector<int32_t> qs = {0, t1 - t0};
-      const std::vector<int32_t> seq0(static_cast<std::size_t>(t1 - t0), 0);
-      const int64_t offset = static_cast<int64_t>(t0) * c.num_heads * row_len;
-      Output o = call_plugin(plugin, in, alone, in.query.data() + offset, qs.data(), seq0.data(),
-                             in.positions.data() + t0, in.context_lens.data() + s,
-                             in.block_tables.data() + s * static_cast<std::size_t>(in.shape.max_blocks_per_seq));
-      const int64_t len = static_cast<int64_t>(t1 - t0) * c.num_heads * row_len;
-      if (o.status != 0 || !same_bits(o.out(), out + offset, len)) {
-        fail("batch-invariance", o.status != 0 ? "run() failed on sequence " + std::to_string(s) + " alone: " + o.error
-                                               : "sequence " + std::to_string(s) + " (context " +
-                                                     std::to_string(in.context_lens[s]) +
-                                                     ") alone differs in its bits from the same sequence in the batch");
-        break;
-      }
-    }
-  }
+  check_batch_invariance(plugin, c, in, first.out(), fail);
   r.seconds = seconds_since(start);
   return r;
 }
@@ -819,9 +927,19 @@ std::string Report::summary() const {
 Result<Report> run_kernel_check(const AttentionPlugin& plugin, const Options& options,
                                 const std::function<void(const CaseRecord&)>& on_case) {
   const kvp_attention_plugin& d = plugin.descriptor();
-  if (d.device != KVP_DEVICE_HOST)
-    return Status::error("attention plug-in " + plugin.path() +
-                         ": a CUDA plug-in; kernel-check runs host plug-ins only");
+  if (d.device == KVP_DEVICE_CUDA) {
+    // Without isolation the cases run here, so the probe may too; with it, a child probes, so
+    // that this process never initialises CUDA and its per-case children can.
+    std::string why;
+    if (!options.isolate) {
+      const CudaRuntime* rt = CudaRuntime::shared(why);
+      if (rt != nullptr) why = rt->check_device();
+    } else {
+      why = probe_device_in_child();
+    }
+    if (!why.empty())
+      return Status::error("attention plug-in " + plugin.path() + " (" + plugin.name() + ") runs on CUDA: " + why);
+  }
   if (options.shard_count < 1 || options.shard_index < 0 || options.shard_index >= options.shard_count)
     return Status::error("--shard " + std::to_string(options.shard_index) + "/" + std::to_string(options.shard_count) +
                          ": want I/N with 0 <= I < N");

@@ -1,5 +1,5 @@
 // kernel-check: kvproof's adversarial grid run on an attention plug-in
-// (include/kvproof/attention_plugin.h, docs/attention-plugin.md) against an fp64 reference.
+// (include/kvproof/attention_plugin.h, docs/plugins.md) against an fp64 reference.
 //
 // A case is one batch: a shape (heads, head_dim, block size, KV dtype and layout), its
 // sequences (context length, new tokens: a decode row or a prefill chunk that may start
@@ -130,7 +130,10 @@ struct Report {
 };
 
 // Runs the grid (or one case of it) on a loaded plug-in. `on_case` is called after each case.
-// Errors: a --case id outside the grid, a bad shard, a CUDA plug-in (host plug-ins only so far).
+// A CUDA plug-in (device KVP_DEVICE_CUDA) gets device copies of every array and a stream
+// (verify/cuda_runtime.h); `out`'s guard zones and the inputs are read back from the device.
+// Errors: a --case id outside the grid, a bad shard, a CUDA plug-in without a CUDA runtime or
+// device ("... runs on CUDA: no CUDA device: ...").
 Result<Report> run_kernel_check(const AttentionPlugin& plugin, const Options& options,
                                 const std::function<void(const CaseRecord&)>& on_case = {});
 

@@ -397,336 +397,439 @@ bool VerifyReport::passed() const {
          (allow_empty || nothing_verified.empty());
 }
 
+namespace {
+
+// One preemption mode's run of the workload and what verify's checks read afterwards. Held
+// by pointer: the engine's observers point into it.
+struct ModeRun {
+  PreemptionMode mode = PreemptionMode::kRecompute;
+  std::string m;  // the mode's name, in every check's name
+  LiveEngine live;
+  Result<WorkloadRun> run = Status::error("not run");
+  std::vector<RequestId> ids;  // every request the engine knows (workload and forks); none if the run failed
+  std::map<RequestId, FinishedSnapshot> finished_at;
+  TimelineWitness witness;
+  EventLog kv_log;  // kvproof's KV-event stream, when published
+  std::optional<kv_events::EngineKvEvents> kv_stream;
+
+  Engine& engine() const { return *live.engine; }
+  bool ran() const { return run.is_ok(); }
+};
+
+// The checks of one mode, in report order; determinism only with speculation.
+struct ModeChecks {
+  explicit ModeChecks(const std::string& m)
+      : inv("invariants[" + m + "]"),
+        terminal("terminal-states[" + m + "]"),
+        leak("no-leak[" + m + "]"),
+        timeline("latency-timeline[" + m + "]"),
+        logits("logits-vs-reference[" + m + "]"),
+        greedy("greedy-tokens[" + m + "]"),
+        recompute("recompute-bitwise[" + m + "]"),
+        isolation("non-interference[" + m + "]"),
+        determinism("determinism[" + m + "]"),
+        cancellation("cancellation[" + m + "]") {}
+  CheckResult inv, terminal, leak, timeline, logits, greedy, recompute, isolation, determinism, cancellation;
+};
+
+EngineSetup main_setup(const VerifyOptions& o, PreemptionMode mode) {
+  return {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode};
+}
+
+// Runs the workload on a fresh engine with the step checks installed (invariants after every
+// plan and step, progress, the timeline's witness, the KV-event stream), each request checked
+// against the oracle as soon as it finishes. Errors: the engine could not be built (a failed
+// run is the invariants check's failure, not an error).
+Status run_mode(const Model& model, const VerifyOptions& o, const Workload& workload,
+                const ReferenceModel<double>& oracle, OracleComparisons& comparisons, ModeRun& r, ModeChecks& c) {
+  auto live = make_engine(model, o, main_setup(o, r.mode));
+  if (!live) return live.status();
+  r.live = std::move(*live);
+  Engine& engine = r.engine();
+  install_step_checks(engine, c.inv);
+  if (o.kv_events_publisher != nullptr) {
+    if (r.mode != o.modes.front()) {  // this mode's engine starts with an empty cache
+      kv_events::EventBatch cleared;
+      cleared.ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+      cleared.events.push_back(kv_events::AllBlocksCleared{});
+      o.kv_events_publisher->publish(std::move(cleared));
+    }
+    engine.set_kv_event_log(&r.kv_log);
+    r.kv_stream.emplace(engine.kv(), o.kv_events_publisher);
+    r.kv_log.set_listener([&r](const KvEvent& e) { r.kv_stream->on_event(e); });
+  }
+  engine.set_plan_observer([&c, &r](const Engine& e, const BatchPlan& plan) {
+    record_timeline(e, plan, /*after_step=*/false, r.witness);
+    return check_plan(e, plan, c.inv);
+  });
+  // Finished requests are snapshotted by check_finished below, after every step and before
+  // run_workload issues the next step's cancels: once per step, not here as well.
+  engine.set_step_observer([&c, &r](const Engine& e, const BatchPlan& plan) {
+    Status s = check_state(e, plan, c.inv);
+    record_timeline(e, plan, /*after_step=*/true, r.witness);
+    if (r.kv_stream) r.kv_stream->end_step();
+    return s;
+  });
+  // Each request is checked against the oracle as soon as it finishes, and (without
+  // speculation, whose comparison with plain decoding reads every row at the end) its
+  // logits are then released: one run never holds every request's logits at once, so
+  // verify's memory stays near the weights and the pools. Later bitwise comparisons read
+  // the per-row digests of the snapshot.
+  const bool release = !o.speculation.enabled();
+  const double tol = tolerance_for(o).value;
+  std::set<RequestId> checked;
+  const auto check_finished = [&](Engine& e) {
+    record_finished(e, r.finished_at);
+    for (auto& [id, snap] : r.finished_at) {
+      if (!checked.insert(id).second) continue;
+      const Request& req = e.request(id);
+      if (req.finish != FinishReason::kRejected)
+        check_against_reference(oracle, req, tol, c.logits, c.greedy, "request " + std::to_string(id), &comparisons);
+      if (release) snap.released = e.release_logits(id);
+    }
+    return Status::ok();
+  };
+  ProgressWatch progress;
+  r.run = run_workload(engine, workload, o.max_steps, [&](Engine& e) {
+    KVP_RETURN_IF_ERROR(check_progress(e, progress));
+    return check_finished(e);
+  });
+  (void)check_finished(engine);
+  if (!r.run && c.inv.passed) {
+    c.inv.passed = false;
+    c.inv.detail = "engine run failed: " + r.run.status().message();
+  }
+  if (r.run)
+    for (const auto& [id, req] : engine.requests()) r.ids.push_back(id);
+  return Status::ok();
+}
+
+// Every request ended exactly once, in a reported state.
+void check_terminal_states(const ModeRun& r, CheckResult& terminal) {
+  for (RequestId id : r.ids) {
+    ++terminal.count;
+    const Request& req = r.engine().request(id);
+    if ((!req.finished() || req.finish == FinishReason::kNone) && terminal.passed) {
+      terminal.passed = false;
+      terminal.detail = "request " + std::to_string(id) + " did not reach a terminal state";
+    }
+  }
+}
+
+// Queue time, TTFT, TPOT and end-to-end from each request's timeline: the same steps,
+// derived again from the plans as they ran.
+void check_latency_timeline(const ModeRun& r, CheckResult& timeline) {
+  if (!r.ran()) return;
+  if (Status s = check_timeline(r.engine(), r.witness, &timeline.count); !s) {
+    timeline.passed = false;
+    timeline.detail = s.message();
+  }
+}
+
+// No leak, then every block free after a flush of the prefix cache.
+void check_leaks(ModeRun& r, CheckResult& leak) {
+  if (!r.ran()) return;
+  Engine& engine = r.engine();
+  Status s = check_no_leak(engine.kv());
+  if (s) s = engine.flush_prefix_cache_when_idle();
+  if (s) {
+    if (r.kv_stream) r.kv_stream->end_step();  // the flush's removals, as one last batch
+    s = check_all_free(engine.kv());
+  }
+  leak.count = engine.kv().device_allocator().num_blocks() + engine.kv().host_allocator().num_blocks();
+  if (!s) {
+    leak.passed = false;
+    leak.detail = s.message();
+  }
+}
+
+// Positions recomputed after a preemption gave the logits' bits of the first computation.
+void check_recompute(const ModeRun& r, CheckResult& recompute) {
+  for (RequestId id : r.ids) {
+    const Request& req = r.engine().request(id);
+    if (req.finish == FinishReason::kRejected) continue;
+    recompute.count += req.num_preemptions;
+    if (req.recomputed_logit_mismatches > 0 && recompute.passed) {
+      recompute.passed = false;
+      recompute.detail = "request " + std::to_string(id) + ": " + std::to_string(req.recomputed_logit_mismatches) +
+                         " recomputed positions differ bitwise";
+    }
+  }
+}
+
+// Which finished requests non-interference re-runs: the most preempted, plus one parallel
+// sample (it shared blocks and copied on write). Sampled requests under speculation are left
+// out (their draws depend on the schedule; see verify.h): determinism checks them.
+struct IsolationSample {
+  std::vector<RequestId> rerun;
+  std::vector<RequestId> sampled_under_speculation;
+  bool any_eligible = false;
+};
+
+IsolationSample pick_isolation_sample(const ModeRun& r, const VerifyOptions& o) {
+  IsolationSample out;
+  const Engine& engine = r.engine();
+  std::vector<RequestId>& sample = out.rerun;
+  for (RequestId id : r.ids) {
+    const Request& req = engine.request(id);
+    if (req.finish != FinishReason::kLength && req.finish != FinishReason::kStop) continue;
+    if (o.speculation.enabled() && !req.spec.sampling.greedy()) {
+      out.sampled_under_speculation.push_back(id);
+      continue;
+    }
+    sample.push_back(id);
+  }
+  out.any_eligible = !sample.empty();
+  std::stable_sort(sample.begin(), sample.end(), [&](RequestId a, RequestId b) {
+    return engine.request(a).num_preemptions > engine.request(b).num_preemptions;
+  });
+  auto first_fork =
+      std::find_if(sample.begin(), sample.end(), [&](RequestId id) { return engine.request(id).parent >= 0; });
+  const auto keep = static_cast<std::size_t>(std::max(0, o.isolation_samples - 1));
+  if (first_fork != sample.end() && static_cast<std::size_t>(first_fork - sample.begin()) >= keep) {
+    std::rotate(sample.begin() + static_cast<std::ptrdiff_t>(std::min(keep, sample.size())), first_fork,
+                first_fork + 1);
+  }
+  sample.resize(std::min<std::size_t>(sample.size(), static_cast<std::size_t>(o.isolation_samples)));
+  return out;
+}
+
+// Non-interference: each sampled request re-run alone under another schedule (block size,
+// chunk, preemption mode) gives the same tokens and the same logits' bits. Errors: an engine
+// could not be built.
+Status check_non_interference(const Model& model, const VerifyOptions& o, const ModeRun& r,
+                              const std::vector<RequestId>& sample, CheckResult& isolation) {
+  const int32_t alt_block = o.block_size == 16 ? 8 : 16;
+  const int32_t blocks = static_cast<int32_t>((o.max_model_len + alt_block - 1) / alt_block) + 2;
+  const int32_t alt_chunk = std::max(1, o.prefill_chunk_size / 2 - 1);
+  const PreemptionMode alt_mode = r.mode == PreemptionMode::kSwap ? PreemptionMode::kRecompute : PreemptionMode::kSwap;
+  for (RequestId id : sample) {
+    const Request& original = r.engine().request(id);
+    auto alone = make_engine(model, o, {alt_block, blocks, blocks, alt_chunk, alt_mode});
+    if (!alone) return alone.status();
+    // The request as the engine ran it (a parallel sample is a plain request with its seed).
+    WorkloadRequest wr;
+    wr.spec = original.spec;
+    wr.spec.max_tokens = std::max<int64_t>(1, original.num_generated());
+    auto solo = run_workload(*alone->engine, Workload{"solo", {wr}}, o.max_steps);
+    ++isolation.count;
+    if (!solo) {
+      isolation.passed = false;
+      isolation.detail = "request " + std::to_string(id) + " alone: " + solo.status().message();
+      continue;
+    }
+    const Request& again = alone->engine->request(solo->ids[0]);
+    const std::vector<std::optional<uint64_t>>& rows = r.finished_at.at(id).rows;
+    std::string diff;
+    if (again.tokens != original.tokens)
+      diff = "tokens differ";
+    else if (again.logits.size() != rows.size())
+      diff = "logits for " + std::to_string(again.logits.size()) + " vs " + std::to_string(rows.size()) + " positions";
+    // Positions served from the prefix cache in one run have no logits there: compare the rest.
+    for (std::size_t p = 0; diff.empty() && p < again.logits.size(); ++p)
+      if (!again.logits[p].empty() && rows[p] && hash_row(again.logits[p]) != *rows[p])
+        diff = "logits at position " + std::to_string(p) + " differ bitwise";
+    if (!diff.empty() && isolation.passed) {
+      isolation.passed = false;
+      isolation.detail = "request " + std::to_string(id) + ": " + diff + " when run alone (block size " +
+                         std::to_string(alt_block) + ", chunk " + std::to_string(alt_chunk) + ", " +
+                         mode_name(alt_mode) + ")";
+    }
+  }
+  if (isolation.passed && isolation.count > 0) {
+    int64_t forked = 0;
+    for (RequestId id : sample) forked += r.engine().request(id).parent >= 0 ? 1 : 0;
+    isolation.detail = std::to_string(forked) + " of them parallel samples (forked, copy-on-write)";
+  }
+  return Status::ok();
+}
+
+// Sampled requests under speculation: the strongest check that holds for them is
+// determinism, the same workload on an identical engine (same schedule) giving them the
+// same tokens and logits bit for bit. Errors: the twin engine could not be built.
+Status check_determinism(const Model& model, const VerifyOptions& o, const Workload& workload, const ModeRun& r,
+                         const std::vector<RequestId>& sampled, CheckResult& determinism) {
+  if (sampled.empty()) {
+    determinism.applies = false;
+    determinism.detail = "not applicable: no sampled request finished normally";
+    return Status::ok();
+  }
+  auto twin = make_engine(model, o, main_setup(o, r.mode));
+  if (!twin) return twin.status();
+  auto again = run_workload(*twin->engine, workload, o.max_steps);
+  for (RequestId id : sampled) {
+    ++determinism.count;
+    std::string diff;
+    if (!again) {
+      diff = "the re-run failed: " + again.status().message();
+    } else if (!twin->engine->requests().count(id)) {
+      diff = "unknown in the re-run";
+    } else {
+      const Request& a = r.engine().request(id);
+      const Request& b = twin->engine->request(id);
+      if (a.tokens != b.tokens)
+        diff = "tokens differ in an identical re-run";
+      else if (a.logits != b.logits)
+        diff = "logits differ bitwise in an identical re-run";
+    }
+    if (!diff.empty() && determinism.passed) {
+      determinism.passed = false;
+      determinism.detail = "request " + std::to_string(id) + ": " + diff;
+    }
+  }
+  if (determinism.passed)
+    determinism.detail =
+        "sampled requests under speculation, re-run under the same schedule: tokens and logits "
+        "bitwise equal";
+  return Status::ok();
+}
+
+// Each cancelled request ended at its cancellation's step boundary with its blocks released
+// (checked after every step too, as part of the invariants); a cancel that arrived after its
+// request finished is a no-op, checked as one.
+void check_cancellation(const ModeRun& r, const Workload& workload, CheckResult& cancellation) {
+  const Engine& engine = r.engine();
+  std::map<std::string, int64_t> cancelled_in;
+  for (RequestId id : r.ids) {
+    const Request& req = engine.request(id);
+    if (!req.cancel_requested) continue;
+    ++cancellation.count;
+    ++cancelled_in[req.cancelled_in.empty() ? "finished first" : req.cancelled_in];
+  }
+  const int64_t late_cancels = r.ran() ? check_late_cancels(engine, workload, *r.run, r.finished_at, cancellation) : 0;
+  if (Status s = check_cancellations(engine); r.ran() && !s) {
+    if (cancellation.passed) cancellation.detail = s.message();
+    cancellation.passed = false;
+  } else if (cancellation.passed) {
+    for (const auto& [state, n] : cancelled_in)
+      cancellation.detail +=
+          (cancellation.detail.empty() ? "cancelled while " : ", ") + state + " " + std::to_string(n);
+    if (late_cancels > 0)
+      cancellation.detail += (cancellation.detail.empty() ? "no cancel took effect: " : "; ") +
+                             std::to_string(late_cancels) +
+                             " arrived after its request finished (checked as a no-op: terminal state, tokens and "
+                             "logits unchanged)";
+  }
+  cancellation.count += late_cancels;
+  cancellation.applies = std::any_of(workload.requests.begin(), workload.requests.end(),
+                                     [](const WorkloadRequest& w) { return w.cancel_step.has_value(); });
+  if (!cancellation.applies) cancellation.detail = "not applicable: the workload cancels nothing";
+}
+
+// What applies: greedy tokens only with a greedy sampled token; recompute only after a
+// preemption; non-interference only with a request that finished normally.
+void mark_what_applies(const ModeRun& r, const VerifyOptions& o, bool any_isolation_eligible, ModeChecks& c) {
+  int64_t finished_normally = 0;
+  bool any_greedy = false;
+  for (RequestId id : r.ids) {
+    const Request& req = r.engine().request(id);
+    if (req.finish == FinishReason::kStop || req.finish == FinishReason::kLength) ++finished_normally;
+    if (req.finish != FinishReason::kRejected && req.spec.sampling.greedy() &&
+        req.num_generated() > static_cast<int64_t>(req.spec.forced_tokens.size()))
+      any_greedy = true;
+  }
+  c.greedy.applies = any_greedy;
+  if (!c.greedy.applies) c.greedy.detail = "not applicable: no greedy request generated a token";
+  c.recompute.applies = c.recompute.count > 0;
+  if (!c.recompute.applies && c.recompute.detail.empty()) c.recompute.detail = "not applicable: no preemption happened";
+  c.isolation.applies = any_isolation_eligible;
+  if (!c.isolation.applies) {
+    c.isolation.detail = finished_normally == 0
+                             ? "not applicable: no request finished normally (stop or length)"
+                             : "not applicable: every finished request was sampled under speculation (their draws "
+                               "depend on the schedule); determinism[" +
+                                   r.m + "] re-runs them under the same one";
+  }
+  if (c.logits.passed) {
+    const Tolerance tol = tolerance_for(o);
+    c.logits.detail = "tolerance " + fmt(tol.value) + " (" + tol.source + ")";
+  }
+}
+
+// Speculative decoding against plain decoding on the same workload and schedule: greedy
+// tokens equal, logits bitwise equal where the tokens agree. Errors: the plain engine could
+// not be built.
+Status check_speculative_vs_plain(const Model& model, const VerifyOptions& o, const Workload& workload,
+                                  const ModeRun& r, CheckResult& same) {
+  VerifyOptions plain_options = o;
+  plain_options.speculation = SpeculationParams{};
+  auto plain = make_engine(model, plain_options, main_setup(o, r.mode));
+  if (!plain) return plain.status();
+  auto plain_run = run_workload(*plain->engine, workload, o.max_steps);
+  if (!r.ran() || !plain_run) {
+    same.passed = false;
+    same.detail = "a run failed";
+    return Status::ok();
+  }
+  for (std::size_t i = 0; i < r.run->ids.size(); ++i)
+    compare_runs(r.engine(), *plain->engine, r.run->ids[i], plain_run->ids[i], same);
+  const EngineMetrics sm = r.engine().metrics();
+  if (same.passed)
+    same.detail = std::string(to_string(o.speculation.proposer)) + " k=" + std::to_string(o.speculation.k) +
+                  ": acceptance " + percent(sm.acceptance_rate) + ", mean accepted " + fmt(sm.mean_accepted_length) +
+                  ", target forwards/token " + fmt(sm.forwards_per_token) + " (plain " +
+                  fmt(plain->engine->metrics().forwards_per_token) + ")";
+  return Status::ok();
+}
+
+// One mode: the run, then each check of it in turn, appended to the report.
+Status verify_mode(const Model& model, const VerifyOptions& o, const Workload& workload,
+                   const ReferenceModel<double>& oracle, OracleComparisons& comparisons, PreemptionMode mode,
+                   VerifyReport& report) {
+  auto r = std::make_unique<ModeRun>();
+  r->mode = mode;
+  r->m = mode_name(mode);
+  ModeChecks c(r->m);
+  KVP_RETURN_IF_ERROR(run_mode(model, o, workload, oracle, comparisons, *r, c));
+  check_terminal_states(*r, c.terminal);
+  check_latency_timeline(*r, c.timeline);
+  check_leaks(*r, c.leak);
+  check_recompute(*r, c.recompute);
+  const IsolationSample sample = pick_isolation_sample(*r, o);
+  KVP_RETURN_IF_ERROR(check_non_interference(model, o, *r, sample.rerun, c.isolation));
+  if (o.speculation.enabled())
+    KVP_RETURN_IF_ERROR(check_determinism(model, o, workload, *r, sample.sampled_under_speculation, c.determinism));
+  check_cancellation(*r, workload, c.cancellation);
+  mark_what_applies(*r, o, sample.any_eligible, c);
+  // Vacuous only when nothing about the engine's outputs was checked: a run whose requests
+  // were all cancelled still had its computed positions checked against the oracle.
+  if (r->ran() && c.logits.count == 0)
+    report.nothing_verified.push_back("engine outputs[" + r->m + "] (no position's logits were checked)");
+  for (CheckResult* check : {&c.inv, &c.terminal, &c.leak, &c.timeline, &c.logits, &c.greedy, &c.recompute,
+                             &c.isolation, &c.determinism, &c.cancellation}) {
+    if (check == &c.determinism && !o.speculation.enabled()) continue;
+    if (r->ran() && check->applies && check->count == 0) report.nothing_verified.push_back(check->name);
+    report.checks.push_back(*check);
+  }
+  if (r->kv_stream) {
+    r->kv_stream->end_step();
+    report.checks.push_back(kv_events::check_engine_stream("kv-event-stream[" + r->m + "]", r->kv_log.events(),
+                                                           r->kv_stream->batches(), /*published=*/true));
+  }
+  if (o.speculation.enabled()) {
+    CheckResult same("speculative-vs-plain[" + r->m + "]");
+    KVP_RETURN_IF_ERROR(check_speculative_vs_plain(model, o, workload, *r, same));
+    report.checks.push_back(same);
+  }
+  report.runs.emplace_back(r->m, r->engine().metrics());
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in, const VerifyOptions& o) {
   VerifyReport report;
   report.allow_empty = o.allow_empty;
   Workload workload = workload_in;
   for (WorkloadRequest& r : workload.requests) r.spec.capture_logits = true;
-  ReferenceModel<double> oracle_model(model);
-  oracle_model.set_threads(o.num_threads);  // the oracle's products use verify's threads too
-  const ReferenceModel<double>& oracle = oracle_model;
+  ReferenceModel<double> oracle(model);
+  oracle.set_threads(o.num_threads);  // the oracle's products use verify's threads too
   // Each (tokens, engine row) is compared with the oracle once per verify: the second
   // preemption mode runs the same sequences, and a bitwise-equal row needs no new oracle run.
   OracleComparisons comparisons;
   comparisons.reuse = o.oracle_memo;
-  for (PreemptionMode mode : o.modes) {
-    const std::string m = mode_name(mode);
-    CheckResult inv("invariants[" + m + "]"), terminal("terminal-states[" + m + "]"), leak("no-leak[" + m + "]"),
-        logits("logits-vs-reference[" + m + "]"), greedy("greedy-tokens[" + m + "]"),
-        recompute("recompute-bitwise[" + m + "]"), isolation("non-interference[" + m + "]"),
-        cancellation("cancellation[" + m + "]"), timeline("latency-timeline[" + m + "]");
-
-    auto live = make_engine(model, o, {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
-    if (!live) return live.status();
-    Engine& engine = *live->engine;
-    install_step_checks(engine, inv);
-    // kvproof's KV-event stream, when published: from the engine's event log, a batch a step.
-    EventLog kv_log;
-    std::optional<kv_events::EngineKvEvents> kv_stream;
-    if (o.kv_events_publisher != nullptr) {
-      if (mode != o.modes.front()) {  // this mode's engine starts with an empty cache
-        kv_events::EventBatch cleared;
-        cleared.ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-        cleared.events.push_back(kv_events::AllBlocksCleared{});
-        o.kv_events_publisher->publish(std::move(cleared));
-      }
-      engine.kv_mutable().set_event_log(&kv_log);
-      kv_stream.emplace(engine.kv(), o.kv_events_publisher);
-      kv_log.set_listener([&kv_stream](const KvEvent& e) { kv_stream->on_event(e); });
-    }
-    std::map<RequestId, FinishedSnapshot> finished_at;
-    TimelineWitness witness;
-    engine.set_plan_observer([&inv, &witness](const Engine& e, const BatchPlan& plan) {
-      record_timeline(e, plan, /*after_step=*/false, witness);
-      return check_plan(e, plan, inv);
-    });
-    // Finished requests are snapshotted by check_finished below, after every step and before
-    // run_workload issues the next step's cancels: once per step, not here as well.
-    engine.set_step_observer([&inv, &witness, &kv_stream](const Engine& e, const BatchPlan& plan) {
-      Status s = check_state(e, plan, inv);
-      record_timeline(e, plan, /*after_step=*/true, witness);
-      if (kv_stream) kv_stream->end_step();
-      return s;
-    });
-    // Each request is checked against the oracle as soon as it finishes, and (without
-    // speculation, whose comparison with plain decoding reads every row at the end) its
-    // logits are then released: one run never holds every request's logits at once, so
-    // verify's memory stays near the weights and the pools. Later bitwise comparisons read
-    // the per-row digests of the snapshot.
-    const bool release = !o.speculation.enabled();
-    std::set<RequestId> checked;
-    const auto check_finished = [&](Engine& e) {
-      record_finished(e, finished_at);
-      for (auto& [id, snap] : finished_at) {
-        if (!checked.insert(id).second) continue;
-        const Request& r = e.request(id);
-        if (r.finish != FinishReason::kRejected)
-          check_against_reference(oracle, r, tolerance_for(o).value, logits, greedy, "request " + std::to_string(id),
-                                  &comparisons);
-        if (release) snap.released = e.release_logits(id);
-      }
-      return Status::ok();
-    };
-    ProgressWatch progress;
-    auto run = run_workload(engine, workload, o.max_steps, [&](Engine& e) {
-      KVP_RETURN_IF_ERROR(check_progress(e, progress));
-      return check_finished(e);
-    });
-    (void)check_finished(engine);
-    if (!run && inv.passed) {
-      inv.passed = false;
-      inv.detail = "engine run failed: " + run.status().message();
-    }
-    // Every request the engine knows: the workload's and the parallel samples forked from them.
-    std::vector<RequestId> ids;
-    for (const auto& [id, r] : engine.requests())
-      if (run) ids.push_back(id);
-
-    // Terminal states: every request ended exactly once, in a reported state.
-    for (std::size_t i = 0; run && i < ids.size(); ++i) {
-      ++terminal.count;
-      const Request& r = engine.request(ids[i]);
-      if ((!r.finished() || r.finish == FinishReason::kNone) && terminal.passed) {
-        terminal.passed = false;
-        terminal.detail = "request " + std::to_string(ids[i]) + " did not reach a terminal state";
-      }
-    }
-    // Queue time, TTFT, TPOT and end-to-end come from each request's timeline: the same
-    // steps, derived again from the plans as they ran.
-    if (run) {
-      if (Status s = check_timeline(engine, witness, &timeline.count); !s) {
-        timeline.passed = false;
-        timeline.detail = s.message();
-      }
-    }
-    // No leak, then all free after a flush.
-    if (run) {
-      Status s = check_no_leak(engine.kv());
-      if (s) {
-        engine.kv_mutable().flush_prefix_cache();
-        if (kv_stream) kv_stream->end_step();  // the flush's removals, as one last batch
-        s = check_all_free(engine.kv());
-      }
-      leak.count = engine.kv().device_allocator().num_blocks() + engine.kv().host_allocator().num_blocks();
-      if (!s) {
-        leak.passed = false;
-        leak.detail = s.message();
-      }
-    }
-    // Logits and greedy tokens against the reference; bitwise recompute.
-    for (std::size_t i = 0; run && i < ids.size(); ++i) {
-      const Request& r = engine.request(ids[i]);
-      if (r.finish == FinishReason::kRejected) continue;
-      recompute.count += r.num_preemptions;
-      if (r.recomputed_logit_mismatches > 0 && recompute.passed) {
-        recompute.passed = false;
-        recompute.detail = "request " + std::to_string(ids[i]) + ": " + std::to_string(r.recomputed_logit_mismatches) +
-                           " recomputed positions differ bitwise";
-      }
-    }
-    // Non-interference: sample requests re-run alone under another schedule.
-    std::vector<std::size_t> sample;
-    std::vector<RequestId> sampled_under_speculation;  // left out: see verify.h
-    for (std::size_t i = 0; run && i < ids.size(); ++i) {
-      const Request& r = engine.request(ids[i]);
-      if (r.finish != FinishReason::kLength && r.finish != FinishReason::kStop) continue;
-      if (o.speculation.enabled() && !r.spec.sampling.greedy()) {
-        sampled_under_speculation.push_back(ids[i]);
-        continue;
-      }
-      sample.push_back(i);
-    }
-    const bool any_eligible = !sample.empty();
-    // The most preempted requests, plus one parallel sample (it shared blocks and copied on write).
-    std::stable_sort(sample.begin(), sample.end(), [&](std::size_t a, std::size_t b) {
-      return engine.request(ids[a]).num_preemptions > engine.request(ids[b]).num_preemptions;
-    });
-    auto first_fork =
-        std::find_if(sample.begin(), sample.end(), [&](std::size_t i) { return engine.request(ids[i]).parent >= 0; });
-    const auto keep = static_cast<std::size_t>(std::max(0, o.isolation_samples - 1));
-    if (first_fork != sample.end() && static_cast<std::size_t>(first_fork - sample.begin()) >= keep) {
-      std::rotate(sample.begin() + static_cast<std::ptrdiff_t>(std::min(keep, sample.size())), first_fork,
-                  first_fork + 1);
-    }
-    sample.resize(std::min<std::size_t>(sample.size(), static_cast<std::size_t>(o.isolation_samples)));
-    for (std::size_t i : sample) {
-      const Request& original = engine.request(ids[i]);
-      const int32_t alt_block = o.block_size == 16 ? 8 : 16;
-      const int32_t blocks = static_cast<int32_t>((o.max_model_len + alt_block - 1) / alt_block) + 2;
-      const PreemptionMode alt_mode =
-          mode == PreemptionMode::kSwap ? PreemptionMode::kRecompute : PreemptionMode::kSwap;
-      auto alone =
-          make_engine(model, o, {alt_block, blocks, blocks, std::max(1, o.prefill_chunk_size / 2 - 1), alt_mode});
-      if (!alone) return alone.status();
-      // The request as the engine ran it (a parallel sample is a plain request with its seed).
-      WorkloadRequest wr;
-      wr.spec = original.spec;
-      wr.spec.max_tokens = std::max<int64_t>(1, original.num_generated());
-      auto solo = run_workload(*alone->engine, Workload{"solo", {wr}}, o.max_steps);
-      ++isolation.count;
-      if (!solo) {
-        isolation.passed = false;
-        isolation.detail = "request " + std::to_string(ids[i]) + " alone: " + solo.status().message();
-        continue;
-      }
-      const Request& again = alone->engine->request(solo->ids[0]);
-      const std::vector<std::optional<uint64_t>>& rows = finished_at.at(ids[i]).rows;
-      std::string diff;
-      if (again.tokens != original.tokens)
-        diff = "tokens differ";
-      else if (again.logits.size() != rows.size())
-        diff =
-            "logits for " + std::to_string(again.logits.size()) + " vs " + std::to_string(rows.size()) + " positions";
-      // Positions served from the prefix cache in one run have no logits there: compare the rest.
-      for (std::size_t p = 0; diff.empty() && p < again.logits.size(); ++p)
-        if (!again.logits[p].empty() && rows[p] && hash_row(again.logits[p]) != *rows[p])
-          diff = "logits at position " + std::to_string(p) + " differ bitwise";
-      if (!diff.empty() && isolation.passed) {
-        isolation.passed = false;
-        isolation.detail = "request " + std::to_string(ids[i]) + ": " + diff + " when run alone (block size " +
-                           std::to_string(alt_block) + ", chunk " +
-                           std::to_string(std::max(1, o.prefill_chunk_size / 2 - 1)) + ", " + mode_name(alt_mode) + ")";
-      }
-    }
-    if (isolation.passed && isolation.count > 0) {
-      int64_t forked = 0;
-      for (std::size_t i : sample) forked += engine.request(ids[i]).parent >= 0 ? 1 : 0;
-      isolation.detail = std::to_string(forked) + " of them parallel samples (forked, copy-on-write)";
-    }
-
-    // Sampled requests under speculation: the strongest check that holds for them is
-    // determinism, the same workload on an identical engine (same schedule) giving them the
-    // same tokens and logits bit for bit.
-    CheckResult determinism("determinism[" + m + "]");
-    if (o.speculation.enabled() && sampled_under_speculation.empty()) {
-      determinism.applies = false;
-      determinism.detail = "not applicable: no sampled request finished normally";
-    } else if (o.speculation.enabled()) {
-      auto twin = make_engine(model, o, {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
-      if (!twin) return twin.status();
-      auto again = run_workload(*twin->engine, workload, o.max_steps);
-      for (RequestId id : sampled_under_speculation) {
-        ++determinism.count;
-        std::string diff;
-        if (!again) {
-          diff = "the re-run failed: " + again.status().message();
-        } else if (!twin->engine->requests().count(id)) {
-          diff = "unknown in the re-run";
-        } else {
-          const Request& a = engine.request(id);
-          const Request& b = twin->engine->request(id);
-          if (a.tokens != b.tokens)
-            diff = "tokens differ in an identical re-run";
-          else if (a.logits != b.logits)
-            diff = "logits differ bitwise in an identical re-run";
-        }
-        if (!diff.empty() && determinism.passed) {
-          determinism.passed = false;
-          determinism.detail = "request " + std::to_string(id) + ": " + diff;
-        }
-      }
-      if (determinism.passed)
-        determinism.detail =
-            "sampled requests under speculation, re-run under the same schedule: tokens and logits "
-            "bitwise equal";
-    }
-
-    // Cancellation: each cancelled request ended at its cancellation's step boundary with its
-    // blocks released (checked after every step too, as part of the invariants).
-    // A cancel that arrived after its request finished is a no-op, checked as one.
-    std::map<std::string, int64_t> cancelled_in;
-    for (std::size_t i = 0; run && i < ids.size(); ++i) {
-      const Request& r = engine.request(ids[i]);
-      if (!r.cancel_requested) continue;
-      ++cancellation.count;
-      ++cancelled_in[r.cancelled_in.empty() ? "finished first" : r.cancelled_in];
-    }
-    const int64_t late_cancels = run ? check_late_cancels(engine, workload, *run, finished_at, cancellation) : 0;
-    if (Status s = check_cancellations(engine); run && !s) {
-      if (cancellation.passed) cancellation.detail = s.message();
-      cancellation.passed = false;
-    } else if (cancellation.passed) {
-      for (const auto& [state, n] : cancelled_in)
-        cancellation.detail +=
-            (cancellation.detail.empty() ? "cancelled while " : ", ") + state + " " + std::to_string(n);
-      if (late_cancels > 0)
-        cancellation.detail += (cancellation.detail.empty() ? "no cancel took effect: " : "; ") +
-                               std::to_string(late_cancels) +
-                               " arrived after its request finished (checked as a no-op: terminal state, tokens and "
-                               "logits unchanged)";
-    }
-    cancellation.count += late_cancels;
-    cancellation.applies = std::any_of(workload.requests.begin(), workload.requests.end(),
-                                       [](const WorkloadRequest& w) { return w.cancel_step.has_value(); });
-    if (!cancellation.applies) cancellation.detail = "not applicable: the workload cancels nothing";
-
-    // What applies: greedy tokens only with a greedy sampled token; recompute only after a
-    // preemption; non-interference only with a request that finished normally.
-    int64_t finished_normally = 0;
-    bool any_greedy = false;
-    for (std::size_t i = 0; run && i < ids.size(); ++i) {
-      const Request& r = engine.request(ids[i]);
-      if (r.finish == FinishReason::kStop || r.finish == FinishReason::kLength) ++finished_normally;
-      if (r.finish != FinishReason::kRejected && r.spec.sampling.greedy() &&
-          r.num_generated() > static_cast<int64_t>(r.spec.forced_tokens.size()))
-        any_greedy = true;
-    }
-    greedy.applies = any_greedy;
-    if (!greedy.applies) greedy.detail = "not applicable: no greedy request generated a token";
-    recompute.applies = recompute.count > 0;
-    if (!recompute.applies && recompute.detail.empty()) recompute.detail = "not applicable: no preemption happened";
-    isolation.applies = any_eligible;
-    if (!isolation.applies) {
-      isolation.detail = finished_normally == 0
-                             ? "not applicable: no request finished normally (stop or length)"
-                             : "not applicable: every finished request was sampled under speculation (their draws "
-                               "depend on the schedule); determinism[" +
-                                   m + "] re-runs them under the same one";
-    }
-    if (logits.passed) {
-      const Tolerance tol = tolerance_for(o);
-      logits.detail = "tolerance " + fmt(tol.value) + " (" + tol.source + ")";
-    }
-    // Vacuous only when nothing about the engine's outputs was checked: a run whose requests
-    // were all cancelled still had its computed positions checked against the oracle.
-    if (run && logits.count == 0)
-      report.nothing_verified.push_back("engine outputs[" + m + "] (no position's logits were checked)");
-    for (CheckResult* c :
-         {&inv, &terminal, &leak, &timeline, &logits, &greedy, &recompute, &isolation, &determinism, &cancellation}) {
-      if (c == &determinism && !o.speculation.enabled()) continue;
-      if (run && c->applies && c->count == 0) report.nothing_verified.push_back(c->name);
-      report.checks.push_back(*c);
-    }
-    if (kv_stream) {
-      kv_stream->end_step();
-      report.checks.push_back(kv_events::check_engine_stream("kv-event-stream[" + m + "]", kv_log.events(),
-                                                             kv_stream->batches(), /*published=*/true));
-    }
-    if (o.speculation.enabled()) {
-      CheckResult same("speculative-vs-plain[" + m + "]");
-      VerifyOptions plain_options = o;
-      plain_options.speculation = SpeculationParams{};
-      auto plain = make_engine(model, plain_options,
-                               {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
-      if (!plain) return plain.status();
-      auto plain_run = run_workload(*plain->engine, workload, o.max_steps);
-      if (!run || !plain_run) {
-        same.passed = false;
-        same.detail = "a run failed";
-      } else {
-        for (std::size_t i = 0; i < run->ids.size(); ++i)
-          compare_runs(engine, *plain->engine, run->ids[i], plain_run->ids[i], same);
-        const EngineMetrics sm = engine.metrics();
-        if (same.passed)
-          same.detail = std::string(to_string(o.speculation.proposer)) + " k=" + std::to_string(o.speculation.k) +
-                        ": acceptance " + percent(sm.acceptance_rate) + ", mean accepted " +
-                        fmt(sm.mean_accepted_length) + ", target forwards/token " + fmt(sm.forwards_per_token) +
-                        " (plain " + fmt(plain->engine->metrics().forwards_per_token) + ")";
-      }
-      report.checks.push_back(same);
-    }
-    report.runs.emplace_back(m, engine.metrics());
-  }
+  for (PreemptionMode mode : o.modes)
+    KVP_RETURN_IF_ERROR(verify_mode(model, o, workload, oracle, comparisons, mode, report));
   report.oracle_runs = comparisons.misses;
   report.oracle_reuses = comparisons.hits;
   return report;

@@ -1,4 +1,4 @@
-/* kvproof attention plug-in ABI, version 1 (docs/attention-plugin.md).
+/* kvproof attention plug-in ABI, version 1 (docs/plugins.md).
  *
  * A paged-attention kernel that kvproof did not write, in a shared library, so that
  * `kvproof kernel-check --plugin lib.so` can run kvproof's adversarial grid on it against

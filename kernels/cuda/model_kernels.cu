@@ -34,8 +34,11 @@ constexpr int kAttentionAccPerThread = 16;
 constexpr int64_t kAttentionMinThreads = 128;
 constexpr int64_t kAttentionMaxThreads = 512;  // x 128 registers (ptxas, sm_90) = an SM's 64K
 
+// One thread also per query head of the group: thread h < group carries head h's softmax
+// recurrence (a group over the thread count would leave heads without one).
 int64_t attention_threads(int64_t group, int64_t head_dim) {
-  const int64_t needed = (group * head_dim + kAttentionAccPerThread - 1) / kAttentionAccPerThread;
+  const int64_t for_acc = (group * head_dim + kAttentionAccPerThread - 1) / kAttentionAccPerThread;
+  const int64_t needed = for_acc > group ? for_acc : group;
   const int64_t warps = (needed + 31) / 32;
   return std::max<int64_t>(kAttentionMinThreads, warps * 32);
 }
@@ -423,8 +426,10 @@ std::string check_attention_shape(int64_t num_heads, int64_t num_kv_heads, int64
   const int64_t group = num_heads / num_kv_heads;
   if (attention_threads(group, head_dim) > kAttentionMaxThreads)
     return "attention: a KV head's group of " + std::to_string(group) + " query heads of dimension " +
-           std::to_string(head_dim) + " is over the kernel's " +
-           std::to_string(kAttentionMaxThreads * kAttentionAccPerThread) + " accumulator elements per block";
+           std::to_string(head_dim) + " needs " + std::to_string(attention_threads(group, head_dim)) +
+           " threads per block, over the kernel's " + std::to_string(kAttentionMaxThreads) +
+           " (one per query head, and one per " + std::to_string(kAttentionAccPerThread) +
+           " of the group's accumulator elements)";
   if (static_cast<int64_t>(attention_shared_bytes(group, head_dim)) > kAttentionMaxShared)
     return "attention: " + std::to_string(attention_shared_bytes(group, head_dim)) +
            " bytes of shared memory per block is over " + std::to_string(kAttentionMaxShared);

@@ -1,6 +1,6 @@
 // SIMT emulation layer: the CUDA execution model for the host compiler, so one .cu source
 // builds both as a real CUDA kernel (nvcc) and as an emulated one that runs on any CPU
-// (g++/clang), under ASan and TSan too. See DESIGN.md, "SIMT emulation layer".
+// (g++/clang), under ASan and TSan too. See kernels/simt/README.md.
 //
 // Writing a kernel that builds in both flavours:
 //   - Use __global__ / __device__ / __forceinline__ as usual; for the host compiler they

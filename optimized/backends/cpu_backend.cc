@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/text.h"
 #include "kernels/gemm.h"
 #include "kernels/kv_index.h"
 #include "model/rope.h"
@@ -106,8 +107,6 @@ struct CpuBackend::Scratch {
 
 namespace {
 
-std::string str(int64_t v) { return std::to_string(v); }
-
 // Multiply-adds below which a product or an attention pass runs on the calling thread:
 // about 50 us of work at the GEMM's speed, several times a worker's wake-up.
 constexpr int64_t kMinParallelMacs = int64_t{1} << 20;
@@ -181,23 +180,6 @@ int64_t CpuBackend::num_device_slots() const {
 }
 int64_t CpuBackend::num_host_slots() const {
   return static_cast<int64_t>(config_.pool.num_host_blocks) * config_.pool.block_size;
-}
-
-const float* CpuBackend::key_at(int64_t layer, int64_t slot) const {
-  KVP_CHECK(layer >= 0 && layer < model_->config.num_layers && slot >= 0 && slot < num_device_slots());
-  return device_k_[static_cast<std::size_t>(layer)].data() + slot * model_->config.kv_dim();
-}
-const float* CpuBackend::value_at(int64_t layer, int64_t slot) const {
-  KVP_CHECK(layer >= 0 && layer < model_->config.num_layers && slot >= 0 && slot < num_device_slots());
-  return device_v_[static_cast<std::size_t>(layer)].data() + slot * model_->config.kv_dim();
-}
-const float* CpuBackend::host_key_at(int64_t layer, int64_t slot) const {
-  KVP_CHECK(layer >= 0 && layer < model_->config.num_layers && slot >= 0 && slot < num_host_slots());
-  return host_k_[static_cast<std::size_t>(layer)].data() + slot * model_->config.kv_dim();
-}
-const float* CpuBackend::host_value_at(int64_t layer, int64_t slot) const {
-  KVP_CHECK(layer >= 0 && layer < model_->config.num_layers && slot >= 0 && slot < num_host_slots());
-  return host_v_[static_cast<std::size_t>(layer)].data() + slot * model_->config.kv_dim();
 }
 
 void CpuBackend::run_ops(const KvPlanOps& ops) {

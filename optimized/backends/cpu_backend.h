@@ -2,7 +2,7 @@
 // BatchPlan against its own paged KV pool (device blocks) and host pool (swap blocks).
 //
 // The math is the engine's own (kernels/cpu_attention.h), written independently of the
-// reference oracle, and arranged so that non-interference (N1 in DESIGN.md) holds bitwise:
+// reference oracle, and arranged so that non-interference (N1, docs/architecture.md) holds bitwise:
 //   - the projections are a GEMM (kernels/gemm.h) whose every output element is one fused
 //     multiply-add chain in a fixed order that depends only on in_dim (not on the batch, the
 //     tile, the thread or the instruction set), so a token's result does not depend on the
@@ -94,15 +94,6 @@ class CpuBackend final : public Backend {
   int32_t block_size() const { return config_.pool.block_size; }
   int64_t num_device_slots() const;
   int64_t num_host_slots() const;
-
-  // K (V) of one slot of the device pool in one layer: [num_kv_heads * head_dim] floats,
-  // KV head major. For tests and audits. REQUIRES: 0 <= layer < num_layers,
-  // 0 <= slot < num_device_slots().
-  const float* key_at(int64_t layer, int64_t slot) const;
-  const float* value_at(int64_t layer, int64_t slot) const;
-  // The same for the host pool. REQUIRES: 0 <= slot < num_host_slots().
-  const float* host_key_at(int64_t layer, int64_t slot) const;
-  const float* host_value_at(int64_t layer, int64_t slot) const;
 
  private:
   class ThreadPool;

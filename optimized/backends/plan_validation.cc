@@ -2,13 +2,12 @@
 
 #include <string>
 
+#include "common/text.h"
 #include "kernels/kv_index.h"
 
 namespace kvp {
 
 namespace {
-
-std::string str(int64_t v) { return std::to_string(v); }
 
 // `where` makes the message's prefix only when the check fails: validation runs on every
 // plan, and building strings on the success path would cost more than the checks.

@@ -1,4 +1,5 @@
 #include "optimized/checkers/event_log_replay.h"
+#include "common/text.h"
 
 #include <algorithm>
 #include <map>
@@ -78,8 +79,6 @@ class Model {
   std::vector<int64_t> host_;  // refcounts
   std::map<int64_t, Seq> seqs_;
 };
-
-std::string str(int64_t v) { return std::to_string(v); }
 
 // ---- decoding: one JSON line into a KvEvent, or a "malformed" failure ----
 

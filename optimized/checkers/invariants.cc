@@ -7,12 +7,11 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/text.h"
 #include "kernels/kv_index.h"
 
 namespace kvp {
 namespace {
-
-std::string str(int64_t v) { return std::to_string(v); }
 
 Status check_pool_conservation(const BlockAllocator& a, const char* pool) {
   const auto where = [pool] { return std::string(pool) + " pool: "; };
@@ -442,10 +441,6 @@ Status check_all(const KvCacheManager& m, ChainHashMemo* memo) {
   KVP_RETURN_IF_ERROR(check_accepted_only_cache(m));
   return check_no_leak(m);
 }
-
-}  // namespace kvp
-
-namespace kvp {
 
 Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBounds& bounds, PlanReadStats* stats) {
   const std::string at = "step " + str(plan.step) + ": ";

@@ -1,4 +1,5 @@
-// Invariant checkers for KvCacheManager: one function per invariant of shared DESIGN.md.
+// Invariant checkers for KvCacheManager: one function per invariant (docs/architecture.md,
+// "Invariants and their checkers", states each).
 // Each returns ok, or an error describing the first violation found (pool, block id,
 // sequence id, expected vs actual). Unit tests, property tests, fuzzers and `kvproof
 // verify/audit` all call these same functions. They only read the manager, in O(state).

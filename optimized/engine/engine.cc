@@ -216,6 +216,16 @@ bool Engine::forget(RequestId id) {
 
 bool Engine::has_unfinished() const { return !scheduler_.idle(); }
 
+Status Engine::flush_prefix_cache_when_idle() {
+  if (has_unfinished())
+    return Status::error(
+        "flush_prefix_cache_when_idle: " +
+        std::to_string(scheduler_.num_waiting() + scheduler_.num_running() + scheduler_.num_swapped()) +
+        " sequences are waiting, running or swapped");
+  kv_.flush_prefix_cache();
+  return Status::ok();
+}
+
 Status Engine::step() {
   for (auto& [id, r] : requests_) {
     if (!r->cancel_requested || r->finished()) continue;

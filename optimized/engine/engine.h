@@ -97,7 +97,14 @@ class Engine {
   const Request& request(RequestId id) const { return *requests_.at(id); }
   const std::map<RequestId, std::unique_ptr<Request>>& requests() const { return requests_; }
   const KvCacheManager& kv() const { return kv_; }
-  KvCacheManager& kv_mutable() { return kv_; }
+  // The two operations on the KV manager that callers other than the scheduler need; nothing
+  // else reaches it behind the scheduler.
+  // Every KV transition from now on also goes to `log` (null: none). Between steps only; the
+  // log must outlive the engine or be detached first.
+  void set_kv_event_log(EventLog* log) { kv_.set_event_log(log); }
+  // Drops every cached-evictable block, so that after a run every block is free (I6's second
+  // half). Errors: a request is unfinished (its sequences hold blocks the flush must not see).
+  Status flush_prefix_cache_when_idle();
   const Scheduler& scheduler() const { return scheduler_; }
   const EngineConfig& config() const { return config_; }
   EngineMetrics metrics() const;
@@ -105,6 +112,7 @@ class Engine {
   const EngineCounters& counters() const { return counters_; }
 
  private:
+  friend class EngineTestPeer;  // tests plant state the scheduler does not know (a leak)
   void reject(Request& r, std::string reason);
   // Ends a request through the scheduler (which frees its blocks) and records when.
   void finish(Request& r, FinishReason reason);

@@ -18,7 +18,8 @@
 // append_tokens(s, {t}); allocate_slots(s, 1, mapping); after the step ran: mark_final.
 // take_plan_ops() once per step hands the block copies, swaps and poisons to the backend.
 //
-// Invariants I1, I2, I4, I5, I6 (see shared DESIGN.md) are checked by optimized/invariants.h.
+// Invariants I1, I2, I4, I5, I6 (stated in docs/architecture.md) are checked by
+// optimized/checkers/invariants.h.
 #pragma once
 
 #include <cstdint>

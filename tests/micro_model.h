@@ -1,0 +1,28 @@
+// The smallest model the engine tests run: 2 layers, hidden 32, 4 query and 2 KV heads of
+// dimension 8, vocabulary 64, random weights from seed 5. Small enough for hundreds of
+// property cases; GQA, so the head mapping is exercised. One instance per program.
+#pragma once
+
+#include "model/model_config.h"
+#include "model/presets.h"
+#include "model/weights.h"
+
+namespace kvp::test_models {
+
+inline const Model& micro_model() {
+  static const Model m = [] {
+    ModelConfig c;
+    c.vocab_size = 64;
+    c.hidden_size = 32;
+    c.intermediate_size = 64;
+    c.num_layers = 2;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 8;
+    c.max_position_embeddings = 256;
+    return make_random_model(c, 5);
+  }();
+  return m;
+}
+
+}  // namespace kvp::test_models
