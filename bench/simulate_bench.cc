@@ -6,8 +6,8 @@
 
 #include <benchmark/benchmark.h>
 
-#include "optimized/engine/traffic.h"
 #include "simulate/simulate.h"
+#include "simulate/traffic.h"
 
 #ifndef KVPROOF_SHARED_TRACES_DIR
 #define KVPROOF_SHARED_TRACES_DIR "../shared/traces"

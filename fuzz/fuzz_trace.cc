@@ -1,4 +1,4 @@
-// Fuzzer for the trace parsers (optimized/engine/traffic.h): any bytes, read as Azure CSV
+// Fuzzer for the trace parsers (simulate/traffic.h): any bytes, read as Azure CSV
 // (first byte even) or JSONL (odd), must give traffic or an error naming the source and a
 // line ("fuzz:LINE: ..."), never a crash, hang or sanitizer report; parsed traffic is in
 // arrival order from 0 with lengths >= 1.
@@ -7,7 +7,7 @@
 #include <sstream>
 #include <string>
 
-#include "optimized/engine/traffic.h"
+#include "simulate/traffic.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

@@ -12,9 +12,9 @@
 #include <rapidcheck/gtest.h>
 
 #include "optimized/backends/cost_model.h"
-#include "optimized/engine/traffic.h"
 #include "simulate/memory_accounting.h"
 #include "simulate/simulate.h"
+#include "simulate/traffic.h"
 
 namespace kvp {
 namespace {

@@ -1,6 +1,6 @@
 // kvproof simulate: the engine's own Scheduler and KvCacheManager, unchanged, on the
 // cost-model backend (optimized/backends/cost_model.h), driven by traffic
-// (optimized/engine/traffic.h) in simulated time.
+// (simulate/traffic.h) in simulated time.
 //
 // The driver owns simulated time: before each step it hands the engine every request whose
 // arrival time has passed on the backend's clock; when nothing is running it jumps the
@@ -52,8 +52,8 @@
 #include "common/status.h"
 #include "optimized/backends/cost_model.h"
 #include "optimized/engine/scheduler.h"
-#include "optimized/engine/traffic.h"
 #include "simulate/memory_accounting.h"
+#include "simulate/traffic.h"
 
 namespace kvp::sim {
 

@@ -13,11 +13,11 @@
 #include "optimized/backends/cost_model.h"
 #include "optimized/backends/cost_model_backend.h"
 #include "optimized/engine/engine.h"
-#include "optimized/engine/traffic.h"
 #include "simulate/contiguous_allocator.h"
 #include "simulate/memory_accounting.h"
 #include "simulate/report.h"
 #include "simulate/simulate.h"
+#include "simulate/traffic.h"
 
 #ifndef KVPROOF_SHARED_TRACES_DIR
 #define KVPROOF_SHARED_TRACES_DIR "../shared/traces"

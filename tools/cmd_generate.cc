@@ -74,89 +74,98 @@ Result<GenerateResult> engine_generate(const Model& model, const BackendChoice& 
 
 }  // namespace
 
+namespace {
+
+struct GenerateFlags {
+  ModelSource source;
+  std::string prompt;
+  int64_t max_tokens = 16;
+  SamplingParams sampling;
+  int top_logits = 5;
+  bool json = false;
+  bool ignore_eos = false;
+  BackendChoice backend;
+  KvEventsPublishOptions publish;
+};
+
+void add_generate_flags(CLI::App& cmd, GenerateFlags& f) {
+  f.source.add_options(cmd);
+  f.backend.add_options(cmd, {"reference"});
+  cmd.add_option("--prompt", f.prompt, "prompt token ids, comma-separated: 1,2,3")->required();
+  cmd.add_option("--max-tokens", f.max_tokens, "tokens to generate")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  cmd.add_option("--temperature", f.sampling.temperature, "0 = greedy")->check(CLI::Range(0.0f, 100.0f));
+  cmd.add_option("--top-k", f.sampling.top_k, "keep the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+  cmd.add_option("--top-p", f.sampling.top_p, "nucleus mass in (0, 1]")->check(CLI::Range(0.0f, 1.0f));
+  cmd.add_option("--seed", f.sampling.seed, "sampling seed");
+  cmd.add_option("--top-logits", f.top_logits, "with --json: top logits per step")->check(CLI::Range(1, 100));
+  cmd.add_flag("--json", f.json, "print JSON with the top logits of every step");
+  cmd.add_flag("--ignore-eos", f.ignore_eos,
+               "generate max-tokens tokens; by default generation stops after the model's eos_token_id "
+               "(config.json / generation_config.json)");
+  f.publish.add_options(cmd);  // with an engine backend
+}
+
+// The tokens and, per step, the top logits (ties by token id).
+void print_json(const GenerateFlags& f, const std::vector<int32_t>& prompt, const GenerateResult& out) {
+  nlohmann::json j;
+  j["model"] = f.source.describe();
+  j["prompt"] = prompt;
+  j["tokens"] = out.tokens;
+  j["sampling"] = {{"temperature", f.sampling.temperature},
+                   {"top_k", f.sampling.top_k},
+                   {"top_p", f.sampling.top_p},
+                   {"seed", f.sampling.seed}};
+  nlohmann::json steps = nlohmann::json::array();
+  for (std::size_t i = 0; i < out.tokens.size(); ++i) {
+    const std::vector<float>& logits = out.logits[i];
+    std::vector<int32_t> order(logits.size());
+    std::iota(order.begin(), order.end(), 0);
+    const auto k = std::min<std::size_t>(static_cast<std::size_t>(f.top_logits), order.size());
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; });
+    nlohmann::json top = nlohmann::json::array();
+    for (std::size_t r = 0; r < k; ++r) top.push_back({{"token", order[r]}, {"logit", logits[order[r]]}});
+    steps.push_back({{"token", out.tokens[i]}, {"top", top}});
+  }
+  j["steps"] = steps;
+  std::printf("%s\n", j.dump(2).c_str());
+}
+
+Result<int> run_generate(const GenerateFlags& f) {
+  auto prompt = parse_token_list(f.prompt);
+  if (!prompt) return Status::error("--prompt: " + prompt.status().message());
+  KVP_RETURN_IF_ERROR(f.sampling.validate());
+  auto model = f.source.load();
+  if (!model) return model.status();
+  const std::vector<int32_t> stop = f.ignore_eos ? std::vector<int32_t>{} : model->config.eos_token_ids;
+  if (f.publish.enabled() && f.backend.backend == "reference")
+    return Status::error("--kv-events-publish: the reference model has no paged KV cache; choose an engine --backend");
+  auto started = f.publish.start();
+  if (!started) return started.status();
+  const std::unique_ptr<kv_events::Publisher> publisher = std::move(*started);
+  auto out = f.backend.backend == "reference"
+                 ? reference_generate(ReferenceModel<float>(*model), *prompt, f.max_tokens, f.sampling, stop)
+                 : engine_generate(*model, f.backend, *prompt, f.max_tokens, f.sampling, stop, publisher.get());
+  if (!out) return out.status();
+  if (f.json) {
+    print_json(f, *prompt, *out);
+  } else {
+    std::string line;
+    for (int32_t t : out->tokens) line += (line.empty() ? "" : ",") + std::to_string(t);
+    std::printf("%s\n", line.c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
 void add_generate_command(CLI::App& app, int& exit_code) {
-  struct Options {
-    ModelSource source;
-    std::string prompt;
-    int64_t max_tokens = 16;
-    SamplingParams sampling;
-    int top_logits = 5;
-    bool json = false;
-    bool ignore_eos = false;
-    BackendChoice backend;
-    KvEventsPublishOptions publish;
-  };
-  auto opt = std::make_shared<Options>();
-  opt->backend.backend = "reference";
+  auto flags = std::make_shared<GenerateFlags>();
+  flags->backend.backend = "reference";
   CLI::App* cmd = app.add_subcommand(
       "generate", "Generate tokens with the reference model (the oracle, default) or the paged engine on a backend");
-  opt->source.add_options(*cmd);
-  opt->backend.add_options(*cmd, {"reference"});
-  cmd->add_option("--prompt", opt->prompt, "prompt token ids, comma-separated: 1,2,3")->required();
-  cmd->add_option("--max-tokens", opt->max_tokens, "tokens to generate")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  cmd->add_option("--temperature", opt->sampling.temperature, "0 = greedy")->check(CLI::Range(0.0f, 100.0f));
-  cmd->add_option("--top-k", opt->sampling.top_k, "keep the k most likely tokens (0 = all)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-p", opt->sampling.top_p, "nucleus mass in (0, 1]")->check(CLI::Range(0.0f, 1.0f));
-  cmd->add_option("--seed", opt->sampling.seed, "sampling seed");
-  cmd->add_option("--top-logits", opt->top_logits, "with --json: top logits per step")->check(CLI::Range(1, 100));
-  cmd->add_flag("--json", opt->json, "print JSON with the top logits of every step");
-  cmd->add_flag("--ignore-eos", opt->ignore_eos,
-                "generate max-tokens tokens; by default generation stops after the model's eos_token_id "
-                "(config.json / generation_config.json)");
-  opt->publish.add_options(*cmd);  // with an engine backend
-  cmd->callback([opt, &exit_code] {
-    auto fail = [&](const std::string& msg) {
-      std::fprintf(stderr, "kvproof generate: %s\n", msg.c_str());
-      exit_code = kExitBadInput;
-    };
-    auto prompt = parse_token_list(opt->prompt);
-    if (!prompt) return fail("--prompt: " + prompt.status().message());
-    if (Status s = opt->sampling.validate(); !s) return fail(s.message());
-    auto model = opt->source.load();
-    if (!model) return fail(model.status().message());
-    const std::vector<int32_t> stop = opt->ignore_eos ? std::vector<int32_t>{} : model->config.eos_token_ids;
-    if (opt->publish.enabled() && opt->backend.backend == "reference")
-      return fail("--kv-events-publish: the reference model has no paged KV cache; choose an engine --backend");
-    auto started = opt->publish.start();
-    if (!started) return fail(started.status().message());
-    const std::unique_ptr<kv_events::Publisher> publisher = std::move(*started);
-    auto out =
-        opt->backend.backend == "reference"
-            ? reference_generate(ReferenceModel<float>(*model), *prompt, opt->max_tokens, opt->sampling, stop)
-            : engine_generate(*model, opt->backend, *prompt, opt->max_tokens, opt->sampling, stop, publisher.get());
-    if (!out) return fail(out.status().message());
-
-    if (!opt->json) {
-      std::string line;
-      for (int32_t t : out->tokens) line += (line.empty() ? "" : ",") + std::to_string(t);
-      std::printf("%s\n", line.c_str());
-      return;
-    }
-    nlohmann::json j;
-    j["model"] = opt->source.describe();
-    j["prompt"] = *prompt;
-    j["tokens"] = out->tokens;
-    j["sampling"] = {{"temperature", opt->sampling.temperature},
-                     {"top_k", opt->sampling.top_k},
-                     {"top_p", opt->sampling.top_p},
-                     {"seed", opt->sampling.seed}};
-    nlohmann::json steps = nlohmann::json::array();
-    for (std::size_t i = 0; i < out->tokens.size(); ++i) {
-      const std::vector<float>& logits = out->logits[i];
-      std::vector<int32_t> order(logits.size());
-      std::iota(order.begin(), order.end(), 0);
-      const auto k = std::min<std::size_t>(static_cast<std::size_t>(opt->top_logits), order.size());
-      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                        [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; });
-      nlohmann::json top = nlohmann::json::array();
-      for (std::size_t r = 0; r < k; ++r) top.push_back({{"token", order[r]}, {"logit", logits[order[r]]}});
-      steps.push_back({{"token", out->tokens[i]}, {"top", top}});
-    }
-    j["steps"] = steps;
-    std::printf("%s\n", j.dump(2).c_str());
-  });
+  add_generate_flags(*cmd, *flags);
+  cmd->callback([flags, &exit_code] { set_exit_code("generate", run_generate(*flags), exit_code); });
 }
 
 }  // namespace kvp::tools

@@ -81,11 +81,11 @@ struct Inputs {
   float scale = 1.0f;
 };
 
-Inputs make_inputs(const KernelCase& c) {
-  Rng rng(c.seed);
-  Inputs in;
+// The batch's shape, block tables (a random permutation of a pool larger than needed, dealt
+// out in order, each row padded with -1) and metadata.
+void make_batch(const KernelCase& c, Rng& rng, Inputs& in) {
   const int64_t num_seqs = static_cast<int64_t>(c.seqs.size());
-  const int64_t bs = c.block_size, kvh = c.num_kv_heads, hd = c.head_dim;
+  const int64_t bs = c.block_size, hd = c.head_dim;
   int64_t total_blocks = 0, max_blocks = 0, num_tokens = 0, max_context = 0;
   for (const SeqSpec& s : c.seqs) {
     const int64_t n = (s.context_len + bs - 1) / bs;
@@ -128,8 +128,12 @@ Inputs make_inputs(const KernelCase& c) {
     }
     in.query_start.push_back(static_cast<int32_t>(in.token_seq.size()));
   }
+}
 
-  // Dense K/V, then queries; the kind shapes the scores.
+// Dense K/V per sequence, rounded to the KV dtype, and the queries; all-equal scores copy the
+// first position's keys everywhere.
+void draw_values(const KernelCase& c, Rng& rng, Inputs& in) {
+  const int64_t kvh = c.num_kv_heads, hd = c.head_dim;
   for (const SeqSpec& spec : c.seqs) {
     const std::size_t n = static_cast<std::size_t>(spec.context_len * kvh * hd);
     std::vector<float> k(n), v(n);
@@ -142,45 +146,59 @@ Inputs make_inputs(const KernelCase& c) {
     in.k_dense.push_back(std::move(k));
     in.v_dense.push_back(std::move(v));
   }
-  in.query.resize(static_cast<std::size_t>(num_tokens * c.num_heads * hd));
+  in.query.resize(static_cast<std::size_t>(in.shape.num_tokens * c.num_heads * hd));
   for (float& x : in.query) x = static_cast<float>(rng.uniform(-1.0, 1.0));
+}
+
+// One dominant position per sequence: before every new token, a key that is the first new
+// token's query (the group's first head) scaled to a score of 30 above the rest.
+void plant_dominant(const KernelCase& c, Rng& rng, Inputs& in) {
+  const int64_t kvh = c.num_kv_heads, hd = c.head_dim, num_seqs = static_cast<int64_t>(c.seqs.size());
   const int64_t group = c.num_heads / c.num_kv_heads;
-  if (c.kind == InputKind::kDominant) {
-    // Per sequence, one position before every new token whose key is its first new token's
-    // query (the group's first head) scaled to a score of 30 above the rest.
-    for (int64_t s = 0; s < num_seqs; ++s) {
-      const int32_t t0 = in.query_start[static_cast<std::size_t>(s)];
-      const int64_t j =
-          static_cast<int64_t>(rng.below(static_cast<uint64_t>(in.positions[static_cast<std::size_t>(t0)] + 1)));
-      for (int64_t g = 0; g < kvh; ++g) {
-        const float* q = in.query.data() + (t0 * c.num_heads + g * group) * hd;
-        double norm2 = 0.0;
-        for (int64_t d = 0; d < hd; ++d) norm2 += static_cast<double>(q[d]) * q[d];
-        const double factor = 30.0 / (in.scale * norm2);
-        float* k = in.k_dense[static_cast<std::size_t>(s)].data() + (j * kvh + g) * hd;
-        for (int64_t d = 0; d < hd; ++d) k[d] = round_to_dtype(static_cast<float>(factor * q[d]), c.kv_dtype);
-      }
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int32_t t0 = in.query_start[static_cast<std::size_t>(s)];
+    const int64_t j =
+        static_cast<int64_t>(rng.below(static_cast<uint64_t>(in.positions[static_cast<std::size_t>(t0)] + 1)));
+    for (int64_t g = 0; g < kvh; ++g) {
+      const float* q = in.query.data() + (t0 * c.num_heads + g * group) * hd;
+      double norm2 = 0.0;
+      for (int64_t d = 0; d < hd; ++d) norm2 += static_cast<double>(q[d]) * q[d];
+      const double factor = 30.0 / (in.scale * norm2);
+      float* k = in.k_dense[static_cast<std::size_t>(s)].data() + (j * kvh + g) * hd;
+      for (int64_t d = 0; d < hd; ++d) k[d] = round_to_dtype(static_cast<float>(factor * q[d]), c.kv_dtype);
     }
   }
-  if (c.kind == InputKind::kLargeScores) {
-    // Each (token, head) query scaled so its largest |score| is 120: exp(120) overflows fp32.
-    for (int64_t t = 0; t < num_tokens; ++t) {
-      const int32_t s = in.token_seq[static_cast<std::size_t>(t)];
-      const std::vector<float>& k = in.k_dense[static_cast<std::size_t>(s)];
-      for (int64_t h = 0; h < c.num_heads; ++h) {
-        float* q = in.query.data() + (t * c.num_heads + h) * hd;
-        double largest = 0.0;
-        for (int64_t j = 0; j <= in.positions[static_cast<std::size_t>(t)]; ++j) {
-          double score = 0.0;
-          for (int64_t d = 0; d < hd; ++d)
-            score += static_cast<double>(q[d]) * k[static_cast<std::size_t>((j * kvh + h / group) * hd + d)];
-          largest = std::max(largest, std::abs(score * in.scale));
-        }
-        if (largest > 0.0)
-          for (int64_t d = 0; d < hd; ++d) q[d] = static_cast<float>(q[d] * (120.0 / largest));
+}
+
+// Each (token, head) query scaled so its largest |score| is 120: exp(120) overflows fp32.
+void scale_to_large_scores(const KernelCase& c, Inputs& in) {
+  const int64_t kvh = c.num_kv_heads, hd = c.head_dim, num_tokens = in.shape.num_tokens;
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int32_t s = in.token_seq[static_cast<std::size_t>(t)];
+    const std::vector<float>& k = in.k_dense[static_cast<std::size_t>(s)];
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      float* q = in.query.data() + (t * c.num_heads + h) * hd;
+      double largest = 0.0;
+      for (int64_t j = 0; j <= in.positions[static_cast<std::size_t>(t)]; ++j) {
+        double score = 0.0;
+        for (int64_t d = 0; d < hd; ++d)
+          score += static_cast<double>(q[d]) * k[static_cast<std::size_t>((j * kvh + h / group) * hd + d)];
+        largest = std::max(largest, std::abs(score * in.scale));
       }
+      if (largest > 0.0)
+        for (int64_t d = 0; d < hd; ++d) q[d] = static_cast<float>(q[d] * (120.0 / largest));
     }
   }
+}
+
+Inputs make_inputs(const KernelCase& c) {
+  Rng rng(c.seed);
+  Inputs in;
+  make_batch(c, rng, in);
+  draw_values(c, rng, in);
+  if (c.kind == InputKind::kDominant) plant_dominant(c, rng, in);
+  if (c.kind == InputKind::kLargeScores) scale_to_large_scores(c, in);
   return in;
 }
 

@@ -1,4 +1,4 @@
-#include "optimized/engine/traffic.h"
+#include "simulate/traffic.h"
 
 #include <algorithm>
 #include <charconv>
