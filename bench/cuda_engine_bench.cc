@@ -43,7 +43,7 @@ void BM_EngineDecode(benchmark::State& state) {
   } else {
     CudaBackendConfig bc;
     bc.pool = c.kv.pool;
-    auto made = CudaBackend::create(model, bc);
+    auto made = make_cuda_backend(CudaFlavour::kDevice, model, bc);
     if (!made) {
       state.SkipWithError(made.status().message().c_str());
       return;

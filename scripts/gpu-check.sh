@@ -10,7 +10,7 @@
 #      a pool over 2^31 elements), and the backend conformance suite against the nvcc-built
 #      CUDA backend (backend_conformance_gpu_test)
 #   3. the gpu tests under compute-sanitizer memcheck, racecheck, synccheck, initcheck
-#   4. kvproof-cuda verify --backend cuda on every built-in workload shape (f32 KV), and on
+#   4. kvproof verify --backend cuda on every built-in workload shape (f32 KV), and on
 #      the default shape with f16 and bf16 KV
 #   4b. benchmarks: decode attention bandwidth against copy bandwidth, engine decode tokens/s
 #      CUDA against CPU (JSON under $OUT)
@@ -55,7 +55,7 @@ build() {
   cmake --preset default -DKVPROOF_CUDA=ON &&
     cmake --build "$BUILD" -j "$JOBS" --target simt_test simt_gpu_test backend_conformance_gpu_test \
       cuda_kernels_test cuda_kernels_gpu_test cuda_attention_bench cuda_engine_bench \
-      kvproof kvproof-cuda kvp_cuda_resource_usage
+      kvproof kvp_cuda_resource_usage
 }
 export -f build
 if step build 240 build; then
@@ -83,12 +83,12 @@ if step build 240 build; then
   done
 
   for shape in short-chat long-docs many-users shared-prefix mixed multi-tenant; do
-    step "verify-cuda-$shape" 60 "$BUILD/bin/kvproof-cuda" verify --backend cuda --shape "$shape" \
+    step "verify-cuda-$shape" 60 "$BUILD/bin/kvproof" verify --backend cuda --shape "$shape" \
       --json "$OUT/verify-cuda-$shape.json"
   done
 
   for dtype in f16 bf16; do
-    step "verify-cuda-mixed-$dtype" 60 "$BUILD/bin/kvproof-cuda" verify --backend cuda --kv-dtype "$dtype" \
+    step "verify-cuda-mixed-$dtype" 60 "$BUILD/bin/kvproof" verify --backend cuda --kv-dtype "$dtype" \
       --json "$OUT/verify-cuda-mixed-$dtype.json"
   done
 

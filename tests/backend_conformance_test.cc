@@ -7,7 +7,6 @@
 // its refusal of malformed plans before anything runs. Only Backend's interface is used.
 #include "tests/backend_conformance.h"
 
-#include "kernels/cuda/model_kernels.h"
 #include "optimized/backends/cpu_backend.h"
 #include "optimized/backends/cuda_backend.h"
 #include "optimized/backends/plan_validation.h"
@@ -721,16 +720,19 @@ TEST_P(BackendConformance, RejectsMalformedPlansWithoutChangingAnything) {
   return std::unique_ptr<Backend>(std::move(*b));
 }
 
-// The CUDA backend, in the flavour this binary links: "cuda-emu" (SIMT-emulated kernels,
+// The CUDA backend in the flavour this binary tests: "cuda-emu" (SIMT-emulated kernels,
 // backend_conformance_test) or "cuda" (nvcc kernels on a GPU, backend_conformance_gpu_test,
 // built with KVP_CUDA_DEVICE_FLAVOUR).
+#if defined(KVP_CUDA_DEVICE_FLAVOUR)
+constexpr CudaFlavour kCudaFlavour = CudaFlavour::kDevice;
+#else
+constexpr CudaFlavour kCudaFlavour = CudaFlavour::kEmulated;
+#endif
 Result<std::unique_ptr<Backend>> make_cuda(const Model& m, const BackendParams& p) {
   CudaBackendConfig c;
   c.pool = p.pool;
   c.attention_partition = p.attention_partition;
-  auto b = CudaBackend::create(m, c);
-  if (!b) return b.status();
-  return std::unique_ptr<Backend>(std::move(*b));
+  return make_cuda_backend(kCudaFlavour, m, c);
 }
 
 std::string factory_name(const ::testing::TestParamInfo<BackendFactory>& p) {
@@ -742,14 +744,14 @@ std::string factory_name(const ::testing::TestParamInfo<BackendFactory>& p) {
 #if defined(KVP_CUDA_DEVICE_FLAVOUR)
 // No device: no backend to instantiate; the Device test below says why.
 std::vector<BackendFactory> gpu_factories() {
-  if (!cuda_kernels::dev::check_device().empty()) return {};
+  if (!cuda_device_status()) return {};
   return {BackendFactory{"cuda", make_cuda}};
 }
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(BackendConformance);
 INSTANTIATE_TEST_SUITE_P(Cuda, BackendConformance, ::testing::ValuesIn(gpu_factories()), factory_name);
 TEST(CudaDevice, Present) {
-  const std::string why = cuda_kernels::dev::check_device();
-  if (!why.empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
+  const Status why = cuda_device_status();
+  if (!why) GTEST_SKIP() << why.message();
 }
 #else
 INSTANTIATE_TEST_SUITE_P(Cpu, BackendConformance, ::testing::Values(BackendFactory{"cpu", make_cpu}),

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "optimized/backends/cuda_backend.h"
 #include "tools/commands.h"
 #include "tools/model_source.h"
 
@@ -13,7 +14,8 @@ void add_info_command(CLI::App& app, int& exit_code) {
     bool json = false;
   };
   auto opt = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("info", "Show a model's parameters, tensor shapes and KV bytes per token");
+  CLI::App* cmd = app.add_subcommand(
+      "info", "Show a model's parameters, tensor shapes and KV bytes per token, and which backends run here");
   opt->source.add_options(*cmd);
   cmd->add_flag("--json", opt->json, "print JSON");
   cmd->callback([opt, &exit_code] {
@@ -35,6 +37,10 @@ void add_info_command(CLI::App& app, int& exit_code) {
     for (const auto& t : named_tensors(model->config, model->weights))
       tensors.push_back({{"name", t.name}, {"shape", t.shape}});
     j["tensors"] = tensors;
+    // cpu and cuda-emu run anywhere; cuda needs this kvproof built with CUDA and a device.
+    const Status cuda = cuda_device_status();
+    j["backends"] = {
+        {"cpu", "runs here"}, {"cuda-emu", "runs here"}, {"cuda", cuda ? std::string("runs here") : cuda.message()}};
     if (opt->json) {
       std::printf("%s\n", j.dump(2).c_str());
       return;
@@ -62,6 +68,9 @@ void add_info_command(CLI::App& app, int& exit_code) {
                 static_cast<long long>(c.kv_bytes_per_token(DType::kF32)),
                 static_cast<long long>(c.kv_bytes_per_token(DType::kF16)),
                 static_cast<long long>(c.kv_bytes_per_token(DType::kBF16)));
+    std::printf("backends:\n");
+    for (const char* b : {"cpu", "cuda-emu", "cuda"})
+      std::printf("  %-9s %s\n", b, j["backends"][b].get<std::string>().c_str());
     std::printf("tensors:\n");
     for (const auto& t : tensors)
       std::printf("  %-48s %s\n", t["name"].get<std::string>().c_str(), t["shape"].dump().c_str());

@@ -46,7 +46,7 @@ void BackendChoice::add_options(CLI::App& cmd, const std::vector<std::string>& e
   for (const std::string& c : choices) names += (names.empty() ? "" : ", ") + c;
   cmd.add_option("--backend", backend,
                  "model executor: " + names +
-                     " (cuda-emu: the CUDA kernels emulated on the CPU; cuda: on a GPU, the kvproof-cuda program)")
+                     " (cuda-emu: the CUDA kernels emulated on the CPU; cuda: on a GPU, see kvproof info)")
       ->check(CLI::IsMember(choices));
   cmd.add_option("--kv-dtype", kv_dtype,
                  "KV pool element type: f32, f16 or bf16 (rounded when written, read as fp32; cuda backends)")

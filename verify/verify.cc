@@ -14,7 +14,6 @@
 #include <openssl/evp.h>
 #include <nlohmann/json.hpp>
 
-#include "kernels/cuda/model_kernels.h"
 #include "model/presets.h"
 #include "optimized/backends/cpu_backend.h"
 #include "optimized/backends/cuda_backend.h"
@@ -91,18 +90,12 @@ Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const
     auto backend = CpuBackend::create(std::shared_ptr<const Model>(std::shared_ptr<const Model>(), &model), bc);
     if (!backend) return backend.status();
     live.backend = std::move(*backend);
-  } else if (o.backend == KVP_CUDA_FLAVOUR_NAME) {
+  } else if (o.backend == "cuda-emu" || o.backend == "cuda") {
     CudaBackendConfig bc;
     bc.pool = ec.kv.pool;
-    auto backend = CudaBackend::create(model, bc);
+    auto backend = make_cuda_backend(o.backend == "cuda" ? CudaFlavour::kDevice : CudaFlavour::kEmulated, model, bc);
     if (!backend) return backend.status();
     live.backend = std::move(*backend);
-  } else if (o.backend == "cuda" || o.backend == "cuda-emu") {
-    // One program links one CUDA flavour (kernels/cuda/model_kernels.h).
-    return Status::error("backend " + o.backend +
-                         " is not in this program: it has cpu and " KVP_CUDA_FLAVOUR_NAME
-                         " (the nvcc flavour, --backend cuda, is the kvproof-cuda program, built when CMake finds "
-                         "nvcc; without a CUDA device it fails with 'no CUDA device')");
   } else {
     return Status::error("unknown backend '" + o.backend + "' (cpu, cuda-emu, cuda)");
   }

@@ -81,8 +81,8 @@ struct VerifyOptions {
   // Reuse each comparison with the oracle for the same tokens and bitwise-equal engine rows
   // (OracleComparisons); off: every request runs the oracle.
   bool oracle_memo = true;
-  // The model executor: "cpu", or the CUDA backend in the flavour this program links
-  // ("cuda-emu": kvproof, SIMT-emulated kernels; "cuda": kvproof-cuda, nvcc kernels on a GPU).
+  // The model executor: "cpu", or the CUDA backend ("cuda-emu": SIMT-emulated kernels on the
+  // CPU; "cuda": nvcc kernels on a GPU, "no CUDA device" without one; cuda_backend.h).
   std::string backend = "cpu";
   // The KV pool's element type: f32, or f16/bf16 on the CUDA backends (rounded when
   // written, read as fp32; the CPU backend keeps f32 pools only).

@@ -282,10 +282,12 @@ __global__ void add_kernel(float* x, const float* y, int64_t n) {
 std::string check_device() {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0)
-    return std::string("no CUDA device: cudaGetDeviceCount: ") +
-           (e == cudaSuccess ? std::string("0 devices") : kvp::simt::error_message(e));
-  return {};
+  if (e == cudaSuccess && count > 0) return {};
+  std::string why =
+      e == cudaSuccess ? std::string("0 devices") : cudaGetErrorName(e) + (": " + kvp::simt::error_message(e));
+  // What the static runtime reports when it finds no libcuda.so.1 at all.
+  if (e == cudaErrorInsufficientDriver) why += " (no NVIDIA driver loaded, or one older than this CUDA runtime)";
+  return "no CUDA device: cudaGetDeviceCount: " + why;
 }
 
 std::string device_alloc(void** d_ptr, std::size_t bytes) {

@@ -5,7 +5,8 @@
 //             library kvp_cuda_kernels_emu (always built);
 //   device:   nvcc (sm_80, sm_90), namespace ...::dev, library kvp_cuda_kernels_dev (when
 //             KVPROOF_HAS_CUDA). A host file compiled against it defines KVP_CUDA_DEVICE_FLAVOUR.
-// The two flavours are never linked into one program (kvp_simt defines the runtime's names).
+// Both flavours link into one program (kvproof): their namespaces differ, and the SIMT
+// layer's runtime names live in inline namespaces of their own (kernels/simt/runtime.h).
 //
 // Every function returns "" on success, else a message naming the call or kernel and the
 // CUDA error. Pointers named d_* are device memory, h_* pinned host memory.

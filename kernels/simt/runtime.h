@@ -20,8 +20,14 @@
 //   - Errors are not sticky: a failed launch sets the thread's last error (cudaGetLastError
 //     returns and clears it) and kvp::simt::last_error_message() says what went wrong, naming
 //     the kernel and block.
-//   - One program links one flavour: this header and <cuda_runtime.h> are never included in
-//     the same translation unit, and kvp_simt is never linked next to cudart.
+//   - Both flavours link into one program (kvproof has cpu, cuda-emu and cuda): this header
+//     and <cuda_runtime.h> are never included in the same translation unit, and everything
+//     declared here lives in an inline namespace (kvp_simt_emulated at global scope,
+//     kvp::simt::emulated), so code still says cudaMalloc, dim3, cudaError_t unqualified,
+//     but the emulated functions and types get mangled names of their own. The real
+//     runtime's functions are extern "C" and its types (dim3, cudaError_t, ...) are global
+//     C++ names: without the namespace the two flavours' inline functions and types would
+//     be two definitions of one name (an ODR violation no linker reports).
 #pragma once
 
 #include "kernels/simt/config.h"
@@ -33,11 +39,14 @@
 #include <cstddef>
 #include <string>
 
+inline namespace kvp_simt_emulated {
+
 enum cudaError_t {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
+  cudaErrorInsufficientDriver = 35,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorLaunchFailure = 719,
@@ -102,7 +111,10 @@ cudaError_t cudaPeekAtLastError();
 const char* cudaGetErrorString(cudaError_t error);
 const char* cudaGetErrorName(cudaError_t error);
 
+}  // namespace kvp_simt_emulated
+
 namespace kvp::simt {
+inline namespace emulated {
 
 // What the calling host thread's most recent launch reported ("kernel block_reduce_kernel,
 // block (1,0,0): ..."); empty when it succeeded. cudaGetLastError does not clear it.
@@ -116,6 +128,7 @@ std::string last_error_message();
 void set_host_threads(int n);
 int host_threads();
 
+}  // namespace emulated
 }  // namespace kvp::simt
 
 #endif  // !__CUDACC__

@@ -48,7 +48,9 @@ void AnnotateIgnoreSyncEnd(const char* file, int line);
 #include <sanitizer/common_interface_defs.h>
 #endif
 
-namespace kvp::simt::detail {
+namespace kvp::simt {
+inline namespace emulated {
+namespace detail {
 namespace {
 
 constexpr uint32_t kFillWord = 0x7FA07FA0u;
@@ -931,11 +933,9 @@ void launch(const char* kernel, dim3 grid, dim3 block, std::size_t shmem_bytes, 
   }
 }
 
-}  // namespace kvp::simt::detail
+}  // namespace detail
 
 // ---- runtime shim ----
-
-namespace kvp::simt {
 
 std::string last_error_message() { return detail::tls_last_error.message; }
 
@@ -947,7 +947,10 @@ int host_threads() {
   return hw == 0 ? 1 : static_cast<int>(hw);
 }
 
+}  // namespace emulated
 }  // namespace kvp::simt
+
+inline namespace kvp_simt_emulated {
 
 struct kvp_simt_stream {};
 struct kvp_simt_event {
@@ -1045,6 +1048,7 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
@@ -1057,9 +1061,12 @@ const char* cudaGetErrorString(cudaError_t error) {
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient for CUDA runtime version";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
   }
   return "unknown error";
 }
+
+}  // namespace kvp_simt_emulated

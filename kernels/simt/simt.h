@@ -126,6 +126,11 @@ inline bool device_available() {
   ::kvp::simt::Launch(#kernel, kernel, (grid), (block), (shmem_bytes), (stream))
 #define KVP_UNROLL
 
+// Everything below is declared in runtime.h's inline namespaces (kvp_simt_emulated,
+// kvp::simt::emulated): kernels name it as CUDA spells it, and its mangled names are not
+// those of the nvcc flavour's objects, which a program links beside these (runtime.h).
+inline namespace kvp_simt_emulated {
+
 struct uint3 {
   unsigned x, y, z;
 };
@@ -138,7 +143,10 @@ inline thread_local dim3 blockDim;
 inline thread_local dim3 gridDim;
 inline constexpr int warpSize = 32;
 
+}  // namespace kvp_simt_emulated
+
 namespace kvp::simt {
+inline namespace emulated {
 
 namespace detail {
 
@@ -219,7 +227,10 @@ class Launch {
   cudaStream_t stream_;
 };
 
+}  // namespace emulated
 }  // namespace kvp::simt
+
+inline namespace kvp_simt_emulated {
 
 // ---- barriers, warp collectives ----
 // The trailing defaulted arguments record the call site for error messages.
@@ -362,5 +373,7 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{kvp::fl
 inline float __bfloat162float(__nv_bfloat16 h) { return kvp::bf16_to_float(h.bits); }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
 inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return __nv_bfloat16{u}; }
+
+}  // namespace kvp_simt_emulated
 
 #endif  // emulated flavour

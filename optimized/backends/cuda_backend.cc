@@ -1,3 +1,7 @@
+// The CUDA backend (cuda_backend.h) in the flavour this translation unit is compiled for:
+// emulated (library kvp_cuda_backend, this file) or device (cuda_backend_device.cc includes
+// it with KVP_CUDA_DEVICE_FLAVOUR). Everything here is in kvp::cuda_backend::emu or ::dev,
+// or has internal linkage, so both flavours link into one program.
 #include "optimized/backends/cuda_backend.h"
 
 #include <algorithm>
@@ -13,7 +17,7 @@
 #include "model/rope.h"
 #include "optimized/backends/plan_validation.h"
 
-namespace kvp {
+namespace kvp::cuda_backend::KVP_CUDA_FLAVOUR_NS {
 
 namespace ck = cuda_kernels::KVP_CUDA_FLAVOUR_NS;
 
@@ -25,7 +29,11 @@ Status cuda_status(const std::string& error) { return error.empty() ? Status::ok
 
 #define KVP_CUDA_RETURN_IF_ERROR(expr) KVP_RETURN_IF_ERROR(cuda_status(expr))
 
-// A grow-only device buffer for one step's activations or plan arrays.
+}  // namespace
+
+// A grow-only device buffer for one step's activations or plan arrays. (Not in the anonymous
+// namespace: cuda_backend_device.cc includes this file, and GCC's -Wsubobject-linkage then
+// objects to an internal type as a member of CudaBackend::Device.)
 struct DeviceBuffer {
   void* ptr = nullptr;
   std::size_t capacity = 0;
@@ -35,7 +43,34 @@ struct DeviceBuffer {
   }
 };
 
-}  // namespace
+// This flavour's backend; its contract is in cuda_backend.h.
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<CudaBackend>> create(const Model& model, const CudaBackendConfig& config);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  Status execute(const BatchPlan& plan, StepOutput& out) override;
+  const char* name() const override;
+  const KvPoolShape& pool_shape() const override { return config_.pool; }
+  Status read_block(PoolKind pool, int64_t layer, int32_t block, std::vector<float>& k,
+                    std::vector<float>& v) const override;
+  int64_t audited_block_reads() const override { return audited_block_reads_; }
+
+ private:
+  struct Device;
+  CudaBackend(const Model& model, const CudaBackendConfig& config);
+  Status init();
+  Status run_ops(const KvPlanOps& ops);
+  Status run_model(const BatchPlan& plan, StepOutput& out);
+
+  ModelConfig model_config_;
+  const Model* model_for_init_ = nullptr;  // only during create()
+  CudaBackendConfig config_;
+  int64_t audited_block_reads_ = 0;
+  std::unique_ptr<Device> dev_;
+};
 
 struct CudaBackend::Device {
   struct Layer {
@@ -92,14 +127,6 @@ struct CudaBackend::Device {
     return cuda_status(ck::copy_to_device(b.ptr, host.data(), host.size() * sizeof(T)));
   }
 };
-
-Status CudaBackendConfig::validate() const {
-  KVP_RETURN_IF_ERROR(pool.validate_for_backend());
-  if (!ck::kv_dtype_supported(pool.kv_dtype))
-    return Status::error("kv_dtype must be F32, F16 or BF16, got " + std::string(dtype_name(pool.kv_dtype)));
-  if (attention_partition <= 0) return Status::error("attention_partition must be > 0");
-  return Status::ok();
-}
 
 CudaBackend::CudaBackend(const Model& model, const CudaBackendConfig& config)
     : model_config_(model.config), model_for_init_(&model), config_(config), dev_(std::make_unique<Device>()) {}
@@ -374,4 +401,12 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   return cuda_status(ck::copy_to_host(out.logits.data(), d.logits.ptr, fbytes(num_rows * c.vocab_size)));
 }
 
-}  // namespace kvp
+Result<std::unique_ptr<Backend>> create(const Model& model, const CudaBackendConfig& config) {
+  auto made = CudaBackend::create(model, config);
+  if (!made) return made.status();
+  return std::unique_ptr<Backend>(std::move(*made));
+}
+
+Status device_status() { return cuda_status(ck::check_device()); }
+
+}  // namespace kvp::cuda_backend::KVP_CUDA_FLAVOUR_NS

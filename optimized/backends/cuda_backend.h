@@ -1,14 +1,22 @@
-// CudaBackend: the model executor on CUDA kernels (kernels/cuda/model_kernels.cu), in two
-// flavours from one source: "cuda-emu" (kernels run on the CPU through the SIMT emulation
-// layer; library kvp_cuda_emu_backend, always built) and "cuda" (nvcc-built kernels on a
-// GPU; library kvp_cuda_dev_backend, built when KVPROOF_HAS_CUDA). A program links one
-// flavour (see kernels/cuda/model_kernels.h).
+// The CUDA backend: the model executor on CUDA kernels (kernels/cuda/model_kernels.cu), in two
+// flavours from one source (cuda_backend.cc), both in one program:
+//   CudaFlavour::kEmulated, "cuda-emu": the kernels run on the CPU through the SIMT emulation
+//     layer; in every build.
+//   CudaFlavour::kDevice, "cuda": the nvcc-built kernels on a GPU, through the CUDA runtime
+//     linked statically (the driver, libcuda, is loaded at the first call); built when CMake
+//     finds nvcc (KVPROOF_HAS_CUDA), else make_cuda_backend says the program was built
+//     without CUDA. A program without a GPU or driver starts and runs the other backends.
+// The two flavours' classes are kvp::cuda_backend::emu::CudaBackend and ...::dev::CudaBackend
+// (cuda_backend.cc, compiled once per flavour); callers see the Backend interface only.
 //
 // Same contract and same arithmetic as CpuBackend: every output element is reduced in
 // kernels/cpu_attention.h's order, attention partitions are fixed in positions and merged in
 // order, so a sequence's logits do not depend on the block size, block ids, chunking or
 // batch (N1). With an fp32 pool the emulated flavour gives CpuBackend's bits; the GPU flavour
 // may differ from it in the last bits (FMA contraction, the device's expf) but not from itself.
+// execute: validate_plan and check_plan_read_scope first (nothing changes on an error), then
+// the ops (swap_out, block_copies, poison, swap_in), then the model; a CUDA error is a Status
+// naming the call or kernel.
 //
 // Memory: weights, the device KV pool and activations in device memory; the host (swap)
 // pool in pinned host memory; pools of pool.kv_dtype (f32, f16 or bf16: K/V rounded to it
@@ -18,7 +26,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "common/status.h"
 #include "kernels/cpu_attention.h"
@@ -36,37 +43,28 @@ struct CudaBackendConfig {
   Status validate() const;
 };
 
-class CudaBackend final : public Backend {
- public:
-  // Errors: invalid configs, a head shape the attention kernel does not take, no CUDA device ("cuda"
-  // flavour), a failed allocation or upload.
-  static Result<std::unique_ptr<CudaBackend>> create(const Model& model, const CudaBackendConfig& config);
-  ~CudaBackend() override;
-  CudaBackend(const CudaBackend&) = delete;
-  CudaBackend& operator=(const CudaBackend&) = delete;
+enum class CudaFlavour { kEmulated, kDevice };
 
-  // validate_plan and check_plan_read_scope first (nothing changes on an error), then the
-  // ops (swap_out, block_copies, poison, swap_in), then the model. A CUDA error is a Status
-  // naming the call or kernel.
-  Status execute(const BatchPlan& plan, StepOutput& out) override;
-  const char* name() const override;
-  const KvPoolShape& pool_shape() const override { return config_.pool; }
-  Status read_block(PoolKind pool, int64_t layer, int32_t block, std::vector<float>& k,
-                    std::vector<float>& v) const override;
-  int64_t audited_block_reads() const override { return audited_block_reads_; }
+// Whether the kDevice flavour can run here: ok, or "this kvproof was built without CUDA ..."
+// or "no CUDA device: ..." (no GPU, or no driver). The emulated flavour always can.
+Status cuda_device_status();
 
- private:
-  struct Device;
-  CudaBackend(const Model& model, const CudaBackendConfig& config);
-  Status init();
-  Status run_ops(const KvPlanOps& ops);
-  Status run_model(const BatchPlan& plan, StepOutput& out);
+// Errors: invalid configs, a head shape the attention kernel does not take, what
+// cuda_device_status says (kDevice), a failed allocation or upload.
+Result<std::unique_ptr<Backend>> make_cuda_backend(CudaFlavour flavour, const Model& model,
+                                                   const CudaBackendConfig& config);
 
-  ModelConfig model_config_;
-  const Model* model_for_init_ = nullptr;  // only during create()
-  CudaBackendConfig config_;
-  int64_t audited_block_reads_ = 0;
-  std::unique_ptr<Device> dev_;
-};
+// Each flavour's entry points, defined by cuda_backend.cc compiled in that flavour (dev only
+// when KVPROOF_HAS_CUDA); call make_cuda_backend and cuda_device_status instead.
+namespace cuda_backend {
+namespace emu {
+Result<std::unique_ptr<Backend>> create(const Model& model, const CudaBackendConfig& config);
+Status device_status();
+}  // namespace emu
+namespace dev {
+Result<std::unique_ptr<Backend>> create(const Model& model, const CudaBackendConfig& config);
+Status device_status();
+}  // namespace dev
+}  // namespace cuda_backend
 
 }  // namespace kvp

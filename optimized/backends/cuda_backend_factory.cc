@@ -1,0 +1,40 @@
+// The flavour-neutral part of the CUDA backend (cuda_backend.h), compiled once: the config's
+// validation and the choice of flavour. KVP_HAS_CUDA_DEVICE: this build has the nvcc-built
+// flavour (cuda_backend_device.cc).
+#include <string>
+
+#include "kernels/cuda/model_kernels.h"
+#include "optimized/backends/cuda_backend.h"
+
+namespace kvp {
+
+Status CudaBackendConfig::validate() const {
+  KVP_RETURN_IF_ERROR(pool.validate_for_backend());
+  // Both flavours' kernels are one source: the emulated ones take the dtypes the GPU's take.
+  if (!cuda_kernels::emu::kv_dtype_supported(pool.kv_dtype))
+    return Status::error("kv_dtype must be F32, F16 or BF16, got " + std::string(dtype_name(pool.kv_dtype)));
+  if (attention_partition <= 0) return Status::error("attention_partition must be > 0");
+  return Status::ok();
+}
+
+Status cuda_device_status() {
+#if defined(KVP_HAS_CUDA_DEVICE)
+  return cuda_backend::dev::device_status();
+#else
+  return Status::error(
+      "this kvproof was built without CUDA (CMake found no nvcc, or KVPROOF_CUDA=OFF): backend cuda is not in it; "
+      "cuda-emu runs the same kernels on the CPU");
+#endif
+}
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(CudaFlavour flavour, const Model& model,
+                                                   const CudaBackendConfig& config) {
+  if (flavour == CudaFlavour::kEmulated) return cuda_backend::emu::create(model, config);
+#if defined(KVP_HAS_CUDA_DEVICE)
+  return cuda_backend::dev::create(model, config);
+#else
+  return cuda_device_status();
+#endif
+}
+
+}  // namespace kvp
