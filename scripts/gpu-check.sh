@@ -7,8 +7,9 @@
 #      usage report (-Xptxas -v: registers, spills, stack per kernel)
 #   2. ctest -L 'gpu|kernel': the SIMT kernels and the CUDA backend's kernels emulated and on
 #      the GPU (cuda_kernels_gpu_test: the attention grid with head dim 256, a 32k context in
-#      a pool over 2^31 elements), and the backend conformance suite against the nvcc-built
-#      CUDA backend (backend_conformance_gpu_test)
+#      a pool over 2^31 elements), the backend conformance suite against the nvcc-built
+#      CUDA backend (backend_conformance_gpu_test), and kernel-check: the in-tree plug-ins, and
+#      kvproof's CUDA attention as a CUDA plug-in on the quick grid (kernel_check.cli.kvproof_cuda)
 #   3. the gpu tests under compute-sanitizer memcheck, racecheck, synccheck, initcheck
 #   4. kvproof verify --backend cuda on every built-in workload shape (f32 KV), and on
 #      the default shape with f16 and bf16 KV
@@ -54,8 +55,8 @@ export BUILD JOBS OUT
 build() {
   cmake --preset default -DKVPROOF_CUDA=ON &&
     cmake --build "$BUILD" -j "$JOBS" --target simt_test simt_gpu_test backend_conformance_gpu_test \
-      cuda_kernels_test cuda_kernels_gpu_test cuda_attention_bench cuda_engine_bench \
-      kvproof kvp_cuda_resource_usage
+      cuda_kernels_test cuda_kernels_gpu_test cuda_attention_bench cuda_engine_bench gemm_test \
+      kernel_check_test kvp_plugin_kvproof_cuda kvproof kvp_cuda_resource_usage
 }
 export -f build
 if step build 240 build; then

@@ -234,9 +234,7 @@ Status CpuBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std::
 }
 
 Status CpuBackend::execute(const BatchPlan& plan, StepOutput& out) {
-  KVP_RETURN_IF_ERROR(
-      validate_plan(plan, config_.pool, {model_->config.vocab_size, model_->config.max_position_embeddings}));
-  auto reads = check_plan_read_scope(plan, config_.pool);
+  auto reads = preflight_plan(plan, config_.pool, {model_->config.vocab_size, model_->config.max_position_embeddings});
   if (!reads) return reads.status();
   audited_block_reads_ += *reads;
   run_ops(plan.ops);
@@ -310,21 +308,8 @@ void CpuBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   Scratch& s = *scratch_;
   const auto resize = [](std::vector<float>& v, int64_t size) { v.resize(static_cast<std::size_t>(size)); };
 
-  // Which rows get logits: per sequence its last logit_rows_for tokens.
-  out.vocab_size = c.vocab_size;
-  out.logit_row_start.assign(1, 0);
-  std::vector<int64_t> logit_tokens;
-  s.seq_of_token.resize(static_cast<std::size_t>(n));
-  for (int64_t i = 0; i < plan.num_seqs(); ++i) {
-    const int32_t start = plan.query_start[static_cast<std::size_t>(i)];
-    const int32_t end = plan.query_start[static_cast<std::size_t>(i) + 1];
-    for (int32_t t = start; t < end; ++t) s.seq_of_token[static_cast<std::size_t>(t)] = static_cast<int32_t>(i);
-    const int32_t rows = logit_rows_for(plan, i);
-    for (int32_t t = end - rows; t < end; ++t) logit_tokens.push_back(t);
-    out.logit_row_start.push_back(out.logit_row_start.back() + rows);
-  }
+  const std::vector<int32_t> logit_tokens = lay_out_logit_rows(plan, c.vocab_size, out, s.seq_of_token);
   const auto num_rows = static_cast<int64_t>(logit_tokens.size());
-  out.logits.assign(static_cast<std::size_t>(num_rows * c.vocab_size), 0.0f);
   if (n == 0) return;
 
   resize(s.x, n * hidden);

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "common/text.h"
 #include "kernels/cuda/model_kernels.h"
 #include "kernels/kv_element.h"
 #include "kernels/kv_index.h"
@@ -22,8 +23,6 @@ namespace kvp::cuda_backend::KVP_CUDA_FLAVOUR_NS {
 namespace ck = cuda_kernels::KVP_CUDA_FLAVOUR_NS;
 
 namespace {
-
-std::string str(int64_t v) { return std::to_string(v); }
 
 Status cuda_status(const std::string& error) { return error.empty() ? Status::ok() : Status::error(error); }
 
@@ -259,9 +258,7 @@ Status CudaBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std:
 }
 
 Status CudaBackend::execute(const BatchPlan& plan, StepOutput& out) {
-  KVP_RETURN_IF_ERROR(
-      validate_plan(plan, config_.pool, {model_config_.vocab_size, model_config_.max_position_embeddings}));
-  auto reads = check_plan_read_scope(plan, config_.pool);
+  auto reads = preflight_plan(plan, config_.pool, {model_config_.vocab_size, model_config_.max_position_embeddings});
   if (!reads) return reads.status();
   audited_block_reads_ += *reads;
   KVP_RETURN_IF_ERROR(run_ops(plan.ops).with_context(KVP_CUDA_FLAVOUR_NAME));
@@ -314,20 +311,9 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   const int64_t hidden = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  out.vocab_size = c.vocab_size;
-  out.logit_row_start.assign(1, 0);
-  std::vector<int32_t> logit_tokens;
-  std::vector<int32_t> seq_of_token(static_cast<std::size_t>(n));
-  for (int64_t i = 0; i < plan.num_seqs(); ++i) {
-    const int32_t start = plan.query_start[static_cast<std::size_t>(i)];
-    const int32_t end = plan.query_start[static_cast<std::size_t>(i) + 1];
-    for (int32_t t = start; t < end; ++t) seq_of_token[static_cast<std::size_t>(t)] = static_cast<int32_t>(i);
-    const int32_t rows = logit_rows_for(plan, i);
-    for (int32_t t = end - rows; t < end; ++t) logit_tokens.push_back(t);
-    out.logit_row_start.push_back(out.logit_row_start.back() + rows);
-  }
+  std::vector<int32_t> seq_of_token;
+  const std::vector<int32_t> logit_tokens = lay_out_logit_rows(plan, c.vocab_size, out, seq_of_token);
   const auto num_rows = static_cast<int64_t>(logit_tokens.size());
-  out.logits.assign(static_cast<std::size_t>(num_rows * c.vocab_size), 0.0f);
   if (n == 0) return Status::ok();
 
   const auto fbytes = [](int64_t floats) { return static_cast<std::size_t>(floats) * sizeof(float); };

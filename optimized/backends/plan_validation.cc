@@ -167,4 +167,27 @@ Result<int64_t> check_plan_read_scope(const BatchPlan& plan, const KvPoolShape& 
   return reads;
 }
 
+Result<int64_t> preflight_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanLimits& limits) {
+  KVP_RETURN_IF_ERROR(validate_plan(plan, pool, limits));
+  return check_plan_read_scope(plan, pool);
+}
+
+std::vector<int32_t> lay_out_logit_rows(const BatchPlan& plan, int64_t vocab_size, StepOutput& out,
+                                        std::vector<int32_t>& seq_of_token) {
+  out.vocab_size = vocab_size;
+  out.logit_row_start.assign(1, 0);
+  std::vector<int32_t> logit_tokens;
+  seq_of_token.resize(static_cast<std::size_t>(plan.num_tokens()));
+  for (int64_t i = 0; i < plan.num_seqs(); ++i) {
+    const int32_t start = plan.query_start[static_cast<std::size_t>(i)];
+    const int32_t end = plan.query_start[static_cast<std::size_t>(i) + 1];
+    for (int32_t t = start; t < end; ++t) seq_of_token[static_cast<std::size_t>(t)] = static_cast<int32_t>(i);
+    const int32_t rows = logit_rows_for(plan, i);
+    for (int32_t t = end - rows; t < end; ++t) logit_tokens.push_back(t);
+    out.logit_row_start.push_back(out.logit_row_start.back() + rows);
+  }
+  out.logits.assign(logit_tokens.size() * static_cast<std::size_t>(vocab_size), 0.0f);
+  return logit_tokens;
+}
+
 }  // namespace kvp

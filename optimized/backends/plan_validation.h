@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "common/status.h"
 #include "model/model_config.h"
@@ -44,5 +45,16 @@ Status validate_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanL
 // sequence's own tenant. Returns the number of (sequence, block) reads checked, 0 when the
 // plan carries no audit arrays. REQUIRES: validate_plan(plan, ...) is ok.
 Result<int64_t> check_plan_read_scope(const BatchPlan& plan, const KvPoolShape& pool);
+
+// What every backend's execute() runs before it changes anything: validate_plan, then
+// check_plan_read_scope. Returns the audited block reads.
+Result<int64_t> preflight_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanLimits& limits);
+
+// The rows of a step's output, the same in every backend: per sequence i its last
+// logit_rows_for(plan, i) tokens, in plan order. Sets out.vocab_size and out.logit_row_start
+// and zeroes out.logits; fills seq_of_token[t] (token t's sequence) and returns the tokens
+// whose rows they are. REQUIRES: validate_plan(plan, ...) is ok.
+std::vector<int32_t> lay_out_logit_rows(const BatchPlan& plan, int64_t vocab_size, StepOutput& out,
+                                        std::vector<int32_t>& seq_of_token);
 
 }  // namespace kvp
