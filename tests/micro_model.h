@@ -9,19 +9,22 @@
 
 namespace kvp::test_models {
 
+// The micro model's shape; a test that needs a variant (another vocabulary) starts here.
+inline ModelConfig micro_config() {
+  ModelConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 256;
+  return c;
+}
+
 inline const Model& micro_model() {
-  static const Model m = [] {
-    ModelConfig c;
-    c.vocab_size = 64;
-    c.hidden_size = 32;
-    c.intermediate_size = 64;
-    c.num_layers = 2;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 8;
-    c.max_position_embeddings = 256;
-    return make_random_model(c, 5);
-  }();
+  static const Model m = make_random_model(micro_config(), 5);
   return m;
 }
 

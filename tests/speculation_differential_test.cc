@@ -329,16 +329,11 @@ struct Counts {
   std::map<int64_t, int64_t> first, second, pair;
 };
 
+// The micro model with 16 tokens and 64 positions (seed 21).
 const Model& vocab16_model() {
   static const Model m = [] {
-    ModelConfig c;
+    ModelConfig c = ::kvp::test_models::micro_config();
     c.vocab_size = 16;
-    c.hidden_size = 32;
-    c.intermediate_size = 64;
-    c.num_layers = 2;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 8;
     c.max_position_embeddings = 64;
     return make_random_model(c, 21);
   }();

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "common/status.h"
 #include "tools/commands.h"
 
 namespace kvp::tools {
@@ -15,6 +16,16 @@ inline auto bad_input_reporter(const char* command, int& exit_code) {
     std::fprintf(stderr, "kvproof %s: %s\n", command, message.c_str());
     exit_code = kExitBadInput;
   };
+}
+
+// A command's result as its exit code: the code it returned, or for an error the bad-input
+// path above.
+inline void set_exit_code(const char* command, const Result<int>& result, int& exit_code) {
+  if (result) {
+    exit_code = *result;
+    return;
+  }
+  bad_input_reporter(command, exit_code)(result.status().message());
 }
 
 }  // namespace kvp::tools

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tools/bad_input.h"
 #include "tools/commands.h"
 #include "tools/kv_events_publish.h"
 #include "tools/run_inputs.h"

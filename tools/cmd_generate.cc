@@ -8,6 +8,7 @@
 #include "common/sampling.h"
 #include "optimized/kv/event_log.h"
 #include "reference/reference_model.h"
+#include "tools/bad_input.h"
 #include "tools/commands.h"
 #include "tools/kv_events_publish.h"
 #include "tools/model_source.h"

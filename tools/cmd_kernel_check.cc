@@ -1,6 +1,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "tools/bad_input.h"
 #include "tools/commands.h"
 #include "verify/attention_plugin_loader.h"
 #include "verify/kernel_check.h"

@@ -15,6 +15,7 @@
 
 #include "simulate/report.h"
 #include "simulate/simulate.h"
+#include "tools/bad_input.h"
 #include "tools/commands.h"
 
 #ifndef KVPROOF_SHARED_TRACES_DIR
@@ -221,10 +222,7 @@ void add_simulate_command(CLI::App& app, int& exit_code) {
       "Capacity decisions: the engine's scheduler and KV-cache manager on a GPU cost model, on real traffic");
   add_simulate_flags(cmd, *flags);
   cmd->callback([flags, &exit_code] {
-    if (Status s = run_simulate(*flags); !s) {
-      std::fprintf(stderr, "kvproof simulate: %s\n", s.message().c_str());
-      exit_code = kExitBadInput;
-    }
+    if (Status s = run_simulate(*flags); !s) bad_input_reporter("simulate", exit_code)(s.message());
   });
 }
 

@@ -3,29 +3,13 @@
 // 0 success, 1 a check failed (verification, replay), 2 bad usage or bad input.
 #pragma once
 
-#include <cstdio>
-#include <string>
-
 #include <CLI/CLI.hpp>
-
-#include "common/status.h"
 
 namespace kvp::tools {
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitCheckFailed = 1;
 inline constexpr int kExitBadInput = 2;
-
-// A command's result as its exit code: the code it returned, or for an error its message on
-// stderr ("kvproof NAME: ...") and kExitBadInput.
-inline void set_exit_code(const char* name, const Result<int>& result, int& exit_code) {
-  if (result) {
-    exit_code = *result;
-    return;
-  }
-  std::fprintf(stderr, "kvproof %s: %s\n", name, result.status().message().c_str());
-  exit_code = kExitBadInput;
-}
 
 void add_info_command(CLI::App& app, int& exit_code);
 void add_generate_command(CLI::App& app, int& exit_code);
