@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-30}"
 shift || true
-bash scripts/build.sh fuzz
+bash scripts/build.sh fuzz fuzzers
 names=("$@")
 if [ ${#names[@]} -eq 0 ]; then
   for f in build-fuzz/bin/fuzz_*; do names+=("$(basename "$f" | sed 's/^fuzz_//')"); done
