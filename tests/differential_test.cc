@@ -106,7 +106,7 @@ TEST(Differential, DefaultsCoverPreemptionSwapPrefixHitsChunkingAndCancellation)
 // check on the default workload (about 12 s on the 2-core CI machine).
 TEST(Differential, CudaEmuBackendPassesTheDefaults) {
   VerifyOptions o;
-  o.backend = "cuda-emu";
+  o.backend = BackendKind::kCudaEmu;
   expect_passes(tiny(), mixed(), o);
 }
 
@@ -115,7 +115,7 @@ TEST(Differential, CudaEmuBackendPassesTheDefaults) {
 // logits check does see the rounding.
 TEST(Differential, CudaEmuBackendWithBf16KvPassesItsToleranceAndFailsF32s) {
   VerifyOptions o;
-  o.backend = "cuda-emu";
+  o.backend = BackendKind::kCudaEmu;
   o.kv_dtype = DType::kBF16;
   EXPECT_EQ(tolerance_for(o).value, 1.5e-2);
   expect_passes(tiny(), mixed(), o);
@@ -152,7 +152,7 @@ TEST_P(Architectures, EngineMatchesReference) {
     default: c.rope_scaling = {RopeScaling::Type::kLinear, 4.0, 1.0, 4.0, 0}; break;
   }
   VerifyOptions o = with_block_size(4);
-  o.backend = std::get<1>(GetParam());
+  o.backend = parse_backend_kind(std::get<1>(GetParam())).value();
   expect_passes(make_random_model(c, 21), mixed(), o);
 }
 INSTANTIATE_TEST_SUITE_P(Differential, Architectures,
@@ -232,15 +232,16 @@ TEST(Verify, UnknownOrAbsentBackendIsAnError) {
   VerifyOptions o;
   // Where cuda cannot run (no device or driver, or a build without CUDA), verify says why.
   if (const Status device = cuda_device_status(); !device) {
-    o.backend = "cuda";
+    o.backend = BackendKind::kCuda;
     auto absent = run_verify(tiny(), mixed(), o);
     ASSERT_FALSE(absent.is_ok());
     EXPECT_NE(absent.status().message().find(device.message()), std::string::npos) << absent.status().message();
   }
-  o.backend = "tpu";
-  auto unknown = run_verify(tiny(), mixed(), o);
+  // A name that is not a backend is refused where names become kinds, naming the ones there are.
+  auto unknown = parse_backend_kind("tpu");
   ASSERT_FALSE(unknown.is_ok());
-  EXPECT_NE(unknown.status().message().find("unknown backend"), std::string::npos) << unknown.status().message();
+  EXPECT_EQ(unknown.status().message(), "unknown backend 'tpu' (cpu, cuda-emu, cuda)");
+  for (const BackendKind k : kBackendKinds) EXPECT_EQ(parse_backend_kind(backend_name(k)).value(), k);
 }
 
 // A workload whose only request is rejected verifies nothing: the verdict must say so and

@@ -85,7 +85,7 @@ Result<int> audit_engine(const AuditFlags& f) {
   a.event_log_path = f.event_log;
   a.allow_empty = f.allow_empty;
   std::printf("kvproof audit: %s, backend %s, KV %s, block size %d, %d blocks + %d host, %s sharing, %s\n",
-              f.inputs.describe(workload).c_str(), a.engine.backend.c_str(), f.backend.kv_dtype.c_str(),
+              f.inputs.describe(workload).c_str(), backend_name(a.engine.backend), f.backend.kv_dtype.c_str(),
               a.engine.block_size, a.engine.num_blocks, a.engine.num_host_blocks,
               a.engine.global_prefix_sharing ? "global" : "tenant-scoped", f.preemption.c_str());
   auto started = f.publish.start();

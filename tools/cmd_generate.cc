@@ -28,7 +28,7 @@ Result<GenerateResult> engine_generate(const Model& model, const BackendChoice& 
                                        const std::vector<int32_t>& prompt, int64_t max_tokens,
                                        const SamplingParams& sampling, const std::vector<int32_t>& stop_tokens,
                                        kv_events::Publisher* publisher) {
-  verify::VerifyOptions o;
+  verify::EngineOptions o;
   if (Status s = choice.apply(o); !s) return s;
   const int64_t length = static_cast<int64_t>(prompt.size()) + max_tokens;
   if (prompt.empty()) return Status::error("--prompt: empty");

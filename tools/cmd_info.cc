@@ -2,7 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "optimized/backends/cuda_backend.h"
+#include "optimized/backends/backend_factory.h"
 #include "tools/commands.h"
 #include "tools/model_source.h"
 
@@ -38,9 +38,11 @@ void add_info_command(CLI::App& app, int& exit_code) {
       tensors.push_back({{"name", t.name}, {"shape", t.shape}});
     j["tensors"] = tensors;
     // cpu and cuda-emu run anywhere; cuda needs this kvproof built with CUDA and a device.
-    const Status cuda = cuda_device_status();
-    j["backends"] = {
-        {"cpu", "runs here"}, {"cuda-emu", "runs here"}, {"cuda", cuda ? std::string("runs here") : cuda.message()}};
+    j["backends"] = nlohmann::json::object();
+    for (const BackendKind b : kBackendKinds) {
+      const Status runs = backend_runs_here(b);
+      j["backends"][backend_name(b)] = runs ? std::string("runs here") : runs.message();
+    }
     if (opt->json) {
       std::printf("%s\n", j.dump(2).c_str());
       return;
@@ -69,8 +71,8 @@ void add_info_command(CLI::App& app, int& exit_code) {
                 static_cast<long long>(c.kv_bytes_per_token(DType::kF16)),
                 static_cast<long long>(c.kv_bytes_per_token(DType::kBF16)));
     std::printf("backends:\n");
-    for (const char* b : {"cpu", "cuda-emu", "cuda"})
-      std::printf("  %-9s %s\n", b, j["backends"][b].get<std::string>().c_str());
+    for (const BackendKind b : kBackendKinds)
+      std::printf("  %-9s %s\n", backend_name(b), j["backends"][backend_name(b)].get<std::string>().c_str());
     std::printf("tensors:\n");
     for (const auto& t : tensors)
       std::printf("  %-48s %s\n", t["name"].get<std::string>().c_str(), t["shape"].dump().c_str());

@@ -60,8 +60,8 @@ void add_verify_flags(CLI::App& cmd, VerifyFlags& f) {
   cmd.add_option("--draft-layers", f.v.draft_layers, "layers of the draft model (default: a quarter)")
       ->check(CLI::Range(1, 1 << 10));
   cmd.add_option("--attention-plugin", f.attention_plugin,
-                 "the cpu backend's attention from this plug-in (a host one taking f32 KV in the kvproof layout; "
-                 "docs/plugins.md)");
+                 "the backend's attention from this plug-in, taking the pool's KV dtype in the kvproof layout: a "
+                 "host one under cpu and cuda-emu, a CUDA one under cuda (docs/plugins.md)");
   f.publish.add_options(cmd);
   cmd.add_option("--json", f.json_out, "write the report as JSON to this file");
   cmd.add_option("--junit", f.junit_out, "write the report as JUnit XML to this file");
@@ -76,7 +76,8 @@ Result<verify::VerifyOptions> options_from(const VerifyFlags& f, const Model& mo
     auto loaded_plugin = verify::AttentionPlugin::load(f.attention_plugin);
     if (!loaded_plugin) return loaded_plugin.status();
     plugin = std::move(loaded_plugin).value();
-    KVP_RETURN_IF_ERROR(check_plugin_for_cpu_backend(plugin->descriptor()));
+    KVP_RETURN_IF_ERROR(check_plugin_for_backend(plugin->descriptor(), backend_name(v.backend),
+                                                 plugin_device_for(v.backend), v.kv_dtype));
     v.attention_plugin = &plugin->descriptor();
   }
   v.modes.clear();
@@ -100,7 +101,7 @@ Result<int> run_verify_command(const VerifyFlags& f) {
   if (!options) return options.status();
   verify::VerifyOptions& v = *options;
   std::printf("kvproof verify: %s, backend %s, KV %s, block size %d, %d blocks + %d host, chunk %d\n",
-              f.inputs.describe(workload).c_str(), v.backend.c_str(), f.backend.kv_dtype.c_str(), v.block_size,
+              f.inputs.describe(workload).c_str(), backend_name(v.backend), f.backend.kv_dtype.c_str(), v.block_size,
               v.num_blocks, v.num_host_blocks, v.prefill_chunk_size);
   if (plugin) std::printf("attention: plug-in %s (%s)\n", plugin->name().c_str(), plugin->path().c_str());
   if (v.speculation.enabled())

@@ -32,7 +32,7 @@ std::string RunInputs::describe(const Workload& w) const {
   return s.describe() + ", workload " + w.name + " (" + std::to_string(w.requests.size()) + " requests)";
 }
 
-void add_pool_options(CLI::App& cmd, verify::VerifyOptions& v) {
+void add_pool_options(CLI::App& cmd, verify::EngineOptions& v) {
   cmd.add_option("--block-size", v.block_size, "tokens per KV block")->check(CLI::Range(1, 1024));
   cmd.add_option("--num-blocks", v.num_blocks, "device KV blocks (small, so that preemption happens)")
       ->check(CLI::Range(1, 1 << 24));
@@ -41,7 +41,7 @@ void add_pool_options(CLI::App& cmd, verify::VerifyOptions& v) {
 
 void BackendChoice::add_options(CLI::App& cmd, const std::vector<std::string>& extra) {
   std::vector<std::string> choices = extra;
-  for (const char* b : {"cpu", "cuda-emu", "cuda"}) choices.emplace_back(b);
+  for (const BackendKind b : kBackendKinds) choices.emplace_back(backend_name(b));
   std::string names;
   for (const std::string& c : choices) names += (names.empty() ? "" : ", ") + c;
   cmd.add_option("--backend", backend,
@@ -56,13 +56,15 @@ void BackendChoice::add_options(CLI::App& cmd, const std::vector<std::string>& e
       ->check(CLI::Range(1, 256));
 }
 
-Status BackendChoice::apply(verify::VerifyOptions& v) const {
+Status BackendChoice::apply(verify::EngineOptions& v) const {
+  auto kind = parse_backend_kind(backend);
+  if (!kind) return kind.status().with_context("--backend");
   const std::optional<DType> dtype = dtype_from_flag(kv_dtype);
   if (!dtype || *dtype == DType::kF64) return Status::error("--kv-dtype " + kv_dtype + ": not one of f32, f16, bf16");
-  if (backend == "cpu" && *dtype != DType::kF32)
+  if (*kind == BackendKind::kCpu && *dtype != DType::kF32)
     return Status::error("--kv-dtype " + kv_dtype +
                          ": the cpu backend keeps f32 KV pools only; f16 and bf16 run on --backend cuda-emu or cuda");
-  v.backend = backend;
+  v.backend = *kind;
   v.kv_dtype = *dtype;
   v.num_threads = threads;
   return Status::ok();

@@ -31,7 +31,7 @@ struct RunInputs {
 };
 
 // Adds --block-size, --num-blocks and --host-blocks.
-void add_pool_options(CLI::App& cmd, verify::VerifyOptions& v);
+void add_pool_options(CLI::App& cmd, verify::EngineOptions& v);
 
 // The model executor: --backend (cpu, cuda-emu, cuda; `extra` adds choices such as
 // generate's "reference"), --kv-dtype (f32, f16, bf16) and --threads.
@@ -42,7 +42,7 @@ struct BackendChoice {
   void add_options(CLI::App& cmd, const std::vector<std::string>& extra = {});
   // Into the engine options; an error names the flag and value (an f16 or bf16 pool on the
   // cpu backend, which keeps f32 pools only).
-  Status apply(verify::VerifyOptions& v) const;
+  Status apply(verify::EngineOptions& v) const;
 };
 
 }  // namespace kvp::tools

@@ -15,8 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/presets.h"
-#include "optimized/backends/cpu_backend.h"
-#include "optimized/backends/cuda_backend.h"
+#include "optimized/backends/backend_factory.h"
 #include "optimized/backends/plan_validation.h"
 #include "optimized/checkers/engine_invariants.h"
 #include "optimized/checkers/invariants.h"
@@ -56,9 +55,9 @@ Tolerance tolerance_for(const VerifyOptions& o) {
   }
 }
 
-Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const EngineSetup& s) {
+Result<EngineConfig> engine_config(const ModelConfig& model, const EngineOptions& o, const EngineSetup& s) {
   EngineConfig ec;
-  ec.kv.pool = pool_shape_for(model.config, s.block_size, s.num_blocks, s.num_host_blocks);
+  ec.kv.pool = pool_shape_for(model, s.block_size, s.num_blocks, s.num_host_blocks);
   ec.kv.pool.kv_dtype = o.kv_dtype;
   ec.kv.watermark_blocks = o.watermark_blocks;
   ec.kv.enable_prefix_caching = o.prefix_caching;
@@ -70,35 +69,30 @@ Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& o, const
   ec.scheduler.prefill_chunk_size = s.prefill_chunk_size;
   ec.scheduler.admission = o.admission;
   ec.scheduler.preemption = s.mode;
-  ec.vocab_size = model.config.vocab_size;
+  ec.vocab_size = model.vocab_size;
   ec.audit_reads = o.audit_reads;
   ec.speculation = o.speculation;
   KVP_RETURN_IF_ERROR(validate(ec));
+  return ec;
+}
+
+Result<LiveEngine> make_engine(const Model& model, const EngineOptions& o, const EngineSetup& s) {
+  auto config = engine_config(model.config, o, s);
+  if (!config) return config.status();
+  const EngineConfig& ec = *config;
   if (o.draft_layers < 0 || o.draft_layers > model.config.num_layers)
     return Status::error("draft layers must be in [1, " + std::to_string(model.config.num_layers) + "]");
   LiveEngine live;
-  if (o.attention_plugin != nullptr && o.backend != "cpu")
-    return Status::error("--attention-plugin takes host plug-ins, under the cpu backend only (backend " + o.backend +
-                         ")");
-  if (o.backend == "cpu") {
-    CpuBackendConfig bc;
-    bc.pool = ec.kv.pool;
-    bc.num_threads = o.num_threads;
-    bc.attention_plugin = o.attention_plugin;
-    // Every engine of one verify reads the caller's fp32 weights: no copy (a 1B model's
-    // weights are 5 GB; a verify builds up to six engines).
-    auto backend = CpuBackend::create(std::shared_ptr<const Model>(std::shared_ptr<const Model>(), &model), bc);
-    if (!backend) return backend.status();
-    live.backend = std::move(*backend);
-  } else if (o.backend == "cuda-emu" || o.backend == "cuda") {
-    CudaBackendConfig bc;
-    bc.pool = ec.kv.pool;
-    auto backend = make_cuda_backend(o.backend == "cuda" ? CudaFlavour::kDevice : CudaFlavour::kEmulated, model, bc);
-    if (!backend) return backend.status();
-    live.backend = std::move(*backend);
-  } else {
-    return Status::error("unknown backend '" + o.backend + "' (cpu, cuda-emu, cuda)");
-  }
+  BackendSpec spec;
+  spec.kind = o.backend;
+  spec.pool = ec.kv.pool;
+  spec.num_threads = o.num_threads;
+  spec.attention_plugin = o.attention_plugin;
+  // Every engine of one verify reads the caller's weights: no copy (a 1B model's fp32 weights
+  // are 5 GB; a verify builds up to six engines).
+  auto backend = make_backend(spec, model);
+  if (!backend) return backend.status();
+  live.backend = std::move(*backend);
   auto engine = Engine::create(ec, *live.backend);
   if (!engine) return engine.status();
   live.engine = std::move(*engine);

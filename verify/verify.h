@@ -49,6 +49,7 @@
 
 #include "common/status.h"
 #include "model/weights.h"
+#include "optimized/backends/backend_factory.h"
 #include "optimized/backends/cpu_backend.h"
 #include "optimized/engine/engine.h"
 #include "optimized/engine/metrics.h"
@@ -62,7 +63,10 @@ class Publisher;
 
 namespace kvp::verify {
 
-struct VerifyOptions {
+// What an engine is made of: the pool, the schedule, the backend, speculation. verify, audit
+// and generate build their engines from it (make_engine); VerifyOptions adds what verify
+// checks and how.
+struct EngineOptions {
   int32_t block_size = 4;
   int32_t num_blocks = 48;
   int32_t num_host_blocks = 24;
@@ -72,34 +76,39 @@ struct VerifyOptions {
   int32_t prefill_chunk_size = 24;
   int64_t max_model_len = 512;
   AdmissionRule admission = AdmissionRule::kOptimistic;
-  std::vector<PreemptionMode> modes = {PreemptionMode::kRecompute, PreemptionMode::kSwap};
   bool prefix_caching = true;
   bool global_prefix_sharing = false;
   bool poison_on_free = true;
   bool audit_reads = false;  // the backend checks the tenant scope of every block read
   int num_threads = 2;
-  // Reuse each comparison with the oracle for the same tokens and bitwise-equal engine rows
-  // (OracleComparisons); off: every request runs the oracle.
-  bool oracle_memo = true;
-  // The model executor: "cpu", or the CUDA backend ("cuda-emu": SIMT-emulated kernels on the
-  // CPU; "cuda": nvcc kernels on a GPU, "no CUDA device" without one; cuda_backend.h).
-  std::string backend = "cpu";
+  // The model executor (optimized/backends/backend_factory.h): cpu, or the CUDA backend
+  // (cuda-emu: SIMT-emulated kernels on the CPU; cuda: nvcc kernels on a GPU, "no CUDA
+  // device" without one).
+  BackendKind backend = BackendKind::kCpu;
   // The KV pool's element type: f32, or f16/bf16 on the CUDA backends (rounded when
   // written, read as fp32; the CPU backend keeps f32 pools only).
   DType kv_dtype = DType::kF32;
+  // Speculative decoding of every request (off: the default job, unchanged).
+  SpeculationParams speculation;
+  int32_t draft_layers = 0;  // layers of the draft model (0: default_draft_layers)
+  // The backend's attention from this plug-in (loaded by the caller, who keeps it loaded):
+  // host plug-ins under cpu and cuda-emu, CUDA ones under cuda; nullptr: kvproof's own
+  // kernel. Every check runs as usual: a kernel that is not batch- or chunk-invariant fails
+  // the bitwise ones by name.
+  const kvp_attention_plugin* attention_plugin = nullptr;
+};
+
+struct VerifyOptions : EngineOptions {
+  std::vector<PreemptionMode> modes = {PreemptionMode::kRecompute, PreemptionMode::kSwap};
+  // Reuse each comparison with the oracle for the same tokens and bitwise-equal engine rows
+  // (OracleComparisons); off: every request runs the oracle.
+  bool oracle_memo = true;
   // Logit tolerance relative to the row's largest reference logit; unset: the KV dtype's
   // default (tolerance_for).
   std::optional<double> tolerance;
   int isolation_samples = 4;  // the most preempted requests and one parallel sample
   int64_t max_steps = 100000;
   bool allow_empty = false;  // pass even when nothing was verified (see VerifyReport)
-  // Speculative decoding of every request (off: the default job, unchanged).
-  SpeculationParams speculation;
-  int32_t draft_layers = 0;  // layers of the draft model (0: default_draft_layers)
-  // The cpu backend's attention from this plug-in (loaded by the caller, who keeps it loaded);
-  // nullptr: kvproof's own kernel. Every check runs as usual: a kernel that is not batch- or
-  // chunk-invariant fails the bitwise ones by name.
-  const kvp_attention_plugin* attention_plugin = nullptr;
   // Where each mode's engine publishes kvproof's KV-event stream (docs/kv-events.md), one
   // batch per step, an AllBlocksCleared before each mode after the first (its engine starts
   // empty); nullptr: none. With one, every mode also gets a kv-event-stream check (the
@@ -159,11 +168,13 @@ struct LiveEngine {
 // max_num_seqs sequences of max_model_len tokens.
 std::unique_ptr<Proposer> make_draft_proposer(const Model& draft, int64_t max_num_seqs, int64_t max_model_len,
                                               int num_threads);
-// An engine on the backend options.backend names (an error names the backends this program
-// has): the pool and schedule of `setup`, the rest from `options` (with options.speculation's
-// proposer; a draft model from `model`'s first layers). The cpu backend reads `model`'s
-// weights in place: REQUIRES model outlives the returned engine.
-Result<LiveEngine> make_engine(const Model& model, const VerifyOptions& options, const EngineSetup& setup);
+// The engine's config: the pool and schedule of `setup`, the rest from `options`; the one
+// place an EngineConfig is assembled from options (errors: what validate(EngineConfig) says).
+Result<EngineConfig> engine_config(const ModelConfig& model, const EngineOptions& options, const EngineSetup& setup);
+// An engine on options.backend (make_backend) with engine_config's config and
+// options.speculation's proposer (a draft model from `model`'s first layers). The backend
+// reads `model`'s weights: REQUIRES model outlives the returned engine.
+Result<LiveEngine> make_engine(const Model& model, const EngineOptions& options, const EngineSetup& setup);
 // The checks of a plan before it runs (I3 exclusive write, I5 slot mapping, I8 bounds) and
 // of the state after a step (every KvCacheManager invariant). A failure is recorded in
 // `result` (first one kept) and returned, which stops the engine.

@@ -120,7 +120,8 @@ Status CpuBackendConfig::validate() const {
                          std::string(dtype_name(pool.kv_dtype)));
   if (num_threads < 1 || num_threads > 256) return Status::error("num_threads must be in [1, 256]");
   if (attention_partition <= 0) return Status::error("attention_partition must be > 0");
-  if (attention_plugin != nullptr) KVP_RETURN_IF_ERROR(check_plugin_for_cpu_backend(*attention_plugin));
+  if (attention_plugin != nullptr)
+    KVP_RETURN_IF_ERROR(check_plugin_for_backend(*attention_plugin, "cpu", KVP_DEVICE_HOST, pool.kv_dtype));
   if (!kernels::gemm_isa_supported(gemm_isa))
     return Status::error("gemm_isa " + std::string(kernels::gemm_isa_name(gemm_isa)) + " is not supported by this CPU");
   return Status::ok();
@@ -269,8 +270,17 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
   const float* v_pool = device_v_[static_cast<std::size_t>(layer)].data();
   const std::vector<int32_t>& seq_of_token = scratch_->seq_of_token;
   if (config_.attention_plugin != nullptr) {
-    Status s = plugin_attention(*config_.attention_plugin, plan, seq_of_token.data(), c.num_heads, config_.pool, k_pool,
-                                v_pool, q, out);
+    PluginBatch batch;
+    batch.query = q;
+    batch.out = out;
+    batch.query_start = plan.query_start.data();
+    batch.token_seq = seq_of_token.data();
+    batch.positions = plan.positions.data();
+    batch.context_lens = plan.context_lens.data();
+    batch.block_tables = plan.block_tables.data();
+    batch.k_cache = k_pool;
+    batch.v_cache = v_pool;
+    Status s = plugin_attention(*config_.attention_plugin, plan, c.num_heads, config_.pool, batch);
     if (attention_status_.is_ok() && !s.is_ok()) attention_status_ = s;
     return;
   }
@@ -296,6 +306,38 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
   } else {
     pool_->parallel_for(n * c.num_heads, heads);
   }
+}
+
+void CpuBackend::write_new_kv(const BatchPlan& plan, int64_t layer) {
+  const ModelConfig& c = model_->config;
+  const Scratch& s = *scratch_;
+  float* k_pool = device_k_[static_cast<std::size_t>(layer)].data();
+  float* v_pool = device_v_[static_cast<std::size_t>(layer)].data();
+  for (int64_t t = 0; t < plan.num_tokens(); ++t) {
+    const int64_t slot = plan.slot_mapping[static_cast<std::size_t>(t)];
+    if (slot == kernels::kSkipSlot) continue;
+    const int64_t at = kernels::kv_pool_offset(slot, 0, c.num_kv_heads, c.head_dim);
+    std::copy_n(s.k.data() + t * c.kv_dim(), c.kv_dim(), k_pool + at);
+    std::copy_n(s.v.data() + t * c.kv_dim(), c.kv_dim(), v_pool + at);
+  }
+}
+
+void CpuBackend::mlp(const LayerWeights& w, int64_t n) {
+  // SwiGLU: x += W_down (silu(W_gate h) * (W_up h)).
+  const ModelConfig& c = model_->config;
+  const int64_t hidden = c.hidden_size;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  Scratch& s = *scratch_;
+  for (int64_t t = 0; t < n; ++t)
+    kernels::rms_norm(s.x.data() + t * hidden, w.post_attention_layernorm.data(), hidden, eps, s.h.data() + t * hidden);
+  project(w.gate_proj.data(), w.gate_bias, c.intermediate_size, hidden, s.h.data(), n, s.gate.data());
+  project(w.up_proj.data(), w.up_bias, c.intermediate_size, hidden, s.h.data(), n, s.up.data());
+  for (int64_t i = 0; i < n * c.intermediate_size; ++i) {
+    const auto u = static_cast<std::size_t>(i);
+    s.gate[u] = kernels::silu(s.gate[u]) * s.up[u];
+  }
+  project(w.down_proj.data(), w.down_bias, hidden, c.intermediate_size, s.gate.data(), n, s.proj.data());
+  for (int64_t i = 0; i < n * hidden; ++i) s.x[static_cast<std::size_t>(i)] += s.proj[static_cast<std::size_t>(i)];
 }
 
 void CpuBackend::run_model(const BatchPlan& plan, StepOutput& out) {
@@ -350,31 +392,12 @@ void CpuBackend::run_model(const BatchPlan& plan, StepOutput& out) {
     }
     // Every new token's K/V goes into its slot before any attention reads (a token attends
     // to the tokens of its own chunk).
-    float* k_pool = device_k_[static_cast<std::size_t>(l)].data();
-    float* v_pool = device_v_[static_cast<std::size_t>(l)].data();
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t slot = plan.slot_mapping[static_cast<std::size_t>(t)];
-      if (slot == kernels::kSkipSlot) continue;
-      const int64_t at = kernels::kv_pool_offset(slot, 0, c.num_kv_heads, d);
-      std::copy_n(s.k.data() + t * c.kv_dim(), c.kv_dim(), k_pool + at);
-      std::copy_n(s.v.data() + t * c.kv_dim(), c.kv_dim(), v_pool + at);
-    }
+    write_new_kv(plan, l);
     attention(plan, l, s.q.data(), s.attn.data());
     project(w.o_proj.data(), w.o_bias, hidden, c.q_dim(), s.attn.data(), n, s.proj.data());
     for (int64_t i = 0; i < n * hidden; ++i) s.x[static_cast<std::size_t>(i)] += s.proj[static_cast<std::size_t>(i)];
 
-    // MLP (SwiGLU): x += W_down (silu(W_gate h) * (W_up h)).
-    for (int64_t t = 0; t < n; ++t)
-      kernels::rms_norm(s.x.data() + t * hidden, w.post_attention_layernorm.data(), hidden, eps,
-                        s.h.data() + t * hidden);
-    project(w.gate_proj.data(), w.gate_bias, c.intermediate_size, hidden, s.h.data(), n, s.gate.data());
-    project(w.up_proj.data(), w.up_bias, c.intermediate_size, hidden, s.h.data(), n, s.up.data());
-    for (int64_t i = 0; i < n * c.intermediate_size; ++i) {
-      const auto u = static_cast<std::size_t>(i);
-      s.gate[u] = kernels::silu(s.gate[u]) * s.up[u];
-    }
-    project(w.down_proj.data(), w.down_bias, hidden, c.intermediate_size, s.gate.data(), n, s.proj.data());
-    for (int64_t i = 0; i < n * hidden; ++i) s.x[static_cast<std::size_t>(i)] += s.proj[static_cast<std::size_t>(i)];
+    mlp(w, n);
   }
 
   if (num_rows == 0) return;

@@ -103,6 +103,10 @@ class CpuBackend final : public Backend {
   Status attention_status_ = Status::ok();  // the plug-in's first failure in the current step
   void run_ops(const KvPlanOps& ops);
   void run_model(const BatchPlan& plan, StepOutput& out);
+  // One layer's steps of run_model: the plan's new K/V into their slots (before any attention
+  // reads), and the MLP with its residual add (scratch h, gate, up, proj; x updated).
+  void write_new_kv(const BatchPlan& plan, int64_t layer);
+  void mlp(const LayerWeights& w, int64_t n);
   // Y[t, r] = dot(W[r, :], X[t, :]) (+ bias[r] when bias is not empty: one fp32 add after
   // the dot, as the CUDA kernel does) for t < n, r < out_dim, split over rows r.
   void project(const float* w, const VectorF& bias, int64_t out_dim, int64_t in_dim, const float* x, int64_t n,

@@ -17,6 +17,7 @@
 #include "kernels/kv_index.h"
 #include "model/rope.h"
 #include "optimized/backends/plan_validation.h"
+#include "optimized/backends/plugin_attention.h"
 
 namespace kvp::cuda_backend::KVP_CUDA_FLAVOUR_NS {
 
@@ -27,6 +28,14 @@ namespace {
 Status cuda_status(const std::string& error) { return error.empty() ? Status::ok() : Status::error(error); }
 
 #define KVP_CUDA_RETURN_IF_ERROR(expr) KVP_RETURN_IF_ERROR(cuda_status(expr))
+
+// The memory an attention plug-in must work in: the device flavour's pools are CUDA device
+// memory; the emulated flavour's "device" memory is host memory, so it runs host plug-ins.
+#if defined(KVP_CUDA_DEVICE_FLAVOUR)
+constexpr int32_t kPluginDevice = KVP_DEVICE_CUDA;
+#else
+constexpr int32_t kPluginDevice = KVP_DEVICE_HOST;
+#endif
 
 }  // namespace
 
@@ -63,6 +72,8 @@ class CudaBackend final : public Backend {
   Status init();
   Status run_ops(const KvPlanOps& ops);
   Status run_model(const BatchPlan& plan, StepOutput& out);
+  // One layer's attention of the plan's tokens: kvproof's kernel, or the plug-in's.
+  Status attend(const BatchPlan& plan, std::size_t layer, const float* q, float* out, int64_t max_partitions);
 
   ModelConfig model_config_;
   const Model* model_for_init_ = nullptr;  // only during create()
@@ -91,12 +102,31 @@ struct CudaBackend::Device {
   // Step buffers.
   DeviceBuffer x, h, q, k, v, attn, attn_workspace, proj, gate, up, final_h, logits;
   DeviceBuffer token_ids, positions, slots, seq_of_token, block_tables, logit_rows;
+  DeviceBuffer query_start, context_lens;  // only for an attention plug-in
 
   ~Device() {
     for (void* p : owned) ck::device_free(p);
     for (void* p : pinned) ck::pinned_free(p);
-    for (DeviceBuffer* b : {&x, &h, &q, &k, &v, &attn, &attn_workspace, &proj, &gate, &up, &final_h, &logits,
-                            &token_ids, &positions, &slots, &seq_of_token, &block_tables, &logit_rows})
+    for (DeviceBuffer* b : {&x,
+                            &h,
+                            &q,
+                            &k,
+                            &v,
+                            &attn,
+                            &attn_workspace,
+                            &proj,
+                            &gate,
+                            &up,
+                            &final_h,
+                            &logits,
+                            &token_ids,
+                            &positions,
+                            &slots,
+                            &seq_of_token,
+                            &block_tables,
+                            &logit_rows,
+                            &query_start,
+                            &context_lens})
       ck::device_free(b->ptr);
   }
 
@@ -139,9 +169,16 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const Model& model, con
   KVP_RETURN_IF_ERROR(model.config.validate().with_context("model config"));
   KVP_RETURN_IF_ERROR(config.validate().with_context(context));
   KVP_RETURN_IF_ERROR(check_pool_matches_model(config.pool, model.config).with_context(context));
-  KVP_RETURN_IF_ERROR(
-      cuda_status(ck::check_attention_shape(model.config.num_heads, model.config.num_kv_heads, model.config.head_dim))
-          .with_context(context));
+  // With a plug-in, the plug-in's supports() says which shapes it takes, at every step.
+  if (config.attention_plugin != nullptr) {
+    KVP_RETURN_IF_ERROR(
+        check_plugin_for_backend(*config.attention_plugin, KVP_CUDA_FLAVOUR_NAME, kPluginDevice, config.pool.kv_dtype)
+            .with_context(context));
+  } else {
+    KVP_RETURN_IF_ERROR(
+        cuda_status(ck::check_attention_shape(model.config.num_heads, model.config.num_kv_heads, model.config.head_dim))
+            .with_context(context));
+  }
   const int64_t per_block = static_cast<int64_t>(config.pool.block_size) * model.config.kv_dim();
   const int64_t max_blocks = std::max(config.pool.num_device_blocks, config.pool.num_host_blocks);
   if (per_block > (int64_t{1} << 40) / std::max<int64_t>(max_blocks, 1))
@@ -349,7 +386,6 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   float* gate = d.gate.as<float>();
   float* upv = d.up.as<float>();
   const int32_t* positions = d.positions.as<int32_t>();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
   KVP_CUDA_RETURN_IF_ERROR(ck::embed(d.embed, d.token_ids.as<int32_t>(), n, hidden, x));
   for (std::size_t l = 0; l < d.layers.size(); ++l) {
@@ -363,10 +399,7 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
     // Every new token's K/V goes into its slot before attention reads (same stream: ordered).
     KVP_CUDA_RETURN_IF_ERROR(
         ck::write_kv(k, v, d.slots.as<int64_t>(), n, c.kv_dim(), config_.pool.kv_dtype, d.k_pool[l], d.v_pool[l]));
-    KVP_CUDA_RETURN_IF_ERROR(ck::attention(
-        q, config_.pool.kv_dtype, d.k_pool[l], d.v_pool[l], d.block_tables.as<int32_t>(), plan.max_blocks_per_seq,
-        d.seq_of_token.as<int32_t>(), positions, n, c.num_heads, c.num_kv_heads, c.head_dim, config_.pool.block_size,
-        scale, config_.attention_partition, max_partitions, d.attn_workspace.as<float>(), attn));
+    KVP_RETURN_IF_ERROR(attend(plan, l, q, attn, max_partitions));
     KVP_CUDA_RETURN_IF_ERROR(ck::project(w.o, w.o_bias, hidden, c.q_dim(), attn, n, proj));
     KVP_CUDA_RETURN_IF_ERROR(ck::add_in_place(x, proj, n * hidden));
     KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(x, nullptr, w.post_attention_layernorm, n, hidden, eps, h));
@@ -385,6 +418,37 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   KVP_CUDA_RETURN_IF_ERROR(
       ck::project(d.lm_head, nullptr, c.vocab_size, hidden, d.final_h.as<float>(), num_rows, d.logits.as<float>()));
   return cuda_status(ck::copy_to_host(out.logits.data(), d.logits.ptr, fbytes(num_rows * c.vocab_size)));
+}
+
+Status CudaBackend::attend(const BatchPlan& plan, std::size_t layer, const float* q, float* out,
+                           int64_t max_partitions) {
+  const ModelConfig& c = model_config_;
+  Device& d = *dev_;
+  if (config_.attention_plugin == nullptr) {
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    return cuda_status(ck::attention(q, config_.pool.kv_dtype, d.k_pool[layer], d.v_pool[layer],
+                                     d.block_tables.as<int32_t>(), plan.max_blocks_per_seq,
+                                     d.seq_of_token.as<int32_t>(), d.positions.as<int32_t>(), plan.num_tokens(),
+                                     c.num_heads, c.num_kv_heads, c.head_dim, config_.pool.block_size, scale,
+                                     config_.attention_partition, max_partitions, d.attn_workspace.as<float>(), out));
+  }
+  // Uploaded once per step (at layer 0); the other plan arrays are the kernel's own uploads.
+  if (layer == 0) {
+    KVP_RETURN_IF_ERROR(Device::upload_vector(d.query_start, plan.query_start));
+    KVP_RETURN_IF_ERROR(Device::upload_vector(d.context_lens, plan.context_lens));
+  }
+  PluginBatch batch;
+  batch.query = q;
+  batch.out = out;
+  batch.query_start = d.query_start.as<int32_t>();
+  batch.token_seq = d.seq_of_token.as<int32_t>();
+  batch.positions = d.positions.as<int32_t>();
+  batch.context_lens = d.context_lens.as<int32_t>();
+  batch.block_tables = d.block_tables.as<int32_t>();
+  batch.k_cache = d.k_pool[layer];
+  batch.v_cache = d.v_pool[layer];
+  batch.stream = nullptr;  // the legacy default stream, which this backend's kernels run on
+  return plugin_attention(*config_.attention_plugin, plan, c.num_heads, config_.pool, batch);
 }
 
 Result<std::unique_ptr<Backend>> create(const Model& model, const CudaBackendConfig& config) {

@@ -29,6 +29,7 @@
 
 #include "common/status.h"
 #include "kernels/cpu_attention.h"
+#include "kvproof/attention_plugin.h"
 #include "model/weights.h"
 #include "optimized/backends/backend.h"
 
@@ -39,6 +40,11 @@ struct CudaBackendConfig {
   // Positions per attention partition (the split-KV size); fixed, never a number of splits.
   int64_t attention_partition = kernels::kDefaultAttentionPartition;
   bool nan_fill_at_start = true;  // both pools start as quiet NaN
+  // Attention from a plug-in (optimized/backends/plugin_attention.h) instead of kvproof's kernel;
+  // not owned, must outlive the backend; nullptr: kvproof's. The emulated flavour runs host
+  // plug-ins (its device memory is host memory), the device flavour CUDA ones, each over the
+  // pools' kv_dtype in the kvproof layout. A run() failure fails that step's execute().
+  const kvp_attention_plugin* attention_plugin = nullptr;
 
   Status validate() const;
 };

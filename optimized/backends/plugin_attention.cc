@@ -7,27 +7,43 @@
 
 namespace kvp {
 
-Status check_plugin_for_cpu_backend(const kvp_attention_plugin& plugin) {
+kvp_kv_dtype plugin_kv_dtype(DType kv_dtype) {
+  switch (kv_dtype) {
+    case DType::kF16: return KVP_KV_F16;
+    case DType::kBF16: return KVP_KV_BF16;
+    default: return KVP_KV_F32;
+  }
+}
+
+Status check_plugin_for_backend(const kvp_attention_plugin& plugin, const char* backend, int32_t device,
+                                DType kv_dtype) {
   const std::string who = std::string("attention plug-in ") + plugin.name;
-  if (plugin.device != KVP_DEVICE_HOST)
-    return Status::error(who + ": not a host plug-in (the cpu backend runs host ones)");
-  if ((plugin.kv_dtypes & KVP_DTYPE_BIT(KVP_KV_F32)) == 0)
-    return Status::error(who + ": does not take f32 KV (the cpu backend's pools are f32)");
+  const std::string under = std::string(" (backend ") + backend + ")";
+  if (plugin.device != device)
+    return Status::error(who +
+                         (device == KVP_DEVICE_HOST ? ": not a host plug-in; this backend runs host ones"
+                                                    : ": not a CUDA plug-in; this backend runs CUDA ones") +
+                         under);
+  if (kv_dtype != DType::kF32 && kv_dtype != DType::kF16 && kv_dtype != DType::kBF16)
+    return Status::error(who + ": the pools are " + std::string(dtype_name(kv_dtype)) +
+                         ", which the plug-in ABI has no name for" + under);
+  if ((plugin.kv_dtypes & KVP_DTYPE_BIT(plugin_kv_dtype(kv_dtype))) == 0)
+    return Status::error(who + ": does not take " + std::string(dtype_name(kv_dtype)) + " KV, the pools' element type" +
+                         under);
   if ((plugin.kv_layouts & KVP_LAYOUT_BIT(KVP_LAYOUT_KVPROOF)) == 0)
-    return Status::error(who + ": does not take the kvproof layout (the cpu backend's pools are kvproof's)");
+    return Status::error(who + ": does not take the kvproof layout, the pools' layout" + under);
   return Status::ok();
 }
 
-Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& plan, const int32_t* seq_of_token,
-                        int32_t num_heads, const KvPoolShape& pool, const float* k_pool, const float* v_pool,
-                        const float* q, float* out) {
+Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& plan, int32_t num_heads,
+                        const KvPoolShape& pool, const PluginBatch& batch) {
   kvp_attention_args args{};
   kvp_attention_shape& s = args.shape;
   s.num_heads = num_heads;
   s.num_kv_heads = pool.num_kv_heads;
   s.head_dim = pool.head_dim;
   s.block_size = pool.block_size;
-  s.kv_dtype = KVP_KV_F32;
+  s.kv_dtype = plugin_kv_dtype(pool.kv_dtype);
   s.kv_layout = KVP_LAYOUT_KVPROOF;
   s.num_seqs = static_cast<int32_t>(plan.num_seqs());
   s.num_tokens = static_cast<int32_t>(plan.num_tokens());
@@ -39,18 +55,18 @@ Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& pla
   if (plugin.supports != nullptr && plugin.supports(&s) == 0)
     return Status::error(who + " declines the shape (heads " + std::to_string(s.num_heads) + "/" +
                          std::to_string(s.num_kv_heads) + ", head_dim " + std::to_string(s.head_dim) + ", block size " +
-                         std::to_string(s.block_size) + ")");
-  args.query = q;
-  args.out = out;
-  args.query_start = plan.query_start.data();
-  args.token_seq = seq_of_token;
-  args.positions = plan.positions.data();
-  args.context_lens = plan.context_lens.data();
-  args.block_tables = plan.block_tables.data();
-  args.k_cache = k_pool;
-  args.v_cache = v_pool;
+                         std::to_string(s.block_size) + ", " + std::string(dtype_name(pool.kv_dtype)) + " KV)");
+  args.query = batch.query;
+  args.out = batch.out;
+  args.query_start = batch.query_start;
+  args.token_seq = batch.token_seq;
+  args.positions = batch.positions;
+  args.context_lens = batch.context_lens;
+  args.block_tables = batch.block_tables;
+  args.k_cache = batch.k_cache;
+  args.v_cache = batch.v_cache;
   args.scale = 1.0f / std::sqrt(static_cast<float>(pool.head_dim));
-  args.stream = nullptr;
+  args.stream = batch.stream;
   char err[512] = {};
   if (plugin.run(&args, err, sizeof err) != 0)
     return Status::error(who + ": run() failed: " + std::string(err, strnlen(err, sizeof err)));

@@ -1,11 +1,14 @@
-// The CPU backend's attention through a plug-in (include/kvproof/attention_plugin.h) instead of
-// kernels::paged_attention_head: a plan's batch handed over as kvp_attention_args, over one
-// layer's fp32 pools in the kvproof layout. `kvproof verify --attention-plugin` runs the whole
-// engine this way.
+// A backend's attention through a plug-in (include/kvproof/attention_plugin.h) instead of
+// kvproof's own kernel: a plan's batch handed over as kvp_attention_args, over one layer's
+// pools in the kvproof layout. The CPU backend calls host plug-ins with host pointers; the
+// CUDA backend calls host plug-ins in its emulated flavour (emulated device memory is host
+// memory) and CUDA plug-ins in its device flavour, with device pointers and the stream its
+// own kernels run on. `kvproof verify --attention-plugin` runs the whole engine this way.
 #pragma once
 
 #include <cstdint>
 
+#include "common/dtype.h"
 #include "common/status.h"
 #include "kvproof/attention_plugin.h"
 #include "optimized/backends/batch_plan.h"
@@ -13,17 +16,40 @@
 
 namespace kvp {
 
-// Ok when `plugin` can be the CPU backend's attention: a host plug-in declaring f32 KV and the
-// kvproof layout; otherwise why not, naming the plug-in.
-Status check_plugin_for_cpu_backend(const kvp_attention_plugin& plugin);
+// Ok when `plugin` can be the attention of a backend whose pools are `kv_dtype`, in kvproof's
+// layout, in memory of `device` (a kvp_device); otherwise why not, naming the plug-in and
+// `backend` (the backend's name, for the message).
+Status check_plugin_for_backend(const kvp_attention_plugin& plugin, const char* backend, int32_t device,
+                                DType kv_dtype);
 
-// out[t][h] = attention of plan token t, query head h, through the plan's block tables over
-// k_pool/v_pool (one layer, [num_device_blocks, block_size, num_kv_heads, head_dim] f32).
-// q and out: [num_tokens][num_heads][head_dim]; seq_of_token: [num_tokens].
+// The ABI's name for a pool element type (f32, f16, bf16); REQUIRES one of those.
+kvp_kv_dtype plugin_kv_dtype(DType kv_dtype);
+
+// Where the plug-in reads and writes, every pointer in the plug-in's memory (host, or CUDA
+// device memory for a CUDA plug-in): the plan's arrays (query_start, token_seq = the plan
+// token's sequence index, positions, context_lens, block_tables), one layer's pools
+// ([num_device_blocks, block_size, num_kv_heads, head_dim] of the pool's kv_dtype), the
+// queries and the output ([num_tokens][num_heads][head_dim] f32), and the stream (nullptr for
+// host plug-ins; for CUDA ones the cudaStream_t, where nullptr is the legacy default stream).
+struct PluginBatch {
+  const float* query = nullptr;
+  float* out = nullptr;
+  const int32_t* query_start = nullptr;
+  const int32_t* token_seq = nullptr;
+  const int32_t* positions = nullptr;
+  const int32_t* context_lens = nullptr;
+  const int32_t* block_tables = nullptr;
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  void* stream = nullptr;
+};
+
+// out = attention of every plan token and query head, through `plugin`. The shape comes from
+// the (host-side) plan and pool; the data from `batch`.
 // Errors: supports() declines the shape, or run() fails (its message, naming the plug-in).
-// REQUIRES: check_plugin_for_cpu_backend(plugin) is ok; the plan passed validate_plan.
-Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& plan, const int32_t* seq_of_token,
-                        int32_t num_heads, const KvPoolShape& pool, const float* k_pool, const float* v_pool,
-                        const float* q, float* out);
+// REQUIRES: check_plugin_for_backend(plugin, ..., pool.kv_dtype) is ok; the plan passed
+// validate_plan.
+Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& plan, int32_t num_heads,
+                        const KvPoolShape& pool, const PluginBatch& batch);
 
 }  // namespace kvp

@@ -1,0 +1,54 @@
+// The one place a backend is chosen and made: BackendKind names the model executors this
+// program has (cpu, cuda-emu, cuda), make_backend builds one over a pool. verify, audit and
+// generate all come here; nothing else compares backend names.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string_view>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "kvproof/attention_plugin.h"
+#include "model/weights.h"
+#include "optimized/backends/backend.h"
+
+namespace kvp {
+
+enum class BackendKind {
+  kCpu,      // CpuBackend (cpu_backend.h)
+  kCudaEmu,  // the CUDA backend's kernels on the CPU through the SIMT emulation
+  kCuda,     // the CUDA backend on a GPU ("no CUDA device" without one)
+};
+inline constexpr std::array<BackendKind, 3> kBackendKinds = {BackendKind::kCpu, BackendKind::kCudaEmu,
+                                                             BackendKind::kCuda};
+
+// "cpu", "cuda-emu", "cuda": the --backend flag's spelling.
+const char* backend_name(BackendKind kind);
+// The kind `name` spells; an error names it and the names there are.
+Result<BackendKind> parse_backend_kind(std::string_view name);
+// The memory an attention plug-in for `kind` works in (a kvp_device): host for cpu and
+// cuda-emu (emulated device memory is host memory), CUDA for cuda.
+int32_t plugin_device_for(BackendKind kind);
+// Whether `kind` can run here: ok, or why not (cuda: no device, or a build without CUDA).
+Status backend_runs_here(BackendKind kind);
+
+struct BackendSpec {
+  BackendKind kind = BackendKind::kCpu;
+  // The pools: the model's layers, KV heads and head dim; kv_dtype f32 (cpu), or f32, f16 or
+  // bf16 (cuda-emu, cuda).
+  KvPoolShape pool;
+  int num_threads = 1;  // the cpu backend's threads; results do not depend on it
+  // The attention from this plug-in (not owned, must outlive the backend); nullptr: kvproof's
+  // kernel. It must be for plugin_device_for(kind) and take the pool's kv_dtype.
+  const kvp_attention_plugin* attention_plugin = nullptr;
+};
+
+// The backend `spec` describes, reading `model`'s weights: the cpu backend in place (no copy;
+// a verify builds several engines over one model), the CUDA ones uploaded.
+// REQUIRES: model outlives the backend.
+// Errors: what the backend's config validation says (naming the backend), a plug-in that
+// does not fit, what backend_runs_here says.
+Result<std::unique_ptr<Backend>> make_backend(const BackendSpec& spec, const Model& model);
+
+}  // namespace kvp
