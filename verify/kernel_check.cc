@@ -486,36 +486,36 @@ nlohmann::json KernelCase::to_json() const {
           {"seed", seed}};
 }
 
-std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_layouts) {
-  struct Heads {
-    int32_t q, kv;
-  };
-  const std::vector<int32_t> head_dims = {64, 80, 96, 128, 256};
-  const std::vector<Heads> heads = {{1, 1}, {4, 4}, {8, 1}, {7, 1}, {14, 2}, {16, 1}, {32, 2}};
-  const std::vector<int32_t> block_sizes = grid == Grid::kQuick
-                                               ? std::vector<int32_t>{1, 16, 3, 64, 17, 256, 8}
-                                               : std::vector<int32_t>{1, 2, 3, 8, 15, 16, 17, 32, 64, 128, 256};
-  std::vector<int32_t> dtypes, layouts;
-  for (int32_t d = KVP_KV_F32; d <= KVP_KV_BF16; ++d)
-    if (kv_dtypes & KVP_DTYPE_BIT(d)) dtypes.push_back(d);
-  for (int32_t l = KVP_LAYOUT_KVPROOF; l <= KVP_LAYOUT_VLLM; ++l)
-    if (kv_layouts & KVP_LAYOUT_BIT(l)) layouts.push_back(l);
-  std::vector<KernelCase> cases;
-  if (dtypes.empty() || layouts.empty()) return cases;
+namespace {
 
-  auto add = [&](KernelCase c) {
+struct GridHeads {
+  int32_t q, kv;
+};
+const std::vector<int32_t> kGridHeadDims = {64, 80, 96, 128, 256};
+const std::vector<GridHeads> kGridHeads = {{1, 1}, {4, 4}, {8, 1}, {7, 1}, {14, 2}, {16, 1}, {32, 2}};
+
+int32_t clamp1(int32_t n) { return std::max<int32_t>(1, n); }
+
+// The grid's cases in order, numbered as they are added (a case's id and seed are its index:
+// the order below is part of every reproducer, so it does not change).
+struct GridBuilder {
+  std::vector<int32_t> dtypes, layouts;  // the plug-in's, in enum order
+  std::vector<KernelCase> cases;
+
+  void add(KernelCase c) {
     c.id = static_cast<int64_t>(cases.size());
     c.seed = mix_seed(kGridSeed, static_cast<uint64_t>(c.id));
     // vLLM's split-x key layout needs head_dim % x == 0; another declared layout takes the case.
     if (c.kv_layout == KVP_LAYOUT_VLLM && c.head_dim % (16 / element_size(c.kv_dtype)) != 0)
       c.kv_layout = layouts.front();
     cases.push_back(std::move(c));
-  };
-  auto clamp1 = [](int32_t n) { return std::max<int32_t>(1, n); };
-  // Scenarios for one shape: what sequences a batch holds.
-  auto scenarios = [&](KernelCase base, int64_t rotation) {
+  }
+
+  // Scenarios for one shape: what sequences a batch holds; `rotation` spreads the dtypes and
+  // layouts over the shapes.
+  void scenarios(const KernelCase& base, int64_t rotation) {
     const int32_t bs = base.block_size;
-    const std::size_t dtype_i = static_cast<std::size_t>(rotation);
+    const auto dtype_i = static_cast<std::size_t>(rotation);
     auto with = [&](std::string label, InputKind kind, std::vector<SeqSpec> seqs, std::size_t k) {
       KernelCase c = base;
       c.label = std::move(label);
@@ -535,49 +535,55 @@ std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_lay
     with("large-scores", InputKind::kLargeScores, {{bs + 1, 1}, {clamp1(3 * bs - 1), 1}, {start + 3, 3}}, 2);
     with("equal-scores", InputKind::kEqualScores, {{clamp1(bs - 1), 1}, {2 * bs + 1, 1}}, 3);
     with("dominant", InputKind::kDominant, {{2 * bs + 3, 1}, {start + 4, 4}}, 4);
-  };
+  }
 
-  int64_t rotation = 0;
-  if (grid == Grid::kQuick) {
-    for (std::size_t d = 0; d < head_dims.size(); ++d) {
-      for (std::size_t h = 0; h < heads.size(); ++h, ++rotation) {
-        KernelCase base;
-        base.num_heads = heads[h].q;
-        base.num_kv_heads = heads[h].kv;
-        base.head_dim = head_dims[d];
-        base.block_size = block_sizes[static_cast<std::size_t>(rotation) % block_sizes.size()];
-        scenarios(base, rotation);
-      }
+  // Every head_dim and head shape: quick rotates block sizes over them, full crosses all
+  // block sizes and dtypes.
+  void shapes(Grid grid) {
+    const std::vector<int32_t> block_sizes = grid == Grid::kQuick
+                                                 ? std::vector<int32_t>{1, 16, 3, 64, 17, 256, 8}
+                                                 : std::vector<int32_t>{1, 2, 3, 8, 15, 16, 17, 32, 64, 128, 256};
+    auto base = [](const GridHeads& h, int32_t head_dim, int32_t block_size) {
+      KernelCase c;
+      c.num_heads = h.q;
+      c.num_kv_heads = h.kv;
+      c.head_dim = head_dim;
+      c.block_size = block_size;
+      return c;
+    };
+    int64_t rotation = 0;
+    if (grid == Grid::kQuick) {
+      for (const int32_t hd : kGridHeadDims)
+        for (std::size_t h = 0; h < kGridHeads.size(); ++h, ++rotation)
+          scenarios(base(kGridHeads[h], hd, block_sizes[static_cast<std::size_t>(rotation) % block_sizes.size()]),
+                    rotation);
+      return;
     }
-  } else {
-    for (int32_t hd : head_dims)
-      for (const Heads& h : heads)
-        for (int32_t bs : block_sizes)
-          for (std::size_t di = 0; di < dtypes.size(); ++di, ++rotation) {
-            KernelCase base;
-            base.num_heads = h.q;
-            base.num_kv_heads = h.kv;
-            base.head_dim = hd;
-            base.block_size = bs;
-            scenarios(base, rotation);
-          }
+    for (const int32_t hd : kGridHeadDims)
+      for (const GridHeads& h : kGridHeads)
+        for (const int32_t bs : block_sizes)
+          for (std::size_t di = 0; di < dtypes.size(); ++di, ++rotation) scenarios(base(h, hd, bs), rotation);
   }
+
   // Partition edges (kvproof splits at 128 positions; 256 and 512 are common elsewhere).
-  for (std::size_t d = 0; d < head_dims.size(); ++d) {
-    KernelCase c;
-    c.label = "partition-edges";
-    c.num_heads = 8;
-    c.num_kv_heads = 2;
-    c.head_dim = head_dims[d];
-    c.block_size = d % 2 == 0 ? 16 : 32;
-    c.kv_dtype = dtypes[d % dtypes.size()];
-    c.kv_layout = layouts[d % layouts.size()];
-    c.seqs = {{127, 1}, {128, 1}, {129, 1}, {255, 1}, {256, 1}, {257, 1}};
-    if (grid == Grid::kFull) c.seqs.insert(c.seqs.end(), {{511, 1}, {512, 1}, {513, 1}});
-    add(c);
+  void partition_edges(Grid grid) {
+    for (std::size_t d = 0; d < kGridHeadDims.size(); ++d) {
+      KernelCase c;
+      c.label = "partition-edges";
+      c.num_heads = 8;
+      c.num_kv_heads = 2;
+      c.head_dim = kGridHeadDims[d];
+      c.block_size = d % 2 == 0 ? 16 : 32;
+      c.kv_dtype = dtypes[d % dtypes.size()];
+      c.kv_layout = layouts[d % layouts.size()];
+      c.seqs = {{127, 1}, {128, 1}, {129, 1}, {255, 1}, {256, 1}, {257, 1}};
+      if (grid == Grid::kFull) c.seqs.insert(c.seqs.end(), {{511, 1}, {512, 1}, {513, 1}});
+      add(c);
+    }
   }
-  if (grid == Grid::kFull) {
-    // Long contexts: past 32k positions, decode rows and a chunk ending there.
+
+  // Long contexts (full grid): past 32k positions, decode rows and a chunk ending there.
+  void long_contexts() {
     for (std::size_t i = 0; i < dtypes.size() * layouts.size(); ++i) {
       KernelCase c;
       c.label = "long-context";
@@ -591,7 +597,21 @@ std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_lay
       add(c);
     }
   }
-  return cases;
+};
+
+}  // namespace
+
+std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_layouts) {
+  GridBuilder b;
+  for (int32_t d = KVP_KV_F32; d <= KVP_KV_BF16; ++d)
+    if (kv_dtypes & KVP_DTYPE_BIT(d)) b.dtypes.push_back(d);
+  for (int32_t l = KVP_LAYOUT_KVPROOF; l <= KVP_LAYOUT_VLLM; ++l)
+    if (kv_layouts & KVP_LAYOUT_BIT(l)) b.layouts.push_back(l);
+  if (b.dtypes.empty() || b.layouts.empty()) return {};
+  b.shapes(grid);
+  b.partition_edges(grid);
+  if (grid == Grid::kFull) b.long_contexts();
+  return std::move(b.cases);
 }
 
 namespace {
