@@ -113,7 +113,7 @@ struct AuditChecks {
 Status run_audited(const Model& model, const VerifyOptions& o, const Workload& workload, const AuditOptions& options,
                    AuditRun& a, AuditChecks& c, AuditReport& report) {
   const PreemptionMode mode = o.modes.empty() ? PreemptionMode::kRecompute : o.modes.front();
-  auto live = make_engine(model, o, {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode});
+  auto live = make_engine(model, o, options_setup(o, mode));
   if (!live) return live.status();
   a.live = std::move(*live);
   Engine& engine = a.engine();

@@ -55,6 +55,10 @@ Tolerance tolerance_for(const VerifyOptions& o) {
   }
 }
 
+EngineSetup options_setup(const EngineOptions& o, PreemptionMode mode) {
+  return {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode};
+}
+
 Result<EngineConfig> engine_config(const ModelConfig& model, const EngineOptions& o, const EngineSetup& s) {
   EngineConfig ec;
   ec.kv.pool = pool_shape_for(model, s.block_size, s.num_blocks, s.num_host_blocks);
@@ -426,9 +430,6 @@ struct ModeChecks {
   CheckResult inv, terminal, leak, timeline, logits, greedy, recompute, isolation, determinism, cancellation;
 };
 
-EngineSetup main_setup(const VerifyOptions& o, PreemptionMode mode) {
-  return {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode};
-}
 
 // Runs the workload on a fresh engine with the step checks installed (invariants after every
 // plan and step, progress, the timeline's witness, the KV-event stream), each request checked
@@ -436,7 +437,7 @@ EngineSetup main_setup(const VerifyOptions& o, PreemptionMode mode) {
 // run is the invariants check's failure, not an error).
 Status run_mode(const Model& model, const VerifyOptions& o, const Workload& workload,
                 const ReferenceModel<double>& oracle, OracleComparisons& comparisons, ModeRun& r, ModeChecks& c) {
-  auto live = make_engine(model, o, main_setup(o, r.mode));
+  auto live = make_engine(model, o, options_setup(o, r.mode));
   if (!live) return live.status();
   r.live = std::move(*live);
   Engine& engine = r.engine();
@@ -648,7 +649,7 @@ Status check_determinism(const Model& model, const VerifyOptions& o, const Workl
     determinism.detail = "not applicable: no sampled request finished normally";
     return Status::ok();
   }
-  auto twin = make_engine(model, o, main_setup(o, r.mode));
+  auto twin = make_engine(model, o, options_setup(o, r.mode));
   if (!twin) return twin.status();
   auto again = run_workload(*twin->engine, workload, o.max_steps);
   for (RequestId id : sampled) {
@@ -747,7 +748,7 @@ Status check_speculative_vs_plain(const Model& model, const VerifyOptions& o, co
                                   const ModeRun& r, CheckResult& same) {
   VerifyOptions plain_options = o;
   plain_options.speculation = SpeculationParams{};
-  auto plain = make_engine(model, plain_options, main_setup(o, r.mode));
+  auto plain = make_engine(model, plain_options, options_setup(o, r.mode));
   if (!plain) return plain.status();
   auto plain_run = run_workload(*plain->engine, workload, o.max_steps);
   if (!r.ran() || !plain_run) {

@@ -168,6 +168,9 @@ struct LiveEngine {
 // max_num_seqs sequences of max_model_len tokens.
 std::unique_ptr<Proposer> make_draft_proposer(const Model& draft, int64_t max_num_seqs, int64_t max_model_len,
                                               int num_threads);
+// The pool and schedule `options` ask for, in preemption mode `mode` (the other setups are
+// verify's re-runs: non-interference alone, at another block size and chunk).
+EngineSetup options_setup(const EngineOptions& options, PreemptionMode mode);
 // The engine's config: the pool and schedule of `setup`, the rest from `options`; the one
 // place an EngineConfig is assembled from options (errors: what validate(EngineConfig) says).
 Result<EngineConfig> engine_config(const ModelConfig& model, const EngineOptions& options, const EngineSetup& setup);
