@@ -430,7 +430,6 @@ struct ModeChecks {
   CheckResult inv, terminal, leak, timeline, logits, greedy, recompute, isolation, determinism, cancellation;
 };
 
-
 // Runs the workload on a fresh engine with the step checks installed (invariants after every
 // plan and step, progress, the timeline's witness, the KV-event stream), each request checked
 // against the oracle as soon as it finishes. Errors: the engine could not be built (a failed
