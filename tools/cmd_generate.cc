@@ -36,11 +36,13 @@ Result<GenerateResult> engine_generate(const Model& model, const BackendChoice& 
     return Status::error("prompt of " + std::to_string(prompt.size()) + " tokens plus " + std::to_string(max_tokens) +
                          " is over the model's " + std::to_string(model.config.max_position_embeddings) + " positions");
   constexpr int32_t kBlockSize = 16;
-  const auto blocks = static_cast<int32_t>((length + kBlockSize - 1) / kBlockSize + 1);
+  o.block_size = kBlockSize;
+  o.num_blocks = static_cast<int32_t>((length + kBlockSize - 1) / kBlockSize + 1);
+  o.num_host_blocks = 0;
   o.max_model_len = model.config.max_position_embeddings;
   o.max_num_batched_tokens = std::max<int32_t>(o.max_num_batched_tokens, static_cast<int32_t>(prompt.size()));
-  auto live =
-      verify::make_engine(model, o, {kBlockSize, blocks, 0, o.max_num_batched_tokens, PreemptionMode::kRecompute});
+  o.prefill_chunk_size = o.max_num_batched_tokens;  // the prompt in one chunk
+  auto live = verify::make_engine(model, o, verify::options_setup(o, PreemptionMode::kRecompute));
   if (!live) return live.status();
   RequestSpec spec;
   spec.prompt = prompt;
