@@ -16,7 +16,9 @@
 
 namespace kvp {
 
-class Status {
+// [[nodiscard]]: an ignored error is a silent one; a caller that means to ignore one says so
+// with a (void) cast.
+class [[nodiscard]] Status {
  public:
   static Status ok() { return Status(); }
   static Status error(std::string message) { return Status(std::move(message)); }
@@ -40,7 +42,7 @@ class Status {
 
 // A value or an error. Access to value() on an error aborts (a programmer error).
 template <typename T>
-class Result {
+class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT: implicit by design

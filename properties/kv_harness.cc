@@ -26,7 +26,9 @@ KvHarness::Snapshot KvHarness::snapshot() const {
   for (const auto& [id, seq] : m_.sequences()) {
     s.tables[id] = seq.table.blocks();
     s.slots[id] = seq.num_slots;
+    s.tokens[id] = seq.tokens;
   }
+  s.version = m_.version();
   s.cache_size = m_.prefix_cache().size();
   const KvPlanOps& ops = m_.pending_plan_ops();
   s.ops = ops.swap_out.size() + ops.block_copies.size() + ops.poison.size() + ops.swap_in.size();
@@ -68,22 +70,25 @@ void KvHarness::apply_plan_ops() {
   for (const BlockCopy& c : ops.swap_in) copy(host_pool_, c.src, device_pool_, c.dst);
 }
 
-Status KvHarness::allocate(SeqId s, int64_t n) {
-  const int64_t skip = m_.cached_prefix_tokens(s);
-  const AllocStatus predicted = m_.can_allocate(s, n);
+Status KvHarness::allocate(SeqId s, int64_t n, std::span<const int32_t> lookahead) {
+  const PrefixHit hit = m_.find_prefix(s);
+  const int64_t skip = hit.num_tokens;
+  const auto k = static_cast<int64_t>(lookahead.size());
+  const AllocStatus predicted = m_.can_allocate(s, n, hit, k);
   // The whole state is recorded only when the allocation is predicted to fail (then it must
   // change nothing); a wrong prediction is an error either way.
   std::optional<Snapshot> before;
   if (predicted != AllocStatus::kOk) before = snapshot();
   std::vector<int64_t> slots;
-  const Status st = m_.allocate_slots(s, n, slots);
-  if (st.is_ok() != (predicted == AllocStatus::kOk)) {
-    return Status::error("can_allocate said " + std::string(to_string(predicted)) + " but allocate_slots " +
-                         (st.is_ok() ? "succeeded" : "failed"));
+  const AllocStatus st = m_.allocate_slots(s, n, hit, slots, lookahead);
+  if (st != predicted) {
+    return Status::error("can_allocate said " + std::string(to_string(predicted)) + " but allocate_slots returned " +
+                         to_string(st));
   }
-  if (!st.is_ok()) {
+  if (st != AllocStatus::kOk) {
     if (!before || !(snapshot() == *before) || !slots.empty()) {
-      return Status::error("failed allocate_slots(seq " + str(s) + ", " + str(n) + ") changed the state");
+      return Status::error("failed allocate_slots(seq " + str(s) + ", " + str(n) + ", " + str(k) +
+                           " lookahead) changed the state");
     }
     return Status::ok();
   }
@@ -93,13 +98,14 @@ Status KvHarness::allocate(SeqId s, int64_t n) {
       (skip > 0 && skip > static_cast<int64_t>(ms.tokens.size()) - 1)) {
     return Status::error("seq " + str(s) + ": bad cached prefix " + str(skip));
   }
+  ms.tokens.insert(ms.tokens.end(), lookahead.begin(), lookahead.end());
   KVP_RETURN_IF_ERROR(check_slot_mapping(m_, s, start, slots));
   KVP_RETURN_IF_ERROR(check_exclusive_write(m_, s, slots));
-  ms.num_slots = start + n;
+  ms.num_slots = start + n + k;
   apply_plan_ops();  // copies before the writes, as a backend would
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t p = start + k;
-    device_pool_[static_cast<size_t>(slots[static_cast<size_t>(k)])] =
+  for (int64_t i = 0; i < n + k; ++i) {
+    const int64_t p = start + i;
+    device_pool_[static_cast<size_t>(slots[static_cast<size_t>(i)])] =
         Cell{scope_of(ms), p, ms.tokens[static_cast<size_t>(p)]};
   }
   return Status::ok();
@@ -281,11 +287,10 @@ Status KvHarness::speculate(int a, int b, int c) {
   const int k = 1 + b % 4;
   std::vector<int32_t> drafts;
   for (int i = 0; i < k; ++i) drafts.push_back(3000 + (c + i) % 5);
-  KVP_RETURN_IF_ERROR(m_.append_tokens(s, drafts));
-  ms.tokens.insert(ms.tokens.end(), drafts.begin(), drafts.end());
+  // As the scheduler does: the drafts go in as lookahead, with their slots, or not at all.
   const int64_t slots_before = ms.num_slots;
-  KVP_RETURN_IF_ERROR(allocate(s, static_cast<int64_t>(ms.tokens.size()) - ms.num_slots));
-  const bool verified = ms.num_slots != slots_before || ms.num_slots == static_cast<int64_t>(ms.tokens.size());
+  KVP_RETURN_IF_ERROR(allocate(s, static_cast<int64_t>(ms.tokens.size()) - ms.num_slots, drafts));
+  const bool verified = ms.num_slots != slots_before;
   // Drafts are never final: nothing new may have entered the prefix cache yet.
   if (m_.sequence(s)->num_final != final_before) return Status::error("a speculative append changed num_final");
   const int64_t keep = accepted_len + (verified ? (c >> 3) % (k + 1) : 0);

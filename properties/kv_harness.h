@@ -18,7 +18,8 @@
 //       everything is checked as in kEverything. A corruption of a sequence the command did
 //       not touch (a skipped copy-on-write seen by the other holder, a refcount left
 //       behind) is found at the next full check, within the same input.
-// OpKind::kSpeculate is a speculative step: draft tokens appended and given slots (written),
+// OpKind::kSpeculate is a speculative step: draft tokens given to allocate_slots as lookahead
+// (appended with slots, written, or refused having changed nothing),
 // never final, then all but the accepted ones rolled back with truncate and the accepted
 // ones marked final; the prefix cache must never register a rejected draft (I9), and every
 // kept position must read back its own token.
@@ -27,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -100,6 +102,8 @@ class KvHarness {
     std::vector<int32_t> refcounts;
     std::map<SeqId, std::vector<int32_t>> tables;
     std::map<SeqId, int64_t> slots;
+    std::map<SeqId, std::vector<int32_t>> tokens;
+    uint64_t version = 0;
     int64_t cache_size = 0;
     size_t ops = 0;
     friend bool operator==(const Snapshot&, const Snapshot&) = default;
@@ -110,7 +114,9 @@ class KvHarness {
   Snapshot snapshot() const;
   std::vector<int32_t> make_prompt(int a, int b, int c) const;
   SeqId pick(int a) const;  // an existing sequence (or -1)
-  Status allocate(SeqId s, int64_t n);
+  // allocate_slots(s, n, find_prefix(s), ..., lookahead), checked against can_allocate and
+  // the model; a refusal must change nothing.
+  Status allocate(SeqId s, int64_t n, std::span<const int32_t> lookahead = {});
   // One method per command (see OpKind); each returns an error only for a broken check.
   Status add_and_prefill(int a, int b, int c, bool chunked);
   Status append(int a, int b, int c);

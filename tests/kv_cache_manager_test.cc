@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <span>
 #include <vector>
 
 #include "optimized/checkers/invariants.h"
@@ -300,6 +301,68 @@ TEST(KvCacheManager, FailedCopyOnWriteChangesNothing) {
   EXPECT_EQ(m.device_allocator().refcount(1), 2);
   EXPECT_TRUE(m.pending_plan_ops().empty());
   EXPECT_INVARIANTS(m);
+}
+
+TEST(KvCacheManager, AllocateSlotsActsOnTheHitFindPrefixReturned) {
+  KvCacheManager m(small_config());
+  prefill(m, 1, iota(10));  // blocks 0, 1 full and cached, block 2 partial
+  ASSERT_TRUE(m.free(1).is_ok());
+  ASSERT_TRUE(m.add_sequence(2, 0, iota(10)).is_ok());
+  const PrefixHit hit = m.find_prefix(2);
+  EXPECT_EQ(hit.blocks, (V{0, 1}));
+  EXPECT_EQ(hit.num_tokens, 8);
+  EXPECT_EQ(hit.num_evictable, 2);
+  EXPECT_EQ(hit.num_looked_up, 2);
+  EXPECT_EQ(m.can_allocate(2, 2, hit), AllocStatus::kOk);
+  EXPECT_EQ(m.can_allocate(2, 3, hit), AllocStatus::kNever);  // past the sequence's tokens
+  Slots slots;
+  ASSERT_EQ(m.allocate_slots(2, 2, hit, slots), AllocStatus::kOk);
+  EXPECT_EQ(table(m, 2), (V{0, 1, 3}));
+  EXPECT_EQ(slots, (Slots{12, 13}));
+  EXPECT_EQ(m.sequence(2)->num_slots, 10);
+  EXPECT_INVARIANTS(m);
+}
+
+TEST(KvCacheManager, LookaheadTokensAreAppendedWithTheirSlotsOrNotAtAll) {
+  KvCacheConfig c = small_config();
+  c.pool.num_device_blocks = 4;
+  c.enable_prefix_caching = false;
+  KvCacheManager m(c);
+  prefill(m, 9, iota(4, 900));  // block 0
+  prefill(m, 1, iota(6));       // blocks 1, 2: one block left
+  ASSERT_TRUE(m.append_tokens(1, V{7}).is_ok());
+  const V drafts{8, 9, 10, 11, 12, 13};
+  // 1 + 6 tokens are positions 6..12: two more blocks, and one is left.
+  Slots slots;
+  const uint64_t version = m.version();
+  EXPECT_EQ(m.can_allocate(1, 1, m.find_prefix(1), 6), AllocStatus::kLater);
+  EXPECT_EQ(m.allocate_slots(1, 1, m.find_prefix(1), slots, drafts), AllocStatus::kLater);
+  EXPECT_TRUE(slots.empty());
+  EXPECT_EQ(m.sequence(1)->tokens.size(), 7u);
+  EXPECT_EQ(m.sequence(1)->num_slots, 6);
+  EXPECT_EQ(table(m, 1), (V{1, 2}));
+  EXPECT_EQ(m.version(), version);
+  // Four drafts fit: positions 6..10, blocks 2 and 3.
+  ASSERT_EQ(m.allocate_slots(1, 1, m.find_prefix(1), slots, std::span(drafts).first(4)), AllocStatus::kOk);
+  EXPECT_EQ(slots, (Slots{10, 11, 12, 13, 14}));
+  EXPECT_EQ(table(m, 1), (V{1, 2, 3}));
+  EXPECT_EQ(m.sequence(1)->tokens, (V{100, 101, 102, 103, 104, 105, 7, 8, 9, 10, 11}));
+  EXPECT_EQ(m.sequence(1)->num_slots, 11);
+  EXPECT_EQ(m.sequence(1)->num_final, 6);  // drafts are never final until marked so
+  EXPECT_GT(m.version(), version);
+  EXPECT_INVARIANTS(m);
+}
+
+TEST(KvCacheManagerDeathTest, AHitFromBeforeAStateChangeIsRefused) {
+  KvCacheManager m(small_config());
+  prefill(m, 1, iota(10));
+  ASSERT_TRUE(m.add_sequence(2, 0, iota(10)).is_ok());
+  const PrefixHit hit = m.find_prefix(2);
+  ASSERT_EQ(hit.blocks.size(), 2u);
+  ASSERT_TRUE(m.free(1).is_ok());  // the hit's blocks became evictable: its count is stale
+  Slots slots;
+  EXPECT_DEATH((void)m.allocate_slots(2, 2, hit, slots), "KVP_CHECK");
+  EXPECT_DEATH((void)m.can_allocate(3, 2, m.find_prefix(2)), "KVP_CHECK");  // another sequence's hit
 }
 
 TEST(KvCacheManager, ARequestLargerThanThePoolIsNever) {

@@ -170,9 +170,7 @@ DraftTokens Engine::propose() {
 }
 
 void Engine::reject(Request& r, std::string reason) {
-  r.reject_reason = std::move(reason);
-  r.state = RequestState::kFinished;
-  r.finish = FinishReason::kRejected;
+  scheduler_.reject(&r, std::move(reason));
   r.time.finish_step = step_;
   r.time.finish_s = now();
   ++counters_.rejections;

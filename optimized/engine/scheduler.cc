@@ -37,6 +37,14 @@ void Scheduler::finish(Request* r, FinishReason reason) {
   r->finish = reason;
 }
 
+void Scheduler::reject(Request* r, std::string reason) {
+  KVP_CHECK(r->state == RequestState::kWaiting && !r->in_kv);
+  KVP_CHECK(std::find(waiting_.begin(), waiting_.end(), r) == waiting_.end());
+  r->reject_reason = std::move(reason);
+  r->state = RequestState::kFinished;
+  r->finish = FinishReason::kRejected;
+}
+
 int64_t Scheduler::worst_case_blocks(const Request& r) const {
   const int64_t bs = kv_.block_size();
   const int64_t one = kernels::blocks_for_tokens(r.num_prompt() + r.spec.max_tokens, bs);
@@ -51,14 +59,16 @@ int64_t Scheduler::seats_in_use() const {
   return seats;
 }
 
-int64_t Scheduler::tokens_to_compute(const Request& r) const {
+int64_t Scheduler::tokens_to_compute(const Request& r, const PrefixHit& hit) const {
   // The manager's slots are the positions computed (or being computed in the plan that
   // reserved them); a sequence with no blocks yet will first take its cached prefix.
   const SequenceState* s = kv_.sequence(r.id);
   int64_t done = 0;
-  if (s != nullptr) done = s->num_slots > 0 ? s->num_slots : kv_.cached_prefix_tokens(r.id);
+  if (s != nullptr) done = s->num_slots > 0 ? s->num_slots : hit.num_tokens;
   return static_cast<int64_t>(r.tokens.size()) - done;
 }
+
+int64_t Scheduler::tokens_to_compute(const Request& r) const { return tokens_to_compute(r, kv_.find_prefix(r.id)); }
 
 void Scheduler::insert_running(Request* r) {
   r->state = RequestState::kRunning;
@@ -87,57 +97,53 @@ void Scheduler::preempt(Request* victim, ScheduleStats& stats) {
   waiting_.push_front(victim);
 }
 
-int64_t Scheduler::draft_count(const Request& r, int64_t max_tokens) const {
-  if (drafts_ == nullptr || r.num_drafts != 0) return 0;
+std::span<const int32_t> Scheduler::drafts_for(const Request& r, int64_t max_tokens, const PrefixHit& hit) const {
+  if (drafts_ == nullptr || r.num_drafts != 0) return {};
   auto it = drafts_->find(r.id);
-  if (it == drafts_->end() || it->second.empty()) return 0;
+  if (it == drafts_->end() || it->second.empty()) return {};
   const SequenceState* s = kv_.sequence(r.id);
-  if (s == nullptr || s->swapped || s->num_slots == 0 || tokens_to_compute(r) != 1) return 0;
+  if (s == nullptr || s->swapped || s->num_slots == 0 || tokens_to_compute(r, hit) != 1) return {};
   // Every accepted draft is a generated token, and one more always follows them.
   const int64_t may_generate = r.spec.max_tokens - r.num_generated();
-  return std::max<int64_t>(0, std::min({static_cast<int64_t>(it->second.size()), max_tokens - 1, may_generate - 1}));
+  const int64_t d = std::min({static_cast<int64_t>(it->second.size()), max_tokens - 1, may_generate - 1});
+  if (d <= 0) return {};
+  return std::span<const int32_t>(it->second).first(static_cast<std::size_t>(d));
 }
 
-int64_t Scheduler::try_plan(Request* r, int64_t budget, BatchPlan& plan) {
-  if (const int64_t d = draft_count(*r, std::min<int64_t>(budget, config_.prefill_chunk_size)); d > 0) {
-    const std::vector<int32_t>& drafts = drafts_->at(r->id);
-    const std::span<const int32_t> in_flight(drafts.data(), static_cast<std::size_t>(d));
-    const std::size_t accepted = r->tokens.size();
-    r->tokens.insert(r->tokens.end(), in_flight.begin(), in_flight.end());
-    KVP_CHECK(kv_.append_tokens(r->id, in_flight).is_ok());
-    if (kv_.can_allocate(r->id, 1 + d) == AllocStatus::kOk) {
-      r->num_drafts = static_cast<int32_t>(d);
-    } else {  // no room for the drafts: take them back (they were never given slots)
-      r->tokens.resize(accepted);
-      KVP_CHECK(kv_.truncate(r->id, static_cast<int64_t>(accepted)).is_ok());
+Scheduler::Planned Scheduler::try_plan(Request* r, int64_t budget, BatchPlan& plan) {
+  const PrefixHit hit = kv_.find_prefix(r->id);
+  const int64_t max_tokens = std::min<int64_t>(budget, config_.prefill_chunk_size);
+  int64_t n = 0;
+  // Drafts ride along only when the pool holds the whole verification row; otherwise the
+  // request decodes one token. allocate_slots decides the fit before anything changes.
+  if (const std::span<const int32_t> drafts = drafts_for(*r, max_tokens, hit); !drafts.empty()) {
+    if (kv_.allocate_slots(r->id, 1, hit, plan.slot_mapping, drafts) == AllocStatus::kOk) {
+      r->tokens.insert(r->tokens.end(), drafts.begin(), drafts.end());
+      r->num_drafts = static_cast<int32_t>(drafts.size());
+      n = 1 + static_cast<int64_t>(drafts.size());
     }
   }
-  const int64_t n = std::min({tokens_to_compute(*r), budget, static_cast<int64_t>(config_.prefill_chunk_size)});
-  if (n <= 0 || kv_.can_allocate(r->id, n) != AllocStatus::kOk) return 0;
-  const std::size_t first_slot = plan.slot_mapping.size();
-  KVP_CHECK(kv_.allocate_slots(r->id, n, plan.slot_mapping).is_ok());
-  KVP_CHECK(plan.slot_mapping.size() == first_slot + static_cast<std::size_t>(n));
-  const int64_t end = kv_.sequence(r->id)->num_slots;
-  plan.seq_ids.push_back(r->id);
-  for (int64_t p = end - n; p < end; ++p) {
-    plan.token_ids.push_back(r->tokens[static_cast<std::size_t>(p)]);
-    plan.positions.push_back(static_cast<int32_t>(p));
+  if (n == 0) {
+    n = std::min(tokens_to_compute(*r, hit), max_tokens);
+    if (n <= 0) return {};
+    if (const AllocStatus fit = kv_.allocate_slots(r->id, n, hit, plan.slot_mapping); fit != AllocStatus::kOk) {
+      return {.n = 0, .fit = fit};
+    }
   }
-  plan.query_start.push_back(static_cast<int32_t>(plan.token_ids.size()));
-  plan.context_lens.push_back(static_cast<int32_t>(end));
+  const int64_t end = kv_.sequence(r->id)->num_slots;
   const bool at_end = end == static_cast<int64_t>(r->tokens.size());
-  plan.needs_logits.push_back(at_end || r->spec.capture_logits ? 1 : 0);
-  plan.logits_all.push_back(r->spec.capture_logits || r->num_drafts > 0 ? 1 : 0);
+  add_plan_row(plan, r->id, r->tokens, end, n, at_end || r->spec.capture_logits,
+               r->spec.capture_logits || r->num_drafts > 0);
   if (r->time.first_scheduled_step < 0) r->time.first_scheduled_step = plan.step;
-  return n;
+  return {.n = n, .fit = AllocStatus::kOk, .prefix_hit_tokens = hit.num_tokens};
 }
 
 int64_t Scheduler::schedule_running(Request* r, int64_t budget, BatchPlan& plan, ScheduleStats& stats) {
   if (std::min(tokens_to_compute(*r), budget) <= 0) return 0;
   while (true) {
-    if (const int64_t n = try_plan(r, budget, plan); n > 0) return n;
-    const int64_t want = std::min({tokens_to_compute(*r), budget, static_cast<int64_t>(config_.prefill_chunk_size)});
-    KVP_CHECK(kv_.can_allocate(r->id, want) != AllocStatus::kNever);  // admission rejected what could never fit
+    const Planned p = try_plan(r, budget, plan);
+    if (p.n > 0 || p.fit == AllocStatus::kOk) return p.n;
+    KVP_CHECK(p.fit != AllocStatus::kNever);  // admission rejected what could never fit
     Request* victim = running_.back();
     preempt(victim, stats);
     if (victim == r) return 0;
@@ -170,7 +176,7 @@ ScheduledStep Scheduler::schedule(int64_t step, const DraftTokens& drafts) {
       ++stats.swaps_in;
       swapped_.pop_front();
       insert_running(r);
-      budget -= try_plan(r, budget, plan);
+      budget -= try_plan(r, budget, plan).n;
     }
   }
 
@@ -187,21 +193,33 @@ ScheduledStep Scheduler::schedule(int64_t step, const DraftTokens& drafts) {
         KVP_CHECK(kv_.add_sequence(r->id, r->spec.tenant, r->tokens).is_ok());
         r->in_kv = true;
       }
-      const int64_t cached = kv_.cached_prefix_tokens(r->id);
-      const int64_t n = try_plan(r, budget, plan);
-      if (n == 0) break;  // FCFS: nobody overtakes
+      const Planned p = try_plan(r, budget, plan);
+      if (p.n == 0) break;  // FCFS: nobody overtakes
       waiting_.pop_front();
       insert_running(r);
       ++stats.admitted;
-      stats.prefix_hit_tokens += cached;
+      stats.prefix_hit_tokens += p.prefix_hit_tokens;
       if (kv_.config().enable_prefix_caching) stats.prefix_lookup_tokens += static_cast<int64_t>(r->tokens.size());
-      r->prefix_hit_tokens += cached;
-      budget -= n;
+      r->prefix_hit_tokens += p.prefix_hit_tokens;
+      budget -= p.n;
     }
   }
   finish_plan(kv_, plan);
   drafts_ = nullptr;
   return out;
+}
+
+void add_plan_row(BatchPlan& plan, SeqId seq, std::span<const int32_t> tokens, int64_t end, int64_t n,
+                  bool needs_logits, bool logits_all) {
+  plan.seq_ids.push_back(seq);
+  for (int64_t p = end - n; p < end; ++p) {
+    plan.token_ids.push_back(tokens[static_cast<std::size_t>(p)]);
+    plan.positions.push_back(static_cast<int32_t>(p));
+  }
+  plan.query_start.push_back(static_cast<int32_t>(plan.token_ids.size()));
+  plan.context_lens.push_back(static_cast<int32_t>(end));
+  plan.needs_logits.push_back(needs_logits ? 1 : 0);
+  plan.logits_all.push_back(logits_all ? 1 : 0);
 }
 
 void finish_plan(KvCacheManager& kv, BatchPlan& plan) {

@@ -17,11 +17,12 @@
 // per request per step. Admission never drops a running request.
 //
 // Speculative decoding: schedule() may be given draft tokens for running requests that are
-// decoding. try_plan then appends k' of them (k' <= k, within the token budget and chunk
-// size, and below what the request may still generate) to the request and its KV-cache
-// sequence and plans the verification row of 1 + k' tokens, charged against the budget,
-// with logits for every row; when the pool cannot hold 1 + k' tokens the drafts are taken
-// back and the request decodes one token (drafts never preempt their own request's
+// decoding. try_plan then plans a verification row of 1 + k' tokens (k' <= k, within the
+// token budget and chunk size, and below what the request may still generate), charged
+// against the budget, with logits for every row, when the pool holds all of them: the
+// drafts go to allocate_slots as lookahead, which appends them to the KV-cache sequence
+// with their slots or changes nothing. Only then are they appended to the request. When
+// the pool cannot hold them the request decodes one token (drafts never preempt their own request's
 // neighbours directly; like any growth they may leave a newer request short later in the
 // step under optimistic admission, never beyond worst_case_blocks). apply() rolls
 // back the rejected drafts (truncate) before anything is marked final, so only accepted
@@ -33,6 +34,8 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -98,6 +101,13 @@ struct StepUpdate {
 // Draft tokens proposed for running requests this step (see the header comment).
 using DraftTokens = std::unordered_map<RequestId, std::vector<int32_t>>;
 
+// Adds one sequence's row to every planner's plan (the scheduler's and the draft model's):
+// the tokens at positions [end - n, end) of `tokens`, context length `end`, and which logits
+// it asks for. The row's slots are the ones allocate_slots appended to plan.slot_mapping.
+// REQUIRES: 0 < n <= end <= tokens.size().
+void add_plan_row(BatchPlan& plan, SeqId seq, std::span<const int32_t> tokens, int64_t end, int64_t n,
+                  bool needs_logits, bool logits_all);
+
 // Ends every planner (the scheduler's and the draft model's): the plan's block tables from
 // the manager's, padded with -1 to the longest, and the memory ops the manager queued.
 void finish_plan(KvCacheManager& kv, BatchPlan& plan);
@@ -109,6 +119,9 @@ class Scheduler {
 
   // Queues a validated request at the back of the waiting queue.
   void add(Request* r);
+  // Ends a request that was never queued (the engine refused it), with its reason: every
+  // request state change goes through the scheduler. REQUIRES: r was not add()ed.
+  void reject(Request* r, std::string reason);
   // Ends a request that is waiting, running or swapped: frees its blocks, drops it from
   // its queue. REQUIRES: !r->finished().
   void finish(Request* r, FinishReason reason);
@@ -144,7 +157,10 @@ class Scheduler {
   // Running sequences held or reserved (a request that will fork reserves n).
   int64_t seats_in_use() const;
   // Positions r still has to compute: its tokens past the slots its sequence holds (past
-  // the cached prefix it will take, for a sequence with no blocks yet).
+  // the cached prefix `hit` it will take, for a sequence with no blocks yet).
+  // REQUIRES: hit is the manager's find_prefix(r.id), with no state change since.
+  int64_t tokens_to_compute(const Request& r, const PrefixHit& hit) const;
+  // tokens_to_compute(r, find_prefix(r.id)).
   int64_t tokens_to_compute(const Request& r) const;
 
  private:
@@ -152,15 +168,24 @@ class Scheduler {
   // newest running requests as needed. Returns the tokens scheduled (0: r was preempted or
   // has nothing to compute).
   int64_t schedule_running(Request* r, int64_t budget, BatchPlan& plan, ScheduleStats& stats);
-  // The one path from "tokens to run" to a plan row: n = the tokens r may run within
-  // `budget` and the chunk size; if the pool holds them now, reserves their slots and adds
-  // r's row to the plan, returning n; otherwise changes nothing and returns 0 (also when r
-  // has nothing to compute). REQUIRES: r holds a KvCacheManager sequence on the device.
-  int64_t try_plan(Request* r, int64_t budget, BatchPlan& plan);
+  // What try_plan did: n tokens planned; when none, fit says whether the pool could hold
+  // them later (kLater) or never (kNever); kOk with n = 0: nothing to compute.
+  struct Planned {
+    int64_t n = 0;
+    AllocStatus fit = AllocStatus::kOk;
+    int64_t prefix_hit_tokens = 0;  // positions skipped because the prefix cache held them
+  };
+  // The one path from "tokens to run" to a plan row: the prefix is looked up once, n = the
+  // tokens r may run within `budget` and the chunk size (with drafts, 1 + k' when the pool
+  // holds them all); if the pool holds them now, reserves their slots and adds r's row to
+  // the plan; otherwise changes nothing. REQUIRES: r holds a KvCacheManager sequence on the
+  // device.
+  Planned try_plan(Request* r, int64_t budget, BatchPlan& plan);
   void preempt(Request* victim, ScheduleStats& stats);
   void insert_running(Request* r);  // keeps running_ in arrival (id) order
-  // Drafts r may carry in a verification row of at most `max_tokens` tokens (0: none).
-  int64_t draft_count(const Request& r, int64_t max_tokens) const;
+  // The drafts r may carry in a verification row of at most `max_tokens` tokens (empty:
+  // none). REQUIRES: hit is the manager's find_prefix(r.id), with no state change since.
+  std::span<const int32_t> drafts_for(const Request& r, int64_t max_tokens, const PrefixHit& hit) const;
 
   SchedulerConfig config_;
   KvCacheManager& kv_;

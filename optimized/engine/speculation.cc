@@ -94,16 +94,8 @@ Status DraftModelProposer::forward(const std::vector<std::size_t>& rows, std::sp
     const SequenceState* s = kv_.sequence(r.id);
     const int64_t start = s->num_slots;
     const int64_t n = static_cast<int64_t>(s->tokens.size()) - start;
-    KVP_CHECK(kv_.allocate_slots(r.id, n, plan.slot_mapping).is_ok());
-    plan.seq_ids.push_back(r.id);
-    for (int64_t p = start; p < start + n; ++p) {
-      plan.token_ids.push_back(s->tokens[static_cast<std::size_t>(p)]);
-      plan.positions.push_back(static_cast<int32_t>(p));
-    }
-    plan.query_start.push_back(static_cast<int32_t>(plan.token_ids.size()));
-    plan.context_lens.push_back(static_cast<int32_t>(start + n));
-    plan.needs_logits.push_back(1);
-    plan.logits_all.push_back(0);
+    KVP_CHECK(kv_.allocate_slots(r.id, n, kv_.find_prefix(r.id), plan.slot_mapping) == AllocStatus::kOk);
+    add_plan_row(plan, r.id, s->tokens, start + n, n, /*needs_logits=*/true, /*logits_all=*/false);
   }
   finish_plan(kv_, plan);
   ++forwards_;

@@ -87,6 +87,7 @@ Status KvCacheManager::add_sequence(SeqId seq, int64_t tenant, std::span<const i
   s.tokens.assign(tokens.begin(), tokens.end());
   seqs_.emplace(seq, std::move(s));
   if (logging()) log(kv_event::Add{seq, tenant});
+  changed();
   return Status::ok();
 }
 
@@ -94,6 +95,7 @@ Status KvCacheManager::append_tokens(SeqId seq, std::span<const int32_t> tokens)
   SequenceState* s = find(seq);
   if (s == nullptr) return Status::error(seq_error("append_tokens", seq, "unknown sequence"));
   s->tokens.insert(s->tokens.end(), tokens.begin(), tokens.end());
+  changed();
   return Status::ok();
 }
 
@@ -108,6 +110,7 @@ Status KvCacheManager::mark_final(SeqId seq, int64_t num_final) {
   }
   s->num_final = num_final;
   register_final_blocks(*s);
+  changed();
   return Status::ok();
 }
 
@@ -139,8 +142,10 @@ void KvCacheManager::register_final_blocks(SequenceState& s) {
 
 // ---------------------------------------------------------------- slots
 
-KvCacheManager::PrefixHit KvCacheManager::find_prefix(const SequenceState& s) const {
+PrefixHit KvCacheManager::find_prefix(const SequenceState& s) const {
   PrefixHit hit;
+  hit.seq = s.id;
+  hit.version = version_;
   if (!config_.enable_prefix_caching || s.swapped || !s.table.empty() || s.num_slots != 0 || s.tokens.empty()) {
     return hit;
   }
@@ -156,14 +161,18 @@ KvCacheManager::PrefixHit KvCacheManager::find_prefix(const SequenceState& s) co
     if (device_.refcount(b) == 0) ++hit.num_evictable;
     parent = device_.handle(b);
   }
-  hit.max_blocks = max_blocks;
+  hit.num_looked_up = max_blocks;
+  hit.num_tokens = static_cast<int64_t>(hit.blocks.size()) * bs;
   return hit;
 }
 
-int64_t KvCacheManager::cached_prefix_tokens(SeqId seq) const {
+PrefixHit KvCacheManager::find_prefix(SeqId seq) const {
   const SequenceState* s = sequence(seq);
-  if (s == nullptr) return 0;
-  return static_cast<int64_t>(find_prefix(*s).blocks.size()) * config_.pool.block_size;
+  if (s != nullptr) return find_prefix(*s);
+  PrefixHit none;
+  none.seq = seq;
+  none.version = version_;
+  return none;
 }
 
 bool KvCacheManager::needs_copy_on_write(const SequenceState& s, int64_t n_new_tokens) const {
@@ -172,56 +181,62 @@ bool KvCacheManager::needs_copy_on_write(const SequenceState& s, int64_t n_new_t
   return device_.refcount(last) > 1 || device_.is_cached(last);
 }
 
-AllocStatus KvCacheManager::can_allocate(const SequenceState& s, int64_t n_new_tokens, const PrefixHit& hit) const {
-  if (s.swapped || n_new_tokens < 0) return AllocStatus::kNever;
+AllocStatus KvCacheManager::can_allocate(const SequenceState& s, int64_t n_new_tokens, const PrefixHit& hit,
+                                         int64_t num_lookahead) const {
+  KVP_CHECK(hit.seq == s.id && hit.version == version_);  // a hit is used before the state changes
+  if (s.swapped || n_new_tokens < 0 || num_lookahead < 0) return AllocStatus::kNever;
   const int64_t bs = config_.pool.block_size;
   const auto num_hit = static_cast<int64_t>(hit.blocks.size());
-  const int64_t start = s.num_slots + num_hit * bs;
-  const int64_t end = start + n_new_tokens;
-  if (end > static_cast<int64_t>(s.tokens.size())) return AllocStatus::kNever;
+  const int64_t start = s.num_slots + hit.num_tokens;
+  const int64_t end = start + n_new_tokens + num_lookahead;
+  if (end > static_cast<int64_t>(s.tokens.size()) + num_lookahead) return AllocStatus::kNever;
   const bool admitting = s.table.empty();
   const int64_t watermark = admitting ? config_.watermark_blocks : 0;
   const int64_t total = blocks_for_tokens(end, bs);
   if (total > config_.pool.num_device_blocks - watermark) return AllocStatus::kNever;
-  const int64_t need = total - (s.table.size() + num_hit) + (needs_copy_on_write(s, n_new_tokens) ? 1 : 0);
+  const int64_t need =
+      total - (s.table.size() + num_hit) + (needs_copy_on_write(s, n_new_tokens + num_lookahead) ? 1 : 0);
   if (need <= 0) return AllocStatus::kOk;
   const int64_t available = device_.num_available() - hit.num_evictable;
   return available - need >= watermark ? AllocStatus::kOk : AllocStatus::kLater;
 }
 
-AllocStatus KvCacheManager::can_allocate(SeqId seq, int64_t n_new_tokens) const {
+AllocStatus KvCacheManager::can_allocate(SeqId seq, int64_t n_new_tokens, const PrefixHit& hit,
+                                         int64_t num_lookahead) const {
+  KVP_CHECK(hit.seq == seq && hit.version == version_);
   const SequenceState* s = sequence(seq);
   if (s == nullptr) return AllocStatus::kNever;
-  return can_allocate(*s, n_new_tokens, find_prefix(*s));
+  return can_allocate(*s, n_new_tokens, hit, num_lookahead);
 }
 
-Status KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens, std::vector<int64_t>& slot_mapping) {
+AllocStatus KvCacheManager::can_allocate(SeqId seq, int64_t n_new_tokens) const {
+  return can_allocate(seq, n_new_tokens, find_prefix(seq));
+}
+
+void KvCacheManager::take_prefix_hit(SequenceState& s, const PrefixHit& hit) {
+  for (int32_t b : hit.blocks) {
+    device_.retain(b);
+    s.table.push_back(b);
+    if (logging()) log(kv_event::Share{s.id, b, kv_event::ShareReason::kPrefixHit});
+  }
+  s.num_slots = s.num_final = hit.num_tokens;
+  s.num_registered_blocks = static_cast<int64_t>(hit.blocks.size());
+  cache_.stats().hits += static_cast<int64_t>(hit.blocks.size());
+  cache_.stats().misses += hit.num_looked_up - static_cast<int64_t>(hit.blocks.size());
+}
+
+AllocStatus KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens, const PrefixHit& hit,
+                                           std::vector<int64_t>& slot_mapping, std::span<const int32_t> lookahead) {
+  const auto num_lookahead = static_cast<int64_t>(lookahead.size());
+  const AllocStatus st = can_allocate(seq, n_new_tokens, hit, num_lookahead);
+  if (st != AllocStatus::kOk) return st;
   SequenceState* s = find(seq);
-  if (s == nullptr) return Status::error(seq_error("allocate_slots", seq, "unknown sequence"));
-  const PrefixHit hit = find_prefix(*s);
-  const AllocStatus st = can_allocate(*s, n_new_tokens, hit);
-  if (st != AllocStatus::kOk) {
-    return Status::error(
-        seq_error("allocate_slots", seq, std::to_string(n_new_tokens) + " new tokens: " + to_string(st)));
-  }
   const int64_t bs = config_.pool.block_size;
+  if (config_.enable_prefix_caching && s->table.empty() && s->num_slots == 0) take_prefix_hit(*s, hit);
+  s->tokens.insert(s->tokens.end(), lookahead.begin(), lookahead.end());
+  const int64_t n = n_new_tokens + num_lookahead;
 
-  if (config_.enable_prefix_caching && s->table.empty() && s->num_slots == 0) {
-    for (int32_t b : hit.blocks) {
-      device_.retain(b);
-      s->table.push_back(b);
-      if (logging()) {
-        log(kv_event::Share{seq, b, kv_event::ShareReason::kPrefixHit});
-      }
-    }
-    const auto num_hit = static_cast<int64_t>(hit.blocks.size());
-    s->num_slots = s->num_final = num_hit * bs;
-    s->num_registered_blocks = num_hit;
-    cache_.stats().hits += num_hit;
-    cache_.stats().misses += hit.max_blocks - num_hit;
-  }
-
-  if (needs_copy_on_write(*s, n_new_tokens)) {
+  if (needs_copy_on_write(*s, n)) {
     const int64_t i = s->table.size() - 1;
     const int32_t src = s->table[i];
     const int32_t dst = take_device_block(/*is_copy_dst=*/true);
@@ -234,7 +249,7 @@ Status KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens, std::vect
   }
 
   const int64_t start = s->num_slots;
-  const int64_t end = start + n_new_tokens;
+  const int64_t end = start + n;
   const int64_t blocks_needed = blocks_for_tokens(end, bs);
   while (s->table.size() < blocks_needed) {
     const int32_t b = take_device_block(/*is_copy_dst=*/false);
@@ -246,7 +261,16 @@ Status KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens, std::vect
   }
   s->num_slots = end;
   if (logging()) log(kv_event::Slots{seq, end});
-  return Status::ok();
+  changed();
+  return AllocStatus::kOk;
+}
+
+Status KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens, std::vector<int64_t>& slot_mapping) {
+  if (sequence(seq) == nullptr) return Status::error(seq_error("allocate_slots", seq, "unknown sequence"));
+  const AllocStatus st = allocate_slots(seq, n_new_tokens, find_prefix(seq), slot_mapping);
+  if (st == AllocStatus::kOk) return Status::ok();
+  return Status::error(
+      seq_error("allocate_slots", seq, std::to_string(n_new_tokens) + " new tokens: " + to_string(st)));
 }
 
 int32_t KvCacheManager::take_device_block(bool is_copy_dst) {
@@ -294,6 +318,7 @@ Status KvCacheManager::free(SeqId seq) {
   if (logging()) log(kv_event::Free{seq});
   if (last_found_ != nullptr && last_found_->id == seq) last_found_ = nullptr;
   seqs_.erase(seq);
+  changed();
   return Status::ok();
 }
 
@@ -317,6 +342,7 @@ Status KvCacheManager::fork(SeqId parent, SeqId child) {
   }
   if (logging()) log(kv_event::Slots{child, c.num_slots});
   seqs_.emplace(child, std::move(c));
+  changed();
   return Status::ok();
 }
 
@@ -358,6 +384,7 @@ Status KvCacheManager::truncate(SeqId seq, int64_t new_len) {
   s->num_registered_blocks = std::min(s->num_registered_blocks, s->num_final / bs);
   release_tail_to(*s, blocks_for_tokens(s->num_slots, bs));
   if (logging()) log(kv_event::Slots{seq, s->num_slots});
+  changed();
   return Status::ok();
 }
 
@@ -381,6 +408,7 @@ Status KvCacheManager::swap_out(SeqId seq) {
   }
   ops_.swap_out.insert(ops_.swap_out.end(), pairs.begin(), pairs.end());
   s->swapped = true;
+  changed();
   return Status::ok();
 }
 
@@ -413,6 +441,7 @@ Status KvCacheManager::swap_in(SeqId seq) {
   s->swapped = false;
   s->num_registered_blocks = 0;  // the new blocks may be offered to the cache again
   register_final_blocks(*s);
+  changed();
   return Status::ok();
 }
 
@@ -434,11 +463,13 @@ int32_t KvCacheManager::evict_cached(int32_t n) {
     drop_cache_entry(device_.lru_evictable());
     ++evicted;
   }
+  if (evicted > 0) changed();
   return evicted;
 }
 
 void KvCacheManager::flush_prefix_cache() {
   for (int32_t b : cache_.blocks()) drop_cache_entry(b);
+  changed();
 }
 
 KvPlanOps KvCacheManager::take_plan_ops() {

@@ -12,10 +12,12 @@
 //               rolled back): mark_final. Only final full blocks enter the prefix cache.
 //   num_final <= num_slots <= tokens.size()
 //
-// Typical use per new sequence: add_sequence; n0 = cached_prefix_tokens(s) (the tokens it
-// may skip); can_allocate(s, len - n0) == kOk; allocate_slots(s, len - n0, mapping) (which
-// first takes the cached prefix) ... after the step ran: mark_final(s, len). Per decode step:
-// append_tokens(s, {t}); allocate_slots(s, 1, mapping); after the step ran: mark_final.
+// Typical use per new sequence: add_sequence; hit = find_prefix(s) (the cached prefix it may
+// take: the tokens it may skip); allocate_slots(s, len - hit.num_tokens, hit, mapping) == kOk
+// (which first takes the hit's blocks) ... after the step ran: mark_final(s, len). Per decode
+// step: append_tokens(s, {t}); allocate_slots(s, 1, find_prefix(s), mapping); after the step
+// ran: mark_final. A speculative step gives allocate_slots its drafts as lookahead: they are
+// appended with slots of their own, or nothing changes.
 // take_plan_ops() once per step hands the block copies, swaps and poisons to the backend.
 //
 // Invariants I1, I2, I4, I5, I6 (stated in docs/architecture.md) are checked by
@@ -82,6 +84,21 @@ struct SequenceState {
   mutable std::vector<BlockHash> block_hashes;
 };
 
+// One prefix-cache lookup (vLLM v1's get_computed_blocks): the cached blocks a sequence with
+// no slots yet takes as its first blocks. find_prefix makes it; can_allocate and
+// allocate_slots take it, so one admission looks the cache up once and the answer
+// can_allocate gave is the one allocate_slots acts on. A hit is valid until the manager's
+// next state change (any successful non-const method other than take_plan_ops and
+// set_event_log): it names blocks and counts refcounts that a change may alter.
+struct PrefixHit {
+  SeqId seq = -1;
+  std::vector<int32_t> blocks;  // the cached chain, first block first
+  int64_t num_tokens = 0;       // blocks.size() * block_size: the positions the sequence skips
+  int32_t num_evictable = 0;    // hit blocks with refcount 0 (they leave the available pool)
+  int64_t num_looked_up = 0;    // blocks that were looked up (hits plus misses, for the stats)
+  uint64_t version = 0;         // KvCacheManager::version() when it was found
+};
+
 class KvCacheManager {
  public:
   // REQUIRES: validate(config).is_ok().
@@ -102,22 +119,35 @@ class KvCacheManager {
 
   // --- slots ---
 
-  // For a sequence with an empty table: the number of leading tokens the prefix cache holds
-  // (a multiple of block_size, at most tokens-1 so the last token is always recomputed).
-  // 0 for any other sequence, an unknown one, or with prefix caching off. Does not change
-  // state (it may memoize hashes).
-  int64_t cached_prefix_tokens(SeqId seq) const;
+  // The prefix-cache hit of a sequence with an empty table: the longest chain of cached
+  // blocks whose tokens (and parents') equal its own, within its tenant scope, at most
+  // tokens-1 tokens so the last token is always recomputed. An empty hit for any other
+  // sequence, an unknown one, or with prefix caching off. Does not change state (it may
+  // memoize hashes).
+  PrefixHit find_prefix(SeqId seq) const;
+  // find_prefix(seq).num_tokens: the leading tokens the sequence may skip.
+  int64_t cached_prefix_tokens(SeqId seq) const { return find_prefix(seq).num_tokens; }
 
-  // Whether allocate_slots(seq, n) would succeed now, and if not, whether it ever could.
+  // Whether allocate_slots(seq, n_new_tokens, hit, ...) with `num_lookahead` lookahead
+  // tokens would return kOk now, and if not, whether it ever could.
+  // REQUIRES: `hit` is find_prefix(seq) with no state change since (checked).
+  AllocStatus can_allocate(SeqId seq, int64_t n_new_tokens, const PrefixHit& hit, int64_t num_lookahead = 0) const;
+  // can_allocate(seq, n_new_tokens, find_prefix(seq)): for callers with no hit in hand.
   AllocStatus can_allocate(SeqId seq, int64_t n_new_tokens) const;
 
-  // Reserves slots for positions [s, s + n) where s = num_slots after taking the cached
-  // prefix (an empty table first takes cached_prefix_tokens(seq) blocks from the cache).
-  // Appends the n slots to `slot_mapping`. Writing into a shared or cached last block first
-  // copies it (copy-on-write: a block copy in the plan ops).
-  // REQUIRES of the caller: s + n <= tokens.size().
-  // Succeeds iff can_allocate(seq, n) == kOk; on error nothing changes (not even
-  // `slot_mapping`).
+  // Reserves slots for positions [s, s + n + k) where s = num_slots after taking the hit
+  // (an empty table first takes the hit's blocks) and k = lookahead.size(): the n new tokens
+  // the sequence already has, then the lookahead tokens (speculative drafts), appended to its
+  // tokens here. Appends the n + k slots to `slot_mapping`. Writing into a shared or cached
+  // last block first copies it (copy-on-write: a block copy in the plan ops).
+  // Returns can_allocate(seq, n, hit, k): kOk having done all of it, or kLater / kNever
+  // having changed nothing at all (not the tokens, not `slot_mapping`), so the fit of
+  // drafts is decided before anything changes.
+  // REQUIRES: `hit` is find_prefix(seq) with no state change since (checked).
+  AllocStatus allocate_slots(SeqId seq, int64_t n_new_tokens, const PrefixHit& hit, std::vector<int64_t>& slot_mapping,
+                             std::span<const int32_t> lookahead = {});
+  // allocate_slots(seq, n_new_tokens, find_prefix(seq), slot_mapping), as a Status naming
+  // the sequence and the refusal: for callers with no hit in hand (tests, benchmarks).
   Status allocate_slots(SeqId seq, int64_t n_new_tokens, std::vector<int64_t>& slot_mapping);
 
   // Ends a sequence: its blocks are released tail first (so the tails of cached chains are
@@ -179,6 +209,9 @@ class KvCacheManager {
   int64_t salt_of(const SequenceState& s) const { return config_.global_prefix_sharing ? 0 : s.tenant; }
   // Chain hash of full block i of the sequence's tokens. REQUIRES: (i+1)*block_size <= tokens.
   const BlockHash& block_hash(const SequenceState& s, int64_t i) const;
+  // Counts state changes (every successful non-const method but take_plan_ops and
+  // set_event_log); a PrefixHit is valid while it is unchanged.
+  uint64_t version() const { return version_; }
   // I9 bookkeeping: the generation a device block had when truncate dropped one of its
   // positions while it was in the prefix cache (-1: never, or re-registered since with
   // final tokens). REQUIRES: 0 <= block < num_device_blocks.
@@ -187,14 +220,12 @@ class KvCacheManager {
  private:
   friend class KvCacheManagerTestPeer;  // tests corrupt state to prove the checkers see it
 
-  struct PrefixHit {
-    std::vector<int32_t> blocks;
-    int32_t num_evictable = 0;  // hit blocks with refcount 0 (they leave the available pool)
-    int64_t max_blocks = 0;     // blocks that were looked up
-  };
   PrefixHit find_prefix(const SequenceState& s) const;
   bool needs_copy_on_write(const SequenceState& s, int64_t n_new_tokens) const;
-  AllocStatus can_allocate(const SequenceState& s, int64_t n_new_tokens, const PrefixHit& hit) const;
+  AllocStatus can_allocate(const SequenceState& s, int64_t n_new_tokens, const PrefixHit& hit,
+                           int64_t num_lookahead) const;
+  void take_prefix_hit(SequenceState& s, const PrefixHit& hit);
+  void changed() { ++version_; }
   int32_t take_device_block(bool is_copy_dst);
   void release_device_block(int32_t block);
   void release_tail_to(SequenceState& s, int64_t num_blocks);
@@ -214,6 +245,7 @@ class KvCacheManager {
   KvPlanOps ops_;
   EventLog* log_ = nullptr;
   std::vector<int64_t> rolled_back_generation_;  // per device block, see rolled_back_generation()
+  uint64_t version_ = 0;                         // see version()
 };
 
 }  // namespace kvp
