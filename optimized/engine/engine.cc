@@ -303,16 +303,7 @@ void Engine::process_outputs(const BatchPlan& plan, const StepOutput& out) {
       verify_drafts(r, out, row0, update);
       continue;
     }
-    if (r.spec.capture_logits) {
-      for (int32_t k = 0; k < rows; ++k) {
-        const int64_t pos = end - rows + k;
-        std::vector<float> row(out.row(row0 + k), out.row(row0 + k) + out.vocab_size);
-        if (static_cast<int64_t>(r.logits.size()) <= pos) r.logits.resize(static_cast<std::size_t>(pos) + 1);
-        std::vector<float>& slot = r.logits[static_cast<std::size_t>(pos)];
-        if (!slot.empty() && slot != row) ++r.recomputed_logit_mismatches;
-        slot = std::move(row);
-      }
-    }
+    capture_logits(r, out, row0, end - rows, rows);
     if (end != static_cast<int64_t>(r.tokens.size())) continue;  // a prefill chunk, not the last
 
     const float* last = out.row(row0 + rows - 1);
@@ -355,11 +346,7 @@ void Engine::verify_drafts(Request& r, const StepOutput& out, int32_t row0, Step
   FinishReason finish = FinishReason::kNone;
   for (int32_t j = 0; j <= a.num_accepted; ++j) {
     const int32_t t = j < a.num_accepted ? drafts[static_cast<std::size_t>(j)] : a.next_token;
-    if (r.spec.is_stop(t)) {
-      finish = FinishReason::kStop;
-    } else if (generated + j + 1 >= r.spec.max_tokens) {
-      finish = FinishReason::kLength;
-    }
+    finish = finish_after(r, t, generated + j + 1);
     if (finish != FinishReason::kNone) {
       keep = j;  // the finishing token goes through the token path, as in plain decoding
       token = t;
@@ -368,16 +355,7 @@ void Engine::verify_drafts(Request& r, const StepOutput& out, int32_t row0, Step
   }
   // Logits of rows 0..keep are conditioned on accepted tokens only; later rows saw a
   // rejected draft and are dropped.
-  if (r.spec.capture_logits) {
-    for (int32_t j = 0; j <= keep; ++j) {
-      const int64_t pos = accepted_len - 1 + j;
-      std::vector<float> row(out.row(row0 + j), out.row(row0 + j) + out.vocab_size);
-      if (static_cast<int64_t>(r.logits.size()) <= pos) r.logits.resize(static_cast<std::size_t>(pos) + 1);
-      std::vector<float>& slot = r.logits[static_cast<std::size_t>(pos)];
-      if (!slot.empty() && slot != row) ++r.recomputed_logit_mismatches;
-      slot = std::move(row);
-    }
-  }
+  capture_logits(r, out, row0, accepted_len - 1, keep + 1);
   ++r.spec_steps;
   r.spec_proposed += k;
   r.spec_accepted += keep;
@@ -425,13 +403,25 @@ StepUpdate::Token Engine::next_token(Request& r, std::span<const float> logits) 
     r.time.first_token_step = step_;
     r.time.first_token_s = now();
   }
-  FinishReason finish = FinishReason::kNone;
-  if (r.spec.is_stop(token)) {
-    finish = FinishReason::kStop;
-  } else if (k + 1 >= r.spec.max_tokens) {
-    finish = FinishReason::kLength;
+  return {&r, token, finish_after(r, token, k + 1)};
+}
+
+FinishReason Engine::finish_after(const Request& r, int32_t token, int64_t num_generated) {
+  if (r.spec.is_stop(token)) return FinishReason::kStop;
+  if (num_generated >= r.spec.max_tokens) return FinishReason::kLength;
+  return FinishReason::kNone;
+}
+
+void Engine::capture_logits(Request& r, const StepOutput& out, int32_t row0, int64_t first_pos, int32_t rows) {
+  if (!r.spec.capture_logits) return;
+  for (int32_t k = 0; k < rows; ++k) {
+    const int64_t pos = first_pos + k;
+    std::vector<float> row(out.row(row0 + k), out.row(row0 + k) + out.vocab_size);
+    if (static_cast<int64_t>(r.logits.size()) <= pos) r.logits.resize(static_cast<std::size_t>(pos) + 1);
+    std::vector<float>& slot = r.logits[static_cast<std::size_t>(pos)];
+    if (!slot.empty() && slot != row) ++r.recomputed_logit_mismatches;
+    slot = std::move(row);
   }
-  return {&r, token, finish};
 }
 
 void Engine::fill_audit_arrays(BatchPlan& plan) const {

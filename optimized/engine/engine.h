@@ -127,6 +127,12 @@ class Engine {
   // Samples (or takes the forced) next token and decides whether it ends the request (stop
   // token or length); changes no KV-cache or queue state.
   StepUpdate::Token next_token(Request& r, std::span<const float> logits);
+  // The stop rule, for plain and speculative decoding alike: the reason `token`, r's
+  // num_generated-th generated token, ends r (a stop token, else the length limit), or kNone.
+  static FinishReason finish_after(const Request& r, int32_t token, int64_t num_generated);
+  // Keeps rows [row0, row0 + rows) of `out` as the logits of positions first_pos.. when r
+  // captures logits, counting a recomputed position whose logits changed a bit.
+  static void capture_logits(Request& r, const StepOutput& out, int32_t row0, int64_t first_pos, int32_t rows);
   // The speculation a request uses (its own, or the engine's default).
   SpeculationParams speculation_of(const Request& r) const;
   // Proposals for every running request that is decoding and speculates.
