@@ -135,7 +135,7 @@ TargetResult run_with_target(const Schedule& s, const WorkloadRequest& target, s
   auto run = run_workload(engine, w, 100000);
   RC_ASSERT(run.is_ok());
   const Request& r = engine.request(run->ids.back());
-  return {r.tokens, r.logits, r.finish};
+  return {r.tokens(), r.logits, r.finish};
 }
 
 RC_GTEST_PROP(EngineProperty, TargetRequestIsBitwiseIndependentOfNeighboursAndSchedule, ()) {

@@ -353,7 +353,7 @@ void Driver::preempt_restart(RequestId id) {
   const Request& r = engine_->request(id);
   Pending p;
   p.index = l.index;
-  p.tokens = r.tokens;
+  p.tokens = r.tokens();
   p.max_tokens = r.spec.max_tokens - r.num_generated();
   engine_->cancel(id);
   to_forget_.push_back(id);
@@ -368,7 +368,7 @@ void Driver::grow_reservations() {
   for (std::size_t k = 0; k < active_.size(); ++k) {
     const RequestId id = active_[k];
     Live& l = live_.at(id);
-    const auto need = static_cast<int64_t>(engine_->request(id).tokens.size());
+    const auto need = static_cast<int64_t>(engine_->request(id).tokens().size());
     if (need <= l.res_len) continue;
     const int64_t grown = std::max(need, std::min(next_pow2(need), max_model_len_));
     while (true) {

@@ -163,11 +163,11 @@ INSTANTIATE_TEST_SUITE_P(Differential, Architectures,
 // changed row runs the oracle again and fails, and so does another token.
 TEST(OracleComparisons, ReusedOnlyForTheSameTokensAndBitwiseEqualRows) {
   const ReferenceModel<double> oracle(tiny());
-  Request r;
-  r.spec.prompt = {5, 17, 300, 2, 99, 41, 7, 256, 11, 3};
-  r.tokens = r.spec.prompt;
+  RequestSpec spec;
+  spec.prompt = {5, 17, 300, 2, 99, 41, 7, 256, 11, 3};
+  Request r = Request::record(spec, spec.prompt);
   auto cache = oracle.make_cache(10);
-  const auto ref = *oracle.forward(r.tokens, cache);
+  const auto ref = *oracle.forward(r.tokens(), cache);
   for (Eigen::Index p = 0; p < ref.rows(); ++p) {
     r.logits.emplace_back(ref.cols());
     for (Eigen::Index v = 0; v < ref.cols(); ++v)
@@ -195,9 +195,11 @@ TEST(OracleComparisons, ReusedOnlyForTheSameTokensAndBitwiseEqualRows) {
   EXPECT_FALSE(changed.passed);
   EXPECT_NE(changed.detail.find("position 6"), std::string::npos) << changed.detail;
 
-  Request other = r;  // another token at position 3 (the rows now belong to other tokens)
-  other.tokens[3] = 4;
-  other.spec.prompt[3] = 4;
+  // Another token at position 3 (the rows now belong to other tokens).
+  RequestSpec other_spec = r.spec;
+  other_spec.prompt[3] = 4;
+  Request other = Request::record(other_spec, other_spec.prompt);
+  other.logits = r.logits;
   EXPECT_FALSE(check(other).passed);
   EXPECT_EQ(memo.misses, 3);
 }

@@ -18,6 +18,17 @@ class EngineTestPeer {
   static KvCacheManager& kv(Engine& e) { return e.kv_; }
 };
 
+// Gives a request a second home for its token history (a copy), as the engine had before
+// the history had one home: the bug I10's checker guards against.
+class RequestTestPeer {
+ public:
+  static void read_from_a_copy(const Request& r, std::vector<int32_t> copy) {
+    auto& m = const_cast<Request&>(r);
+    m.tokens_ = std::move(copy);
+    m.kv_tokens_ = nullptr;
+  }
+};
+
 namespace {
 
 constexpr int64_t kVocab = 64;
@@ -117,8 +128,8 @@ TEST(Engine, GeneratesExactlyMaxTokensAndFreesEverything) {
   EXPECT_TRUE(check_no_leak(e.kv()).is_ok());
   // Greedy on the fake logits: token i+1 = (token_i * 31 + position_i * 17) % vocab.
   const Request& r = e.request(id);
-  for (std::size_t p = 9; p + 1 < r.tokens.size(); ++p)
-    EXPECT_EQ(r.tokens[p + 1], (r.tokens[p] * 31 + static_cast<int64_t>(p) * 17) % kVocab) << p;
+  for (std::size_t p = 9; p + 1 < r.tokens().size(); ++p)
+    EXPECT_EQ(r.tokens()[p + 1], (r.tokens()[p] * 31 + static_cast<int64_t>(p) * 17) % kVocab) << p;
 }
 
 // The one way to flush the prefix cache from outside the scheduler refuses while a request
@@ -241,7 +252,7 @@ TEST(Engine, PreemptedRequestsProduceTheTokensTheyWouldHaveAlone) {
     Engine alone(alone_config, b2);
     const RequestId id = alone.add_request(spec(14, 16, 3 * i));
     ASSERT_TRUE(run_to_end(alone).is_ok());
-    EXPECT_EQ(alone.request(id).tokens, crowded.request(ids[static_cast<std::size_t>(i)]).tokens) << i;
+    EXPECT_EQ(alone.request(id).tokens(), crowded.request(ids[static_cast<std::size_t>(i)]).tokens()) << i;
   }
 }
 
@@ -271,9 +282,9 @@ TEST(Engine, ParallelSamplesForkTheirPromptAndCopyOnWrite) {
     one.sampling = SamplingParams{1.0f, 0, 1.0f, 40 + k};
     const RequestId id = alone.add_request(one);
     ASSERT_TRUE(run_to_end(alone).is_ok());
-    EXPECT_EQ(alone.request(id).tokens, r.tokens) << "sample " << k;
+    EXPECT_EQ(alone.request(id).tokens(), r.tokens()) << "sample " << k;
   }
-  EXPECT_NE(e.request(all[0]).tokens, e.request(all[1]).tokens);  // different seeds, near-uniform logits
+  EXPECT_NE(e.request(all[0]).tokens(), e.request(all[1]).tokens());  // different seeds, near-uniform logits
   EXPECT_TRUE(check_no_leak(e.kv()).is_ok());
   // n beyond max_num_seqs can never run.
   RequestSpec wide = spec(4, 2);
@@ -440,11 +451,32 @@ TEST(Engine, TokenHistoryCheckerSeesARequestAndItsSequenceDisagree) {
   const RequestId id = e.add_request(spec(6, 8));
   ASSERT_TRUE(e.step().is_ok());
   ASSERT_TRUE(check_token_history(e).is_ok());
-  // Nothing in the engine hands out a mutable request; a test does it the hard way.
-  const_cast<Request&>(e.request(id)).tokens[2] += 1;
-  const Status st = check_token_history(e);
+  std::vector<int32_t> copy = e.request(id).tokens();
+  // An equal copy is a second home: the histories would drift apart at the next token.
+  RequestTestPeer::read_from_a_copy(e.request(id), copy);
+  Status st = check_token_history(e);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("reads a copy of its token history"), std::string::npos) << st.message();
+  copy[2] += 1;
+  RequestTestPeer::read_from_a_copy(e.request(id), copy);
+  st = check_token_history(e);
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("first difference at position 2"), std::string::npos) << st.message();
+}
+
+TEST(Engine, ARequestReadsItsTokenHistoryFromItsSequenceWhileItHoldsOne) {
+  const EngineConfig c = small_config(32);
+  testing::FakeBackend backend(c.kv.pool, kVocab);
+  Engine e(c, backend);
+  const RequestId id = e.add_request(spec(6, 8));
+  EXPECT_EQ(e.request(id).tokens(), e.request(id).spec.prompt);  // waiting: its own, the prompt
+  ASSERT_TRUE(e.step().is_ok());
+  const SequenceState* s = e.kv().sequence(id);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(&e.request(id).tokens(), &s->tokens);  // running: the sequence's, no copy
+  ASSERT_TRUE(run_to_end(e).is_ok());
+  EXPECT_EQ(e.kv().sequence(id), nullptr);
+  EXPECT_EQ(e.request(id).tokens().size(), 6u + 8u);  // finished: handed back, whole
 }
 
 }  // namespace

@@ -127,14 +127,14 @@ int64_t expect_same_as_plain(const Engine& spec, const Engine& plain, RequestId 
   const Request& x = spec.request(a);
   const Request& y = plain.request(b);
   const bool cancelled = x.finish == FinishReason::kCancelled || y.finish == FinishReason::kCancelled;
-  const std::size_t n = std::min(x.tokens.size(), y.tokens.size());
+  const std::size_t n = std::min(x.tokens().size(), y.tokens().size());
   std::size_t agree = 0;
-  while (agree < n && x.tokens[agree] == y.tokens[agree]) ++agree;
+  while (agree < n && x.tokens()[agree] == y.tokens()[agree]) ++agree;
   int64_t compared = 0;
   if (x.spec.sampling.greedy()) {
     EXPECT_EQ(agree, n) << where << " request " << a;
     if (!cancelled) {
-      EXPECT_EQ(x.tokens, y.tokens) << where << " request " << a;
+      EXPECT_EQ(x.tokens(), y.tokens()) << where << " request " << a;
       EXPECT_EQ(x.finish, y.finish) << where << " request " << a;
     }
   }
@@ -248,7 +248,7 @@ TEST(Speculation, RequestsChooseTheirProposerAndKInTheWorkload) {
   ASSERT_TRUE(run->failure.empty()) << run->failure;
   EXPECT_GT(run->engine->request(run->run.ids[0]).spec_steps, 0);
   EXPECT_EQ(run->engine->request(run->run.ids[1]).spec_steps, 0);
-  EXPECT_EQ(run->engine->request(run->run.ids[0]).tokens, run->engine->request(run->run.ids[1]).tokens);
+  EXPECT_EQ(run->engine->request(run->run.ids[0]).tokens(), run->engine->request(run->run.ids[1]).tokens());
   EXPECT_FALSE(
       parse_workload(nlohmann::json::parse(R"({"requests": [{"prompt": [1], "speculate": "yes"}]})"), 64, 0).is_ok());
   EXPECT_FALSE(parse_workload(nlohmann::json::parse(R"({"requests": [{"prompt": [1], "k": 99}]})"), 64, 0).is_ok());

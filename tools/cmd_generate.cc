@@ -69,7 +69,7 @@ Result<GenerateResult> engine_generate(const Model& model, const BackendChoice& 
   GenerateResult out;
   for (int64_t k = 0; k < r.num_generated(); ++k) {
     const auto p = static_cast<std::size_t>(r.num_prompt() + k);
-    out.tokens.push_back(r.tokens[p]);
+    out.tokens.push_back(r.tokens()[p]);
     out.logits.push_back(r.logits[p - 1]);
   }
   return out;

@@ -115,9 +115,9 @@ void compare_runs(const Engine& spec, const Engine& plain, RequestId a, RequestI
   const Request& x = spec.request(a);
   const Request& y = plain.request(b);
   const std::string label = "request " + std::to_string(a);
-  const std::size_t common = std::min(x.tokens.size(), y.tokens.size());
+  const std::size_t common = std::min(x.tokens().size(), y.tokens().size());
   std::size_t agree = 0;
-  while (agree < common && x.tokens[agree] == y.tokens[agree]) ++agree;
+  while (agree < common && x.tokens()[agree] == y.tokens()[agree]) ++agree;
   auto fail = [&](const std::string& why) {
     if (!check.passed) return;
     check.passed = false;
@@ -125,7 +125,7 @@ void compare_runs(const Engine& spec, const Engine& plain, RequestId a, RequestI
   };
   if (x.spec.sampling.greedy() && x.spec.forced_tokens.empty()) {
     const bool cut = x.finish == FinishReason::kCancelled || y.finish == FinishReason::kCancelled;
-    if (agree < common || (!cut && x.tokens.size() != y.tokens.size()))
+    if (agree < common || (!cut && x.tokens().size() != y.tokens().size()))
       fail("greedy tokens differ from plain decoding at position " + std::to_string(agree));
     if (!cut && x.finish != y.finish) fail("finishes differently from plain decoding");
   }
@@ -205,7 +205,7 @@ std::vector<std::optional<uint64_t>> row_digests(const Request& r) {
 void record_finished(const Engine& e, std::map<RequestId, FinishedSnapshot>& snapshots) {
   for (const auto& [id, r] : e.requests()) {
     if (!r->finished() || snapshots.count(id)) continue;
-    snapshots[id] = {r->finish, r->time.finish_step, r->tokens, row_digests(*r), false};
+    snapshots[id] = {r->finish, r->time.finish_step, r->tokens(), row_digests(*r), false};
   }
 }
 
@@ -239,7 +239,7 @@ int64_t check_late_cancels(const Engine& engine, const Workload& w, const Worklo
     else if (r.finish != it->second.finish || r.time.finish_step != it->second.finish_step)
       diff =
           "its terminal state changed from " + std::string(to_string(it->second.finish)) + " to " + to_string(r.finish);
-    else if (r.tokens != it->second.tokens)
+    else if (r.tokens() != it->second.tokens)
       diff = "its tokens changed after it finished";
     else if (!logits_unchanged(r, it->second))
       diff = "its logits changed after it finished";
@@ -275,7 +275,7 @@ Result<std::vector<RowComparison>> compare_with_oracle(const ReferenceModel<doub
   const int64_t vocab = oracle.config().vocab_size;
   for (int64_t begin = 0; begin <= last; begin += kOracleChunk) {
     const int64_t n = std::min(kOracleChunk, last + 1 - begin);
-    auto ref = oracle.forward(std::span<const int32_t>(r.tokens.data() + begin, static_cast<std::size_t>(n)), cache);
+    auto ref = oracle.forward(std::span<const int32_t>(r.tokens().data() + begin, static_cast<std::size_t>(n)), cache);
     if (!ref) return ref.status();
     for (int64_t i = 0; i < n; ++i) {
       const std::vector<float>& got = r.logits[static_cast<std::size_t>(begin + i)];
@@ -326,7 +326,7 @@ void check_against_reference(const ReferenceModel<double>& oracle, const Request
   if (last < 0) return;
   // The oracle's row at position p is a function of tokens 0..p alone, so a comparison is
   // reused only for the same tokens and an engine row with the same bits (SHA-256).
-  const std::vector<int32_t> key(r.tokens.begin(), r.tokens.begin() + last + 1);
+  const std::vector<int32_t> key(r.tokens().begin(), r.tokens().begin() + last + 1);
   std::vector<std::optional<RowDigest>> digests(static_cast<std::size_t>(last + 1));
   const std::vector<RowComparison>* rows = nullptr;
   std::vector<RowComparison> fresh;
@@ -372,7 +372,7 @@ void check_against_reference(const ReferenceModel<double>& oracle, const Request
     if (!sampled_here || !r.spec.sampling.greedy()) continue;
     if (c.margin <= tol * c.scale) continue;  // too close to call
     ++greedy.count;
-    const int32_t engine_token = r.tokens[static_cast<std::size_t>(p + 1)];
+    const int32_t engine_token = r.tokens()[static_cast<std::size_t>(p + 1)];
     if (engine_token != c.best && greedy.passed) {
       greedy.passed = false;
       greedy.detail = label + " position " + std::to_string(p) + ": engine chose " + std::to_string(engine_token) +
@@ -615,7 +615,7 @@ Status check_non_interference(const Model& model, const VerifyOptions& o, const 
     const Request& again = alone->engine->request(solo->ids[0]);
     const std::vector<std::optional<uint64_t>>& rows = r.finished_at.at(id).rows;
     std::string diff;
-    if (again.tokens != original.tokens)
+    if (again.tokens() != original.tokens())
       diff = "tokens differ";
     else if (again.logits.size() != rows.size())
       diff = "logits for " + std::to_string(again.logits.size()) + " vs " + std::to_string(rows.size()) + " positions";
@@ -661,7 +661,7 @@ Status check_determinism(const Model& model, const VerifyOptions& o, const Workl
     } else {
       const Request& a = r.engine().request(id);
       const Request& b = twin->engine->request(id);
-      if (a.tokens != b.tokens)
+      if (a.tokens() != b.tokens())
         diff = "tokens differ in an identical re-run";
       else if (a.logits != b.logits)
         diff = "logits differ bitwise in an identical re-run";

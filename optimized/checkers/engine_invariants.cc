@@ -20,13 +20,16 @@ Status check_token_history(const Engine& e) {
       return Status::error("I10: request " + std::to_string(id) + (r->in_kv ? " claims" : " does not claim") +
                            " a KV-cache sequence, the manager " + (s != nullptr ? "has" : "has none"));
     if (s == nullptr) continue;
-    if (s->tokens != r->tokens) {
+    if (s->tokens != r->tokens()) {
       std::size_t p = 0;
-      while (p < s->tokens.size() && p < r->tokens.size() && s->tokens[p] == r->tokens[p]) ++p;
-      return Status::error("I10: request " + std::to_string(id) + " has " + std::to_string(r->tokens.size()) +
+      while (p < s->tokens.size() && p < r->tokens().size() && s->tokens[p] == r->tokens()[p]) ++p;
+      return Status::error("I10: request " + std::to_string(id) + " has " + std::to_string(r->tokens().size()) +
                            " tokens, its KV-cache sequence " + std::to_string(s->tokens.size()) +
                            "; first difference at position " + std::to_string(p));
     }
+    if (&s->tokens != &r->tokens())
+      return Status::error("I10: request " + std::to_string(id) +
+                           " reads a copy of its token history, not its KV-cache sequence's (one home)");
   }
   return Status::ok();
 }

@@ -14,11 +14,12 @@ namespace kvp {
 // check_plan (invariants.h) with the engine's scheduler bounds and running count.
 Status check_plan(const Engine& e, const BatchPlan& plan, PlanReadStats* stats = nullptr);
 
-// I10 one token history: every request that holds a KV-cache sequence has exactly the
-// tokens the manager hashes its blocks from (Request::tokens == SequenceState::tokens), and
-// no request has draft tokens in flight (speculative drafts live in both histories only
-// between schedule() and apply() of a step; between steps every token is accepted, so the
-// equality is between accepted histories).
+// I10 one token history: every request that holds a KV-cache sequence reads the very
+// history the manager hashes its blocks from (Request::tokens() is SequenceState::tokens,
+// the one home, not an equal copy), with exactly its tokens, and no request has draft
+// tokens in flight (drafts live in the history only between schedule() and apply() of a
+// step; between steps every token is accepted). The Scheduler keeps this by construction;
+// the checker guards the construction.
 Status check_token_history(const Engine& e);
 
 // Cancellation: every request whose cancellation took effect in a step that has run ended

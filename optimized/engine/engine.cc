@@ -62,7 +62,6 @@ RequestId Engine::add_request(RequestSpec spec) {
   requests_.emplace(id, std::move(owned));
   r.id = id;
   r.spec = std::move(spec);
-  r.tokens = r.spec.prompt;
   r.rng = Rng(r.spec.sampling.seed);
   r.time.arrival_step = step_;
   r.time.arrival_s = now();
@@ -148,7 +147,7 @@ DraftTokens Engine::propose() {
     if (scheduler_.tokens_to_compute(*r) != 1) continue;
     const int64_t k = std::min<int64_t>(sp.k, r->spec.max_tokens - generated - 1);
     if (k <= 0) continue;
-    ProposalRequest ask{r->id, r->tokens, static_cast<int32_t>(k), r->spec.sampling};
+    ProposalRequest ask{r->id, r->tokens(), static_cast<int32_t>(k), r->spec.sampling};
     (sp.proposer == ProposerKind::kDraft ? draft_asks : ngram_asks).push_back(ask);
   }
   draft_probs_.clear();
@@ -304,7 +303,7 @@ void Engine::process_outputs(const BatchPlan& plan, const StepOutput& out) {
       continue;
     }
     capture_logits(r, out, row0, end - rows, rows);
-    if (end != static_cast<int64_t>(r.tokens.size())) continue;  // a prefill chunk, not the last
+    if (end != static_cast<int64_t>(r.tokens().size())) continue;  // a prefill chunk, not the last
 
     const float* last = out.row(row0 + rows - 1);
     const std::span<const float> logits(last, static_cast<std::size_t>(out.vocab_size));
@@ -324,8 +323,8 @@ void Engine::process_outputs(const BatchPlan& plan, const StepOutput& out) {
 
 void Engine::verify_drafts(Request& r, const StepOutput& out, int32_t row0, StepUpdate& update) {
   const int32_t k = r.num_drafts;
-  const int64_t accepted_len = static_cast<int64_t>(r.tokens.size()) - k;  // tokens before the drafts
-  const std::span<const int32_t> drafts(r.tokens.data() + accepted_len, static_cast<std::size_t>(k));
+  const int64_t accepted_len = static_cast<int64_t>(r.tokens().size()) - k;  // tokens before the drafts
+  const std::span<const int32_t> drafts(r.tokens().data() + accepted_len, static_cast<std::size_t>(k));
   const VerifyRows rows{out.row(row0), out.vocab_size, k + 1};
   AcceptResult a;
   if (r.spec.sampling.greedy()) {
@@ -377,7 +376,7 @@ std::vector<Request*> Engine::make_samples(Request& r) {
     c.spec = r.spec;
     c.spec.n = 1;
     c.spec.sampling.seed = r.spec.sampling.seed + static_cast<uint64_t>(k);
-    c.tokens = r.tokens;
+    scheduler_.prepare_sample(r, &c);
     c.rng = Rng(c.spec.sampling.seed);
     c.logits = r.logits;
     c.time = r.time;

@@ -70,12 +70,14 @@ struct Request {
   FinishReason finish = FinishReason::kNone;
   std::string reject_reason;
 
-  // Prompt, then generated tokens. Between schedule() and apply() of a step the last
-  // num_drafts of them are draft tokens in flight (also in the KV-cache sequence's tokens,
-  // so a plan's tokens and the manager's token history stay one); apply() keeps the accepted
+  // Prompt, then generated tokens: the token history. Between schedule() and apply() of a
+  // step the last num_drafts of them are draft tokens in flight; apply() keeps the accepted
   // ones and rolls the rest back, so between steps num_drafts is 0 and every token is
-  // accepted.
-  std::vector<int32_t> tokens;
+  // accepted. The history has one home: the request's own vector while it holds no
+  // KV-cache sequence, the sequence's (SequenceState::tokens) while it does, so the plans,
+  // the prefix-cache hashes and the request read one copy (I10 by construction). Only the
+  // Scheduler writes it or moves it between the two.
+  const std::vector<int32_t>& tokens() const { return kv_tokens_ != nullptr ? *kv_tokens_ : tokens_; }
   int32_t num_drafts = 0;
   Rng rng{0};          // the sampling stream: one draw per sampled token
   bool in_kv = false;  // holds a KvCacheManager sequence (running or swapped)
@@ -103,11 +105,27 @@ struct Request {
   RequestTimeline time;
 
   int64_t num_prompt() const { return static_cast<int64_t>(spec.prompt.size()); }
-  int64_t num_generated() const { return static_cast<int64_t>(tokens.size()) - num_prompt(); }
-  std::vector<int32_t> output() const { return {tokens.begin() + num_prompt(), tokens.end()}; }
+  int64_t num_generated() const { return static_cast<int64_t>(tokens().size()) - num_prompt(); }
+  std::vector<int32_t> output() const { return {tokens().begin() + num_prompt(), tokens().end()}; }
   bool finished() const { return state == RequestState::kFinished; }
   // Running sequences this request will occupy: n until it has forked.
   int64_t seats() const { return forked || spec.n <= 1 ? 1 : spec.n; }
+
+  // A record of a finished request made outside any engine (a test's, or a tool's that
+  // checks outputs it read): `tokens` is its token history.
+  static Request record(RequestSpec spec, std::vector<int32_t> tokens) {
+    Request r;
+    r.spec = std::move(spec);
+    r.state = RequestState::kFinished;
+    r.tokens_ = std::move(tokens);
+    return r;
+  }
+
+ private:
+  friend class Scheduler;
+  friend class RequestTestPeer;  // tests give a request a second copy, to prove I10's checker sees it
+  std::vector<int32_t> tokens_;  // the history while not in_kv
+  const std::vector<int32_t>* kv_tokens_ = nullptr;  // while in_kv: the KV-cache sequence's
 };
 
 }  // namespace kvp

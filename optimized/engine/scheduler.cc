@@ -19,6 +19,8 @@ Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager& kv) : config
 }
 
 void Scheduler::add(Request* r) {
+  KVP_CHECK(!r->in_kv && r->kv_tokens_ == nullptr);
+  r->tokens_ = r->spec.prompt;
   r->state = RequestState::kWaiting;
   waiting_.push_back(r);
 }
@@ -29,10 +31,7 @@ void Scheduler::finish(Request* r, FinishReason reason) {
   drop(waiting_);
   drop(running_);
   drop(swapped_);
-  if (r->in_kv) {
-    KVP_CHECK(kv_.free(r->id).is_ok());
-    r->in_kv = false;
-  }
+  if (r->in_kv) release_sequence(r);
   r->state = RequestState::kFinished;
   r->finish = reason;
 }
@@ -40,6 +39,7 @@ void Scheduler::finish(Request* r, FinishReason reason) {
 void Scheduler::reject(Request* r, std::string reason) {
   KVP_CHECK(r->state == RequestState::kWaiting && !r->in_kv);
   KVP_CHECK(std::find(waiting_.begin(), waiting_.end(), r) == waiting_.end());
+  r->tokens_ = r->spec.prompt;
   r->reject_reason = std::move(reason);
   r->state = RequestState::kFinished;
   r->finish = FinishReason::kRejected;
@@ -65,10 +65,30 @@ int64_t Scheduler::tokens_to_compute(const Request& r, const PrefixHit& hit) con
   const SequenceState* s = kv_.sequence(r.id);
   int64_t done = 0;
   if (s != nullptr) done = s->num_slots > 0 ? s->num_slots : hit.num_tokens;
-  return static_cast<int64_t>(r.tokens.size()) - done;
+  return static_cast<int64_t>(r.tokens().size()) - done;
 }
 
 int64_t Scheduler::tokens_to_compute(const Request& r) const { return tokens_to_compute(r, kv_.find_prefix(r.id)); }
+
+void Scheduler::take_sequence(Request* r) {
+  KVP_CHECK(!r->in_kv);
+  KVP_CHECK(kv_.add_sequence(r->id, r->spec.tenant, std::move(r->tokens_)).is_ok());
+  r->tokens_.clear();
+  r->kv_tokens_ = &kv_.sequence(r->id)->tokens;
+  r->in_kv = true;
+}
+
+void Scheduler::release_sequence(Request* r) {
+  KVP_CHECK(r->in_kv);
+  KVP_CHECK(kv_.free(r->id, &r->tokens_).is_ok());
+  r->kv_tokens_ = nullptr;
+  r->in_kv = false;
+}
+
+void Scheduler::prepare_sample(const Request& parent, Request* child) {
+  KVP_CHECK(!child->in_kv && child->kv_tokens_ == nullptr);
+  child->tokens_ = parent.tokens();
+}
 
 void Scheduler::insert_running(Request* r) {
   r->state = RequestState::kRunning;
@@ -91,8 +111,7 @@ void Scheduler::preempt(Request* victim, ScheduleStats& stats) {
   }
   // Recompute (or swap fallback when the host pool is full): the cache is dropped and
   // rebuilt; the prefix cache may serve part of it back.
-  KVP_CHECK(kv_.free(victim->id).is_ok());
-  victim->in_kv = false;
+  release_sequence(victim);
   victim->state = RequestState::kWaiting;
   waiting_.push_front(victim);
 }
@@ -118,7 +137,6 @@ Scheduler::Planned Scheduler::try_plan(Request* r, int64_t budget, BatchPlan& pl
   // request decodes one token. allocate_slots decides the fit before anything changes.
   if (const std::span<const int32_t> drafts = drafts_for(*r, max_tokens, hit); !drafts.empty()) {
     if (kv_.allocate_slots(r->id, 1, hit, plan.slot_mapping, drafts) == AllocStatus::kOk) {
-      r->tokens.insert(r->tokens.end(), drafts.begin(), drafts.end());
       r->num_drafts = static_cast<int32_t>(drafts.size());
       n = 1 + static_cast<int64_t>(drafts.size());
     }
@@ -131,8 +149,8 @@ Scheduler::Planned Scheduler::try_plan(Request* r, int64_t budget, BatchPlan& pl
     }
   }
   const int64_t end = kv_.sequence(r->id)->num_slots;
-  const bool at_end = end == static_cast<int64_t>(r->tokens.size());
-  add_plan_row(plan, r->id, r->tokens, end, n, at_end || r->spec.capture_logits,
+  const bool at_end = end == static_cast<int64_t>(r->tokens().size());
+  add_plan_row(plan, r->id, r->tokens(), end, n, at_end || r->spec.capture_logits,
                r->spec.capture_logits || r->num_drafts > 0);
   if (r->time.first_scheduled_step < 0) r->time.first_scheduled_step = plan.step;
   return {.n = n, .fit = AllocStatus::kOk, .prefix_hit_tokens = hit.num_tokens};
@@ -189,17 +207,14 @@ ScheduledStep Scheduler::schedule(int64_t step, const DraftTokens& drafts) {
         for (const Request* o : running_) worst += worst_case_blocks(*o);
         if (worst > kv_.config().pool.num_device_blocks) break;
       }
-      if (!r->in_kv) {
-        KVP_CHECK(kv_.add_sequence(r->id, r->spec.tenant, r->tokens).is_ok());
-        r->in_kv = true;
-      }
+      if (!r->in_kv) take_sequence(r);
       const Planned p = try_plan(r, budget, plan);
       if (p.n == 0) break;  // FCFS: nobody overtakes
       waiting_.pop_front();
       insert_running(r);
       ++stats.admitted;
       stats.prefix_hit_tokens += p.prefix_hit_tokens;
-      if (kv_.config().enable_prefix_caching) stats.prefix_lookup_tokens += static_cast<int64_t>(r->tokens.size());
+      if (kv_.config().enable_prefix_caching) stats.prefix_lookup_tokens += static_cast<int64_t>(r->tokens().size());
       r->prefix_hit_tokens += p.prefix_hit_tokens;
       budget -= p.n;
     }
@@ -240,9 +255,8 @@ void Scheduler::apply(const BatchPlan& plan, const StepUpdate& update) {
   for (const StepUpdate::Verification& v : update.verifications) {
     Request* r = v.request;
     KVP_CHECK(r->num_drafts > 0 && v.num_accepted >= 0 && v.num_accepted <= r->num_drafts);
-    const auto keep = static_cast<int64_t>(r->tokens.size()) - (r->num_drafts - v.num_accepted);
+    const auto keep = static_cast<int64_t>(r->tokens().size()) - (r->num_drafts - v.num_accepted);
     KVP_CHECK(kv_.sequence(r->id)->num_final <= keep);  // a draft is never final before it is accepted
-    r->tokens.resize(static_cast<std::size_t>(keep));
     KVP_CHECK(kv_.truncate(r->id, keep).is_ok());
     r->num_drafts = 0;
   }
@@ -255,19 +269,18 @@ void Scheduler::apply(const BatchPlan& plan, const StepUpdate& update) {
   for (const StepUpdate::Fork& f : update.forks) {
     KVP_CHECK(f.parent->state == RequestState::kRunning);
     for (Request* c : f.children) {
+      KVP_CHECK(!c->in_kv && c->tokens_ == f.parent->tokens());  // prepare_sample's copy
       KVP_CHECK(kv_.fork(f.parent->id, c->id).is_ok());
+      c->tokens_.clear();
+      c->kv_tokens_ = &kv_.sequence(c->id)->tokens;
       c->in_kv = true;
       insert_running(c);
     }
   }
   for (const StepUpdate::Token& t : update.tokens) {
     Request* r = t.request;
-    r->tokens.push_back(t.token);
-    if (t.finish != FinishReason::kNone) {
-      finish(r, t.finish);
-    } else {
-      KVP_CHECK(kv_.append_tokens(r->id, std::span<const int32_t>(&t.token, 1)).is_ok());
-    }
+    KVP_CHECK(kv_.append_tokens(r->id, std::span<const int32_t>(&t.token, 1)).is_ok());
+    if (t.finish != FinishReason::kNone) finish(r, t.finish);
   }
 }
 

@@ -117,11 +117,16 @@ class Scheduler {
   // REQUIRES: validate(config).is_ok(); kv outlives the scheduler.
   Scheduler(const SchedulerConfig& config, KvCacheManager& kv);
 
-  // Queues a validated request at the back of the waiting queue.
+  // Queues a validated request at the back of the waiting queue; its token history starts
+  // as its prompt.
   void add(Request* r);
   // Ends a request that was never queued (the engine refused it), with its reason: every
   // request state change goes through the scheduler. REQUIRES: r was not add()ed.
   void reject(Request* r, std::string reason);
+  // A parallel sample (a new request, not yet added) of `parent`, which the engine makes
+  // after the parent's prompt is computed: its token history is a copy of the parent's until
+  // apply() forks the parent's KV-cache sequence, which then holds it.
+  void prepare_sample(const Request& parent, Request* child);
   // Ends a request that is waiting, running or swapped: frees its blocks, drops it from
   // its queue. REQUIRES: !r->finished().
   void finish(Request* r, FinishReason reason);
@@ -182,6 +187,10 @@ class Scheduler {
   // device.
   Planned try_plan(Request* r, int64_t budget, BatchPlan& plan);
   void preempt(Request* victim, ScheduleStats& stats);
+  // Moves r's token history into a new KvCacheManager sequence (r reads it from there).
+  void take_sequence(Request* r);
+  // Frees r's KvCacheManager sequence, moving its token history back into r.
+  void release_sequence(Request* r);
   void insert_running(Request* r);  // keeps running_ in arrival (id) order
   // The drafts r may carry in a verification row of at most `max_tokens` tokens (empty:
   // none). REQUIRES: hit is the manager's find_prefix(r.id), with no state change since.

@@ -66,7 +66,7 @@ DraftModelProposer::DraftModelProposer(std::unique_ptr<Backend> backend, KvCache
 
 bool DraftModelProposer::sync(const ProposalRequest& r, int64_t& reserved_blocks) {
   const auto len = static_cast<int64_t>(r.tokens.size());
-  if (kv_.sequence(r.id) == nullptr) KVP_CHECK(kv_.add_sequence(r.id, 0, {}).is_ok());
+  if (kv_.sequence(r.id) == nullptr) KVP_CHECK(kv_.add_sequence(r.id, 0, std::span<const int32_t>()).is_ok());
   const SequenceState* s = kv_.sequence(r.id);
   int64_t common = 0;
   const int64_t limit = std::min<int64_t>(len - 1, static_cast<int64_t>(s->tokens.size()));

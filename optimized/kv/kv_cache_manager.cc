@@ -80,11 +80,15 @@ const BlockHash& KvCacheManager::block_hash(const SequenceState& s, int64_t i) c
 // ---------------------------------------------------------------- sequences and tokens
 
 Status KvCacheManager::add_sequence(SeqId seq, int64_t tenant, std::span<const int32_t> tokens) {
+  return add_sequence(seq, tenant, std::vector<int32_t>(tokens.begin(), tokens.end()));
+}
+
+Status KvCacheManager::add_sequence(SeqId seq, int64_t tenant, std::vector<int32_t>&& tokens) {
   if (seqs_.count(seq) != 0) return Status::error(seq_error("add_sequence", seq, "id in use"));
   SequenceState s;
   s.id = seq;
   s.tenant = tenant;
-  s.tokens.assign(tokens.begin(), tokens.end());
+  s.tokens = std::move(tokens);
   seqs_.emplace(seq, std::move(s));
   if (logging()) log(kv_event::Add{seq, tenant});
   changed();
@@ -311,9 +315,10 @@ void KvCacheManager::release_tail_to(SequenceState& s, int64_t num_blocks) {
   }
 }
 
-Status KvCacheManager::free(SeqId seq) {
+Status KvCacheManager::free(SeqId seq, std::vector<int32_t>* token_history) {
   SequenceState* s = find(seq);
   if (s == nullptr) return Status::error(seq_error("free", seq, "unknown sequence"));
+  if (token_history != nullptr) *token_history = std::move(s->tokens);
   release_tail_to(*s, 0);
   if (logging()) log(kv_event::Free{seq});
   if (last_found_ != nullptr && last_found_->id == seq) last_found_ = nullptr;

@@ -111,6 +111,10 @@ class KvCacheManager {
 
   // A new sequence with an empty table. Error: id in use.
   Status add_sequence(SeqId seq, int64_t tenant, std::span<const int32_t> tokens);
+  // The same, taking over `tokens` as the sequence's token history (no copy): a caller
+  // whose history moves here while the sequence lives (the Scheduler) reads it back through
+  // sequence(seq)->tokens, and gets it back from free(seq, &tokens).
+  Status add_sequence(SeqId seq, int64_t tenant, std::vector<int32_t>&& tokens);
   // Appends known tokens (no slots yet). Error: unknown sequence.
   Status append_tokens(SeqId seq, std::span<const int32_t> tokens);
   // Declares positions 0..num_final-1 final; newly full final blocks enter the prefix cache.
@@ -152,7 +156,9 @@ class KvCacheManager {
 
   // Ends a sequence: its blocks are released tail first (so the tails of cached chains are
   // the first evicted). Error: unknown sequence.
-  Status free(SeqId seq);
+  // With `token_history`, the sequence's tokens are moved into it (the other half of
+  // add_sequence taking them over).
+  Status free(SeqId seq, std::vector<int32_t>* token_history = nullptr);
 
   // A new sequence `child` sharing every block of `parent` (and its tokens, slots, finality).
   // The first write by either to a shared block copies it. Error: unknown parent, child id
