@@ -123,7 +123,7 @@ std::string last_error_message();
 // Host threads that run a launch's blocks in parallel (default: the hardware's thread
 // count). Results do not depend on it unless the kernel itself races across blocks.
 // REQUIRES: n >= 1. The KVP_SIMT_THREADS flavour ignores it: it runs 2 to 4 blocks at
-// once whatever the host (see kSlots in simt.cc), so that TSan checks the same pairs of
+// once whatever the host (see kSlots in threads.cc), so that TSan checks the same pairs of
 // blocks on every machine.
 void set_host_threads(int n);
 int host_threads();
