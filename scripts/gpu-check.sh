@@ -20,12 +20,41 @@
 #      greedy logits from `kvproof generate` compared with the checkpoint's transformers
 #      class on the same tokens (scripts/hf_crosscheck.py)
 #
-# Exit status: 0 when every step passed, 1 otherwise.
+# --prebuilt DIR: no cmake, no ctest. Steps 1 and 2 become direct runs of what DIR holds,
+# built elsewhere with KVPROOF_PORTABLE_BINARIES (the default; they need glibc and the driver
+# only): DIR/bin (kvproof, the gtest programs, the CUDA benchmarks), DIR/plugins (the
+# plug-ins kernel-check loads), DIR/lib (the benchmarks' shared Google Benchmark). Step 2 runs
+# each gtest program in $JOBS shards at once (--gtest_brief=1) and the kernel-check and verify
+# commands of ctest's `kernel` and `gpu` labels (tests/CMakeLists.txt); steps 3 to 5 as
+# above. DIR is a build directory (`build`) or the bundle scripts/gpu-bundle.sh stages
+# (build/gpu-bundle, stripped, small enough to carry):
+#
+#   bash scripts/gpu-bundle.sh                                # here: build, stage, measure
+#   bash scripts/gpu-check.sh --prebuilt build/gpu-bundle     # on the GPU machine
+#
+# Exit status: 0 when every step passed, 1 otherwise (2: bad arguments).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+PREBUILT=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prebuilt)
+      if [ $# -lt 2 ] || [ ! -d "$2/bin" ]; then
+        echo "gpu-check: --prebuilt DIR needs DIR/bin" >&2
+        exit 2
+      fi
+      PREBUILT=$(cd "$2" && pwd)
+      shift 2
+      ;;
+    *)
+      echo "usage: scripts/gpu-check.sh [--prebuilt DIR]" >&2
+      exit 2
+      ;;
+  esac
+done
 OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
-BUILD=build
+BUILD=${PREBUILT:-build}
 JOBS=$(nproc 2>/dev/null || echo 8)
 SUMMARY=()
 FAILED=0
@@ -59,11 +88,98 @@ build() {
       kernel_check_test kvp_plugin_kvproof_cuda kvproof kvp_cuda_resource_usage
 }
 export -f build
-if step build 240 build; then
-  cp "$BUILD/cuda_resource_usage.txt" "$OUT/" 2>/dev/null || true
 
-  step ctest-gpu-kernel 120 ctest --test-dir "$BUILD" -L 'gpu|kernel' -j "$JOBS" --output-on-failure \
-    --output-junit "$OUT/ctest-gpu-kernel.xml"
+# shards PROGRAM ARGS...: a gtest program in $JOBS shards at once (GTEST_TOTAL_SHARDS), as
+# ctest -j runs its tests; each shard's output in turn.
+# shellcheck disable=SC2317  # run through step's bash -c
+shards() {
+  local program=$1 dir i rc=0
+  shift
+  local pids=()
+  dir=$(mktemp -d)
+  for ((i = 0; i < JOBS; i++)); do
+    GTEST_TOTAL_SHARDS=$JOBS GTEST_SHARD_INDEX=$i "$program" "$@" >"$dir/$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || { rc=1; echo "shard $i of $JOBS failed:"; }
+    cat "$dir/$i.log"
+  done
+  rm -rf "$dir"
+  return "$rc"
+}
+# expect RC PATTERN COMMAND...: COMMAND exits RC and its output has every |-separated PATTERN
+# (grep -E), as the sh -c tests in tests/CMakeLists.txt check.
+# shellcheck disable=SC2317  # run through step's bash -c
+expect() {
+  local want=$1 patterns=$2 out rc pattern
+  shift 2
+  out=$("$@" 2>&1)
+  rc=$?
+  echo "$out"
+  echo "exit $rc (expected $want)"
+  [ "$rc" -eq "$want" ] || return 1
+  IFS='|' read -ra pattern <<<"$patterns"
+  for p in "${pattern[@]}"; do
+    echo "$out" | grep -qE -- "$p" || { echo "missing in the output: $p"; return 1; }
+  done
+}
+# The kernel-check and verify commands of ctest's `kernel` and `gpu` labels (tests/CMakeLists.txt:
+# kernel_check.cli.*, verify.cli.attention_plugin_cuda), from a prebuilt DIR.
+# shellcheck disable=SC2317  # run through step's bash -c
+kernel_check_cli() {
+  local kvproof=$BUILD/bin/kvproof plugins=$BUILD/plugins out=$OUT/kernel-check
+  mkdir -p "$out"
+  "$kvproof" kernel-check --plugin "$plugins/kvp_plugin_kvproof_cpu.so" --grid quick \
+    --json "$out/kernel_check.json" --junit "$out/kernel_check.xml" &&
+    expect 1 'no-poison-leak|re-run alone: kvproof kernel-check --plugin .* --grid quick --case [0-9]' \
+      "$kvproof" kernel-check --plugin "$plugins/kvp_plugin_past_context.so" --max-failures 3 &&
+    "$kvproof" kernel-check --plugin "$plugins/kvp_plugin_kvproof_cpu.so" --shard 0/2 --json "$out/shard.0.json" &&
+    "$kvproof" kernel-check --plugin "$plugins/kvp_plugin_kvproof_cpu.so" --shard 1/2 --json "$out/shard.1.json" &&
+    "$kvproof" kernel-check --merge "$out/shard.0.json" "$out/shard.1.json" &&
+    expect 2 '' "$kvproof" kernel-check --plugin /nonexistent/plugin.so &&
+    KVPROOF_CUDART=$plugins/kvp_fake_cudart.so \
+      "$kvproof" kernel-check --plugin "$plugins/kvp_plugin_naive_c_as_cuda.so" --grid quick &&
+    expect 2 'runs on CUDA: no CUDA device' env KVPROOF_CUDART="$plugins/kvp_fake_cudart.so" \
+      KVP_FAKE_CUDART_DEVICES=0 "$kvproof" kernel-check --plugin "$plugins/kvp_plugin_naive_c_as_cuda.so"
+}
+# shellcheck disable=SC2317  # run through step's bash -c
+kernel_check_cuda() {
+  "$BUILD/bin/kvproof" kernel-check --plugin "$BUILD/plugins/kvp_plugin_kvproof_cuda.so" --grid quick \
+    --json "$OUT/kernel-check-cuda.json" &&
+    "$BUILD/bin/kvproof" verify --shape short-chat --backend cuda \
+      --attention-plugin "$BUILD/plugins/kvp_plugin_kvproof_cuda.so"
+}
+export -f shards expect kernel_check_cli kernel_check_cuda
+
+if [ -n "$PREBUILT" ]; then
+  step prebuilt 10 bash tests/portable_ldd_test.sh "$BUILD"/bin/kvproof "$BUILD"/plugins/*.so \
+    "$BUILD"/bin/{simt,gemm,cuda_kernels,kernel_check,simt_gpu,backend_conformance_gpu,cuda_kernels_gpu}_test
+  cp "$BUILD/cuda_resource_usage.txt" "$OUT/" 2>/dev/null || true
+  # What ctest -L 'gpu|kernel' runs: the gtest programs (the CUDA kernels' RapidCheck property at
+  # ctest's 100 cases) and the kernel-check and verify commands.
+  rc_params="max_success=100 seed=1 verbose_progress=0"
+  for t in simt_test gemm_test simt_gpu_test backend_conformance_gpu_test; do
+    step "$t" 120 shards "$BUILD/bin/$t" --gtest_brief=1
+  done
+  for t in cuda_kernels_test cuda_kernels_gpu_test; do
+    step "$t" 120 env RC_PARAMS="$rc_params" bash -c 'shards "$@"' shards "$BUILD/bin/$t" --gtest_brief=1
+  done
+  step kernel_check_test 120 env KVP_PLUGIN_DIR="$BUILD/plugins" KVP_SOURCE_DIR="$PWD" \
+    bash -c 'shards "$@"' shards "$BUILD/bin/kernel_check_test" --gtest_brief=1
+  step kernel-check-cli 120 kernel_check_cli
+  step kernel-check-cuda 180 kernel_check_cuda
+  BUILT=1
+else
+  step build 240 build && BUILT=1
+fi
+
+if [ -n "${BUILT:-}" ]; then
+  if [ -z "$PREBUILT" ]; then
+    cp "$BUILD/cuda_resource_usage.txt" "$OUT/" 2>/dev/null || true
+    step ctest-gpu-kernel 120 ctest --test-dir "$BUILD" -L 'gpu|kernel' -j "$JOBS" --output-on-failure \
+      --output-junit "$OUT/ctest-gpu-kernel.xml"
+  fi
 
   for tool in memcheck racecheck synccheck initcheck; do
     for t in "${GPU_TESTS[@]}"; do

@@ -16,7 +16,17 @@
 namespace kvp::verify::kernel_check {
 namespace {
 
-std::string plugin_path(const std::string& name) { return std::string(KVP_PLUGIN_DIR) + "/kvp_plugin_" + name + ".so"; }
+// The build's folders, or the ones the environment names: scripts/gpu-check.sh --prebuilt runs
+// this program from a build directory copied to another machine.
+std::string folder(const char* variable, const char* built) {
+  const char* value = std::getenv(variable);
+  return value != nullptr && *value != '\0' ? value : built;
+}
+std::string plugin_dir() { return folder("KVP_PLUGIN_DIR", KVP_PLUGIN_DIR); }
+std::string source_dir() { return folder("KVP_SOURCE_DIR", KVP_SOURCE_DIR); }
+std::string fake_cudart() { return plugin_dir() + "/kvp_fake_cudart.so"; }
+
+std::string plugin_path(const std::string& name) { return plugin_dir() + "/kvp_plugin_" + name + ".so"; }
 
 std::unique_ptr<AttentionPlugin> load_or_die(const std::string& name) {
   auto p = AttentionPlugin::load(plugin_path(name));
@@ -169,7 +179,7 @@ TEST(KernelCheck, ShardsAreDisjointAndMergeIntoTheWholeGrid) {
 // copies read back, not on the host arrays (which a device kernel cannot touch).
 class DevicePath : public testing::Test {
  protected:
-  static void SetUpTestSuite() { ::setenv("KVPROOF_CUDART", KVP_FAKE_CUDART, 1); }
+  static void SetUpTestSuite() { ::setenv("KVPROOF_CUDART", fake_cudart().c_str(), 1); }
 };
 
 TEST_F(DevicePath, NaiveCDeclaredCudaPassesTheQuickGridInEveryLayout) {
@@ -210,7 +220,7 @@ TEST_F(DevicePath, AMissingRuntimeIsNamedInTheError) {
   // CudaRuntime::open, not shared(): this process may already hold the stand-in.
   ::setenv("KVPROOF_CUDART", "/nonexistent/libcudart.so.12", 1);
   auto rt = CudaRuntime::open();
-  ::setenv("KVPROOF_CUDART", KVP_FAKE_CUDART, 1);
+  ::setenv("KVPROOF_CUDART", fake_cudart().c_str(), 1);
   ASSERT_FALSE(rt);
   EXPECT_NE(rt.status().message().find("no CUDA runtime library (/nonexistent/libcudart.so.12"), std::string::npos)
       << rt.status().message();
@@ -246,7 +256,7 @@ TEST(AttentionPluginLoader, RefusesADescriptorWithoutRun) {
 }
 
 TEST(AttentionPluginLoader, RefusesAFileThatIsNotALibrary) {
-  auto p = AttentionPlugin::load(std::string(KVP_SOURCE_DIR) + "/README.md");
+  auto p = AttentionPlugin::load(source_dir() + "/README.md");
   ASSERT_FALSE(p);
   EXPECT_NE(p.status().message().find("README.md: cannot load"), std::string::npos) << p.status().message();
 }
