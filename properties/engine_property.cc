@@ -135,7 +135,7 @@ TargetResult run_with_target(const Schedule& s, const WorkloadRequest& target, s
   auto run = run_workload(engine, w, 100000);
   RC_ASSERT(run.is_ok());
   const Request& r = engine.request(run->ids.back());
-  return {r.tokens(), r.logits, r.finish};
+  return {r.tokens(), r.logits, r.finish()};
 }
 
 RC_GTEST_PROP(EngineProperty, TargetRequestIsBitwiseIndependentOfNeighboursAndSchedule, ()) {
@@ -213,9 +213,9 @@ RC_GTEST_PROP(EngineProperty, EveryAdmittedRequestCanBeScheduledAlone, ()) {
   spec.max_tokens = total - prompt;
   const RequestId id = engine.add_request(spec);
   const Request& r = engine.request(id);
-  RC_TAG(r.finish == FinishReason::kRejected ? "rejected" : "admitted");
-  if (r.finish == FinishReason::kRejected) {
-    RC_ASSERT(!r.reject_reason.empty());
+  RC_TAG(r.finish() == FinishReason::kRejected ? "rejected" : "admitted");
+  if (r.finish() == FinishReason::kRejected) {
+    RC_ASSERT(!r.reject_reason().empty());
     return;
   }
   ProgressWatch watch;
@@ -225,7 +225,7 @@ RC_GTEST_PROP(EngineProperty, EveryAdmittedRequestCanBeScheduledAlone, ()) {
     RC_ASSERT_FALSE(!progress.is_ok() && (RC_LOG() << progress.message() << "\n", true));
   }
   RC_ASSERT(!engine.has_unfinished());
-  RC_ASSERT(r.finish == FinishReason::kLength);
+  RC_ASSERT(r.finish() == FinishReason::kLength);
   RC_ASSERT(r.num_generated() == spec.max_tokens);
 }
 
@@ -264,11 +264,11 @@ RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmal
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const Request& r = engine.request(run->ids[i]);
     RC_ASSERT(r.finished());
-    if (r.finish == FinishReason::kLength) RC_ASSERT(r.num_generated() == r.spec.max_tokens);
-    if (r.finish == FinishReason::kCancelled) RC_ASSERT(requests[i].cancel_step.has_value());
+    if (r.finish() == FinishReason::kLength) RC_ASSERT(r.num_generated() == r.spec.max_tokens);
+    if (r.finish() == FinishReason::kCancelled) RC_ASSERT(requests[i].cancel_step.has_value());
     // Every generated request fits the pool, but n parallel samples may need more blocks or
     // sequences than the configuration has.
-    if (r.spec.n == 1 && r.parent < 0) RC_ASSERT(r.finish != FinishReason::kRejected);
+    if (r.spec.n == 1 && r.parent < 0) RC_ASSERT(r.finish() != FinishReason::kRejected);
     for (RequestId c : r.children) RC_ASSERT(engine.request(c).finished());
   }
   if (s.admission == AdmissionRule::kConservative) RC_ASSERT(engine.metrics().counters.preemptions == 0);
@@ -303,7 +303,7 @@ TEST(EngineProperty, OverloadLosesNothing) {
   }
   EXPECT_GT(engine.metrics().counters.preemptions, 0);
   for (RequestId id : ids) {
-    EXPECT_EQ(engine.request(id).finish, FinishReason::kLength);
+    EXPECT_EQ(engine.request(id).finish(), FinishReason::kLength);
     EXPECT_EQ(engine.request(id).num_generated(), 8);
   }
 }

@@ -107,11 +107,11 @@ TEST(Engine, RejectsRequestsThatCanNeverRunWithAReasonAndChangesNothingElse) {
   const RequestId too_big = e.add_request(spec(60, 10));  // 70 tokens = 18 blocks > 16
   const RequestId zero = e.add_request(spec(3, 0));
   for (RequestId id : {empty, bad_token, too_long, too_big, zero}) {
-    EXPECT_EQ(e.request(id).finish, FinishReason::kRejected) << id;
-    EXPECT_FALSE(e.request(id).reject_reason.empty());
+    EXPECT_EQ(e.request(id).finish(), FinishReason::kRejected) << id;
+    EXPECT_FALSE(e.request(id).reject_reason().empty());
   }
-  EXPECT_NE(e.request(too_big).reject_reason.find("blocks"), std::string::npos);
-  EXPECT_NE(e.request(too_long).reject_reason.find("max_model_len"), std::string::npos);
+  EXPECT_NE(e.request(too_big).reject_reason().find("blocks"), std::string::npos);
+  EXPECT_NE(e.request(too_long).reject_reason().find("max_model_len"), std::string::npos);
   EXPECT_FALSE(e.has_unfinished());
   EXPECT_EQ(e.kv().num_sequences(), 0);
   EXPECT_EQ(e.metrics().counters.rejections, 5);
@@ -123,7 +123,7 @@ TEST(Engine, GeneratesExactlyMaxTokensAndFreesEverything) {
   Engine e(e_config, backend);
   const RequestId id = e.add_request(spec(10, 7));
   ASSERT_TRUE(run_to_end(e).is_ok());
-  EXPECT_EQ(e.request(id).finish, FinishReason::kLength);
+  EXPECT_EQ(e.request(id).finish(), FinishReason::kLength);
   EXPECT_EQ(e.request(id).num_generated(), 7);
   EXPECT_TRUE(check_no_leak(e.kv()).is_ok());
   // Greedy on the fake logits: token i+1 = (token_i * 31 + position_i * 17) % vocab.
@@ -160,7 +160,7 @@ TEST(Engine, StopTokenEndsTheRequest) {
   s.stop_tokens = {static_cast<int32_t>((s.prompt[9] * 31 + 9 * 17) % kVocab)};
   const RequestId id = e.add_request(s);
   ASSERT_TRUE(run_to_end(e).is_ok());
-  EXPECT_EQ(e.request(id).finish, FinishReason::kStop);
+  EXPECT_EQ(e.request(id).finish(), FinishReason::kStop);
   EXPECT_EQ(e.request(id).num_generated(), 1);
 }
 
@@ -175,12 +175,12 @@ TEST(Engine, CancellationTakesEffectAtTheNextStepAndFreesBlocks) {
   e.cancel(a);
   EXPECT_FALSE(e.request(a).finished());  // not before the step boundary
   ASSERT_TRUE(e.step().is_ok());
-  EXPECT_EQ(e.request(a).finish, FinishReason::kCancelled);
+  EXPECT_EQ(e.request(a).finish(), FinishReason::kCancelled);
   EXPECT_EQ(e.kv().sequence(a), nullptr);
   ASSERT_TRUE(run_to_end(e).is_ok());
-  EXPECT_EQ(e.request(b).finish, FinishReason::kLength);
+  EXPECT_EQ(e.request(b).finish(), FinishReason::kLength);
   e.cancel(b);  // finished: no-op
-  EXPECT_EQ(e.request(b).finish, FinishReason::kLength);
+  EXPECT_EQ(e.request(b).finish(), FinishReason::kLength);
   EXPECT_EQ(e.metrics().counters.cancellations, 1);
 }
 
@@ -215,7 +215,7 @@ TEST(Engine, ConservativeAdmissionNeverPreemptsUnderOverload) {
   for (int i = 0; i < 40; ++i) ids.push_back(e.add_request(spec(10 + i % 7, 12, i)));
   ASSERT_TRUE(run_to_end(e).is_ok());
   EXPECT_EQ(e.metrics().counters.preemptions, 0);
-  for (RequestId id : ids) EXPECT_EQ(e.request(id).finish, FinishReason::kLength);
+  for (RequestId id : ids) EXPECT_EQ(e.request(id).finish(), FinishReason::kLength);
 }
 
 TEST(Engine, OptimisticAdmissionPreemptsAndEveryRequestStillFinishes) {
@@ -231,7 +231,7 @@ TEST(Engine, OptimisticAdmissionPreemptsAndEveryRequestStillFinishes) {
       EXPECT_GT(e.metrics().counters.swaps_out, 0);
     }
     for (RequestId id : ids) {
-      EXPECT_EQ(e.request(id).finish, FinishReason::kLength);
+      EXPECT_EQ(e.request(id).finish(), FinishReason::kLength);
       EXPECT_EQ(e.request(id).num_generated(), 12);
     }
     EXPECT_TRUE(check_no_leak(e.kv()).is_ok());
@@ -271,7 +271,7 @@ TEST(Engine, ParallelSamplesForkTheirPromptAndCopyOnWrite) {
   std::vector<RequestId> all = {parent, p.children[0], p.children[1]};
   for (std::size_t k = 0; k < all.size(); ++k) {
     const Request& r = e.request(all[k]);
-    EXPECT_EQ(r.finish, FinishReason::kLength);
+    EXPECT_EQ(r.finish(), FinishReason::kLength);
     EXPECT_EQ(r.num_generated(), 6);
     EXPECT_EQ(r.spec.sampling.seed, 40 + k);
     // Each sample is what a lone request with its seed produces.
@@ -289,7 +289,7 @@ TEST(Engine, ParallelSamplesForkTheirPromptAndCopyOnWrite) {
   // n beyond max_num_seqs can never run.
   RequestSpec wide = spec(4, 2);
   wide.n = 9;
-  EXPECT_EQ(e.request(e.add_request(wide)).finish, FinishReason::kRejected);
+  EXPECT_EQ(e.request(e.add_request(wide)).finish(), FinishReason::kRejected);
 }
 
 TEST(Workload, ParserErrorsNameTheRequestAndField) {
@@ -329,7 +329,7 @@ void expect_cancelled_at_next_boundary(Engine& e, RequestId id, const std::strin
   e.cancel(id);
   ASSERT_TRUE(e.step().is_ok());
   const Request& r = e.request(id);
-  EXPECT_EQ(r.finish, FinishReason::kCancelled);
+  EXPECT_EQ(r.finish(), FinishReason::kCancelled);
   EXPECT_EQ(r.cancelled_in, state);
   EXPECT_EQ(r.time.finish_step, boundary);
   EXPECT_EQ(e.kv().sequence(id), nullptr);
@@ -346,7 +346,7 @@ TEST(Engine, CancellationEndsARequestAtTheNextBoundaryInEveryState) {
     e.add_request(spec(8, 20));
     const RequestId waiting = e.add_request(spec(8, 4, 5));
     ASSERT_TRUE(e.step().is_ok());
-    ASSERT_EQ(e.request(waiting).state, RequestState::kWaiting);
+    ASSERT_EQ(e.request(waiting).state(), RequestState::kWaiting);
     expect_cancelled_at_next_boundary(e, waiting, "waiting");
   }
   {  // mid-prefill, then running
@@ -372,7 +372,7 @@ TEST(Engine, CancellationEndsARequestAtTheNextBoundaryInEveryState) {
     for (int step = 0; step < 200 && swapped < 0 && e.has_unfinished(); ++step) {
       ASSERT_TRUE(e.step().is_ok());
       for (RequestId id : ids)
-        if (e.request(id).state == RequestState::kSwapped) swapped = id;
+        if (e.request(id).state() == RequestState::kSwapped) swapped = id;
     }
     ASSERT_GE(swapped, 0) << "no request was swapped out";
     expect_cancelled_at_next_boundary(e, swapped, "swapped");
@@ -391,7 +391,7 @@ TEST(Engine, CancellationEndsARequestAtTheNextBoundaryInEveryState) {
     ASSERT_EQ(e.request(parent).children.size(), 2u);
     expect_cancelled_at_next_boundary(e, parent, "running");
     for (RequestId child : e.request(parent).children) {
-      EXPECT_EQ(e.request(child).finish, FinishReason::kCancelled);
+      EXPECT_EQ(e.request(child).finish(), FinishReason::kCancelled);
       EXPECT_EQ(e.kv().sequence(child), nullptr);
     }
     EXPECT_FALSE(e.has_unfinished());

@@ -126,7 +126,7 @@ int64_t expect_same_as_plain(const Engine& spec, const Engine& plain, RequestId 
                              const std::string& where) {
   const Request& x = spec.request(a);
   const Request& y = plain.request(b);
-  const bool cancelled = x.finish == FinishReason::kCancelled || y.finish == FinishReason::kCancelled;
+  const bool cancelled = x.finish() == FinishReason::kCancelled || y.finish() == FinishReason::kCancelled;
   const std::size_t n = std::min(x.tokens().size(), y.tokens().size());
   std::size_t agree = 0;
   while (agree < n && x.tokens()[agree] == y.tokens()[agree]) ++agree;
@@ -135,7 +135,7 @@ int64_t expect_same_as_plain(const Engine& spec, const Engine& plain, RequestId 
     EXPECT_EQ(agree, n) << where << " request " << a;
     if (!cancelled) {
       EXPECT_EQ(x.tokens(), y.tokens()) << where << " request " << a;
-      EXPECT_EQ(x.finish, y.finish) << where << " request " << a;
+      EXPECT_EQ(x.finish(), y.finish()) << where << " request " << a;
     }
   }
   for (std::size_t p = 0; p < agree && p < x.logits.size() && p < y.logits.size(); ++p) {
@@ -266,8 +266,8 @@ TEST(Speculation, DraftRequestWithoutADraftModelIsRejected) {
   spec.prompt = {1, 2};
   spec.speculation = SpeculationParams{ProposerKind::kDraft, 2};
   const RequestId id = e.add_request(spec);
-  EXPECT_EQ(e.request(id).finish, FinishReason::kRejected);
-  EXPECT_NE(e.request(id).reject_reason.find("draft"), std::string::npos);
+  EXPECT_EQ(e.request(id).finish(), FinishReason::kRejected);
+  EXPECT_NE(e.request(id).reject_reason().find("draft"), std::string::npos);
 }
 
 // `kvproof verify --speculate`: the whole check on the default model and workload, with the

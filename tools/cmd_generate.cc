@@ -65,7 +65,7 @@ Result<GenerateResult> engine_generate(const Model& model, const BackendChoice& 
   live->engine->set_kv_event_log(nullptr);
   if (publisher != nullptr) publisher->serve_replay(1000);  // a late subscriber asks for the start
   const Request& r = live->engine->request(id);
-  if (r.finish == FinishReason::kRejected) return Status::error("the engine rejected the request");
+  if (r.finish() == FinishReason::kRejected) return Status::error("the engine rejected the request");
   GenerateResult out;
   for (int64_t k = 0; k < r.num_generated(); ++k) {
     const auto p = static_cast<std::size_t>(r.num_prompt() + k);

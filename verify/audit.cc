@@ -58,7 +58,7 @@ void collect_isolation_evidence(const EventLog& log, const Engine& engine, int32
   }
   std::vector<const Request*> requests;
   for (const auto& [id, r] : engine.requests())
-    if (r->finish != FinishReason::kRejected) requests.push_back(r.get());
+    if (r->finish() != FinishReason::kRejected) requests.push_back(r.get());
   for (std::size_t a = 0; a < requests.size(); ++a) {
     for (std::size_t b = a + 1; b < requests.size(); ++b) {
       const Request& x = *requests[a];
@@ -184,7 +184,7 @@ void check_outputs(const Model& model, const VerifyOptions& o, const AuditRun& a
         }
       }
     }
-    if (r.finish != FinishReason::kRejected)
+    if (r.finish() != FinishReason::kRejected)
       check_against_reference(oracle, r, tolerance_for(o).value, c.logits, c.greedy, "request " + std::to_string(i));
   }
 }

@@ -124,10 +124,10 @@ void compare_runs(const Engine& spec, const Engine& plain, RequestId a, RequestI
     check.detail = label + ": " + why;
   };
   if (x.spec.sampling.greedy() && x.spec.forced_tokens.empty()) {
-    const bool cut = x.finish == FinishReason::kCancelled || y.finish == FinishReason::kCancelled;
+    const bool cut = x.finish() == FinishReason::kCancelled || y.finish() == FinishReason::kCancelled;
     if (agree < common || (!cut && x.tokens().size() != y.tokens().size()))
       fail("greedy tokens differ from plain decoding at position " + std::to_string(agree));
-    if (!cut && x.finish != y.finish) fail("finishes differently from plain decoding");
+    if (!cut && x.finish() != y.finish()) fail("finishes differently from plain decoding");
   }
   // Logits at position p depend on tokens 0..p only.
   for (std::size_t p = 0; p + 1 <= agree && p < x.logits.size() && p < y.logits.size(); ++p) {
@@ -205,7 +205,7 @@ std::vector<std::optional<uint64_t>> row_digests(const Request& r) {
 void record_finished(const Engine& e, std::map<RequestId, FinishedSnapshot>& snapshots) {
   for (const auto& [id, r] : e.requests()) {
     if (!r->finished() || snapshots.count(id)) continue;
-    snapshots[id] = {r->finish, r->time.finish_step, r->tokens(), row_digests(*r), false};
+    snapshots[id] = {r->finish(), r->time.finish_step, r->tokens(), row_digests(*r), false};
   }
 }
 
@@ -236,9 +236,9 @@ int64_t check_late_cancels(const Engine& engine, const Workload& w, const Worklo
       diff = "the cancel was ignored but the request never finished";
     else if (it->second.finish_step > *w.requests[i].cancel_step)
       diff = "it finished at step " + std::to_string(it->second.finish_step) + ", after the cancel";
-    else if (r.finish != it->second.finish || r.time.finish_step != it->second.finish_step)
-      diff =
-          "its terminal state changed from " + std::string(to_string(it->second.finish)) + " to " + to_string(r.finish);
+    else if (r.finish() != it->second.finish || r.time.finish_step != it->second.finish_step)
+      diff = "its terminal state changed from " + std::string(to_string(it->second.finish)) + " to " +
+             to_string(r.finish());
     else if (r.tokens() != it->second.tokens)
       diff = "its tokens changed after it finished";
     else if (!logits_unchanged(r, it->second))
@@ -477,7 +477,7 @@ Status run_mode(const Model& model, const VerifyOptions& o, const Workload& work
     for (auto& [id, snap] : r.finished_at) {
       if (!checked.insert(id).second) continue;
       const Request& req = e.request(id);
-      if (req.finish != FinishReason::kRejected)
+      if (req.finish() != FinishReason::kRejected)
         check_against_reference(oracle, req, tol, c.logits, c.greedy, "request " + std::to_string(id), &comparisons);
       if (release) snap.released = e.release_logits(id);
     }
@@ -503,7 +503,7 @@ void check_terminal_states(const ModeRun& r, CheckResult& terminal) {
   for (RequestId id : r.ids) {
     ++terminal.count;
     const Request& req = r.engine().request(id);
-    if ((!req.finished() || req.finish == FinishReason::kNone) && terminal.passed) {
+    if ((!req.finished() || req.finish() == FinishReason::kNone) && terminal.passed) {
       terminal.passed = false;
       terminal.detail = "request " + std::to_string(id) + " did not reach a terminal state";
     }
@@ -541,8 +541,8 @@ void check_leaks(ModeRun& r, CheckResult& leak) {
 void check_recompute(const ModeRun& r, CheckResult& recompute) {
   for (RequestId id : r.ids) {
     const Request& req = r.engine().request(id);
-    if (req.finish == FinishReason::kRejected) continue;
-    recompute.count += req.num_preemptions;
+    if (req.finish() == FinishReason::kRejected) continue;
+    recompute.count += req.num_preemptions();
     if (req.recomputed_logit_mismatches > 0 && recompute.passed) {
       recompute.passed = false;
       recompute.detail = "request " + std::to_string(id) + ": " + std::to_string(req.recomputed_logit_mismatches) +
@@ -566,7 +566,7 @@ IsolationSample pick_isolation_sample(const ModeRun& r, const VerifyOptions& o) 
   std::vector<RequestId>& sample = out.rerun;
   for (RequestId id : r.ids) {
     const Request& req = engine.request(id);
-    if (req.finish != FinishReason::kLength && req.finish != FinishReason::kStop) continue;
+    if (req.finish() != FinishReason::kLength && req.finish() != FinishReason::kStop) continue;
     if (o.speculation.enabled() && !req.spec.sampling.greedy()) {
       out.sampled_under_speculation.push_back(id);
       continue;
@@ -575,7 +575,7 @@ IsolationSample pick_isolation_sample(const ModeRun& r, const VerifyOptions& o) 
   }
   out.any_eligible = !sample.empty();
   std::stable_sort(sample.begin(), sample.end(), [&](RequestId a, RequestId b) {
-    return engine.request(a).num_preemptions > engine.request(b).num_preemptions;
+    return engine.request(a).num_preemptions() > engine.request(b).num_preemptions();
   });
   auto first_fork =
       std::find_if(sample.begin(), sample.end(), [&](RequestId id) { return engine.request(id).parent >= 0; });
@@ -717,8 +717,8 @@ void mark_what_applies(const ModeRun& r, const VerifyOptions& o, bool any_isolat
   bool any_greedy = false;
   for (RequestId id : r.ids) {
     const Request& req = r.engine().request(id);
-    if (req.finish == FinishReason::kStop || req.finish == FinishReason::kLength) ++finished_normally;
-    if (req.finish != FinishReason::kRejected && req.spec.sampling.greedy() &&
+    if (req.finish() == FinishReason::kStop || req.finish() == FinishReason::kLength) ++finished_normally;
+    if (req.finish() != FinishReason::kRejected && req.spec.sampling.greedy() &&
         req.num_generated() > static_cast<int64_t>(req.spec.forced_tokens.size()))
       any_greedy = true;
   }

@@ -12,12 +12,12 @@ Status check_plan(const Engine& e, const BatchPlan& plan, PlanReadStats* stats) 
 
 Status check_token_history(const Engine& e) {
   for (const auto& [id, r] : e.requests()) {
-    if (r->num_drafts != 0)
-      return Status::error("I10: request " + std::to_string(id) + " has " + std::to_string(r->num_drafts) +
+    if (r->num_drafts() != 0)
+      return Status::error("I10: request " + std::to_string(id) + " has " + std::to_string(r->num_drafts()) +
                            " draft tokens in flight between steps (not rolled back or accepted)");
     const SequenceState* s = e.kv().sequence(id);
-    if (r->in_kv != (s != nullptr))
-      return Status::error("I10: request " + std::to_string(id) + (r->in_kv ? " claims" : " does not claim") +
+    if (r->in_kv() != (s != nullptr))
+      return Status::error("I10: request " + std::to_string(id) + (r->in_kv() ? " claims" : " does not claim") +
                            " a KV-cache sequence, the manager " + (s != nullptr ? "has" : "has none"));
     if (s == nullptr) continue;
     if (s->tokens != r->tokens()) {
@@ -40,10 +40,11 @@ Status check_cancellations(const Engine& e) {
     if (!r->cancel_requested || (!r->finished() && r->cancel_step >= e.steps_done())) continue;
     const std::string who =
         "request " + std::to_string(id) + " (cancelled before step " + std::to_string(r->cancel_step) + ")";
-    if (r->finish != FinishReason::kCancelled || r->time.finish_step != r->cancel_step)
-      return Status::error(who + ": ended " + to_string(r->finish) + " at step " + std::to_string(r->time.finish_step) +
-                           ", expected cancelled at step " + std::to_string(r->cancel_step));
-    if (r->in_kv || e.kv().sequence(id) != nullptr)
+    if (r->finish() != FinishReason::kCancelled || r->time.finish_step != r->cancel_step)
+      return Status::error(who + ": ended " + to_string(r->finish()) + " at step " +
+                           std::to_string(r->time.finish_step) + ", expected cancelled at step " +
+                           std::to_string(r->cancel_step));
+    if (r->in_kv() || e.kv().sequence(id) != nullptr)
       return Status::error(who + ": still holds a KV-cache sequence (blocks not released)");
   }
   return Status::ok();
@@ -66,9 +67,9 @@ Status check_progress(const Engine& e, ProgressWatch& w, int64_t max_idle_steps)
       stuck += ", ...";
       break;
     }
-    const char* state = r->state == RequestState::kWaiting   ? "waiting"
-                        : r->state == RequestState::kSwapped ? "swapped"
-                                                             : "running";
+    const char* state = r->state() == RequestState::kWaiting   ? "waiting"
+                        : r->state() == RequestState::kSwapped ? "swapped"
+                                                               : "running";
     stuck += (stuck.empty() ? "" : ", ") + std::to_string(id) + " (" + state + ")";
   }
   return Status::error(
@@ -93,7 +94,7 @@ Status check_timeline(const Engine& e, const TimelineWitness& w, int64_t* compar
   for (const auto& entry : e.requests()) {
     const RequestId id = entry.first;
     const Request* r = entry.second.get();
-    if (r->finish == FinishReason::kRejected || !r->finished()) continue;
+    if (r->finish() == FinishReason::kRejected || !r->finished()) continue;
     const RequestTimeline& t = r->time;
     const std::string who = "request " + std::to_string(id);
     const auto expect = [&](const char* what, int64_t got, const std::map<RequestId, int64_t>& seen) -> Status {

@@ -57,12 +57,9 @@ double Engine::now() const { return std::chrono::duration<double>(std::chrono::s
 
 RequestId Engine::add_request(RequestSpec spec) {
   const RequestId id = next_id_++;
-  auto owned = std::make_unique<Request>();
+  auto owned = std::make_unique<Request>(id, std::move(spec));
   Request& r = *owned;
   requests_.emplace(id, std::move(owned));
-  r.id = id;
-  r.spec = std::move(spec);
-  r.rng = Rng(r.spec.sampling.seed);
   r.time.arrival_step = step_;
   r.time.arrival_s = now();
 
@@ -192,7 +189,7 @@ void Engine::finish(Request& r, FinishReason reason) {
 void Engine::record_finish(Request& r) {
   r.time.finish_step = step_;
   r.time.finish_s = now();
-  if (r.finish == FinishReason::kCancelled) ++counters_.cancellations;
+  if (r.finish() == FinishReason::kCancelled) ++counters_.cancellations;
 }
 
 bool Engine::release_logits(RequestId id) {
@@ -227,7 +224,7 @@ Status Engine::step() {
   for (auto& [id, r] : requests_) {
     if (!r->cancel_requested || r->finished()) continue;
     const SequenceState* s = kv_.sequence(id);
-    switch (r->state) {
+    switch (r->state()) {
       case RequestState::kWaiting: r->cancelled_in = "waiting"; break;
       case RequestState::kSwapped: r->cancelled_in = "swapped"; break;
       default: r->cancelled_in = s != nullptr && s->num_slots < r->num_prompt() ? "prefill" : "running";
@@ -298,7 +295,7 @@ void Engine::process_outputs(const BatchPlan& plan, const StepOutput& out) {
     const int32_t rows = logit_rows_for(plan, i);
     if (rows == 0) continue;
     const int32_t row0 = out.logit_row_start[ui];
-    if (r.num_drafts > 0) {
+    if (r.num_drafts() > 0) {
       verify_drafts(r, out, row0, update);
       continue;
     }
@@ -322,7 +319,7 @@ void Engine::process_outputs(const BatchPlan& plan, const StepOutput& out) {
 }
 
 void Engine::verify_drafts(Request& r, const StepOutput& out, int32_t row0, StepUpdate& update) {
-  const int32_t k = r.num_drafts;
+  const int32_t k = r.num_drafts();
   const int64_t accepted_len = static_cast<int64_t>(r.tokens().size()) - k;  // tokens before the drafts
   const std::span<const int32_t> drafts(r.tokens().data() + accepted_len, static_cast<std::size_t>(k));
   const VerifyRows rows{out.row(row0), out.vocab_size, k + 1};
@@ -370,14 +367,12 @@ void Engine::verify_drafts(Request& r, const StepOutput& out, int32_t row0, Step
 std::vector<Request*> Engine::make_samples(Request& r) {
   std::vector<Request*> samples;
   for (int32_t k = 1; k < r.spec.n; ++k) {
-    auto owned = std::make_unique<Request>();
+    RequestSpec spec = r.spec;
+    spec.n = 1;
+    spec.sampling.seed = r.spec.sampling.seed + static_cast<uint64_t>(k);
+    auto owned = std::make_unique<Request>(next_id_++, std::move(spec));
     Request& c = *owned;
-    c.id = next_id_++;
-    c.spec = r.spec;
-    c.spec.n = 1;
-    c.spec.sampling.seed = r.spec.sampling.seed + static_cast<uint64_t>(k);
     scheduler_.prepare_sample(r, &c);
-    c.rng = Rng(c.spec.sampling.seed);
     c.logits = r.logits;
     c.time = r.time;
     c.parent = r.id;
@@ -444,7 +439,7 @@ EngineMetrics Engine::metrics() const {
   std::vector<double> ttft, tpot, e2e, queue, ttft_s, tpot_s, e2e_s, queue_s;
   for (const auto& [id, r] : requests_) {
     const RequestTimeline& t = r->time;
-    if (r->finish != FinishReason::kStop && r->finish != FinishReason::kLength) continue;
+    if (r->finish() != FinishReason::kStop && r->finish() != FinishReason::kLength) continue;
     ttft.push_back(static_cast<double>(t.first_token_step - t.arrival_step + 1));
     e2e.push_back(static_cast<double>(t.finish_step - t.arrival_step + 1));
     queue.push_back(static_cast<double>(t.first_scheduled_step - t.arrival_step));

@@ -63,24 +63,40 @@ struct RequestTimeline {
   double arrival_s = 0, first_scheduled_s = -1, first_token_s = -1, finish_s = -1;  // wall clock
 };
 
-struct Request {
-  RequestId id = 0;
-  RequestSpec spec;
-  RequestState state = RequestState::kWaiting;
-  FinishReason finish = FinishReason::kNone;
-  std::string reject_reason;
+// A request, split by owner (docs/architecture.md, "Who owns which state"):
+//   what was asked   id and spec: set when the engine makes the request, const after;
+//   the scheduler's  queue state, finish reason, token history, drafts in flight, whether
+//                    it holds a KV-cache sequence, and what scheduling did to it: private,
+//                    written by the Scheduler only, read through the accessors;
+//   the engine's     sampling stream, cancellation, parallel samples, logits, timeline and
+//                    speculation figures: public, written by the Engine.
+class Request {
+ public:
+  Request(RequestId request_id, RequestSpec what) : id(request_id), spec(std::move(what)), rng(spec.sampling.seed) {}
 
+  // ---- what was asked ----
+  const RequestId id;
+  const RequestSpec spec;
+
+  // ---- the scheduler's (read-only here) ----
+  RequestState state() const { return state_; }
+  FinishReason finish() const { return finish_; }
+  const std::string& reject_reason() const { return reject_reason_; }
   // Prompt, then generated tokens: the token history. Between schedule() and apply() of a
-  // step the last num_drafts of them are draft tokens in flight; apply() keeps the accepted
-  // ones and rolls the rest back, so between steps num_drafts is 0 and every token is
-  // accepted. The history has one home: the request's own vector while it holds no
+  // step the last num_drafts() of them are draft tokens in flight; apply() keeps the
+  // accepted ones and rolls the rest back, so between steps num_drafts() is 0 and every
+  // token is accepted. The history has one home: the request's own vector while it holds no
   // KV-cache sequence, the sequence's (SequenceState::tokens) while it does, so the plans,
-  // the prefix-cache hashes and the request read one copy (I10 by construction). Only the
-  // Scheduler writes it or moves it between the two.
+  // the prefix-cache hashes and the request read one copy (I10 by construction).
   const std::vector<int32_t>& tokens() const { return kv_tokens_ != nullptr ? *kv_tokens_ : tokens_; }
-  int32_t num_drafts = 0;
-  Rng rng{0};          // the sampling stream: one draw per sampled token
-  bool in_kv = false;  // holds a KvCacheManager sequence (running or swapped)
+  int32_t num_drafts() const { return num_drafts_; }
+  bool in_kv() const { return in_kv_; }  // holds a KvCacheManager sequence (running or swapped)
+  int64_t num_preemptions() const { return num_preemptions_; }
+  int64_t num_swaps() const { return num_swaps_; }
+  int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
+
+  // ---- the engine's ----
+  Rng rng;  // the sampling stream: one draw per sampled token
   bool cancel_requested = false;
   // The step at whose start a requested cancellation takes effect (the next step after
   // Engine::cancel), and what the request was doing then: "waiting", "prefill" (running,
@@ -95,28 +111,25 @@ struct Request {
   std::vector<std::vector<float>> logits;
   int64_t recomputed_logit_mismatches = 0;  // recomputed positions whose logits differed bitwise
 
-  int64_t num_preemptions = 0;
-  int64_t num_swaps = 0;
-  int64_t prefix_hit_tokens = 0;
   // Speculation: verification steps, draft tokens verified, draft tokens accepted.
   int64_t spec_steps = 0;
   int64_t spec_proposed = 0;
   int64_t spec_accepted = 0;
   RequestTimeline time;
 
+  // ---- derived ----
   int64_t num_prompt() const { return static_cast<int64_t>(spec.prompt.size()); }
   int64_t num_generated() const { return static_cast<int64_t>(tokens().size()) - num_prompt(); }
   std::vector<int32_t> output() const { return {tokens().begin() + num_prompt(), tokens().end()}; }
-  bool finished() const { return state == RequestState::kFinished; }
+  bool finished() const { return state_ == RequestState::kFinished; }
   // Running sequences this request will occupy: n until it has forked.
   int64_t seats() const { return forked || spec.n <= 1 ? 1 : spec.n; }
 
   // A record of a finished request made outside any engine (a test's, or a tool's that
   // checks outputs it read): `tokens` is its token history.
   static Request record(RequestSpec spec, std::vector<int32_t> tokens) {
-    Request r;
-    r.spec = std::move(spec);
-    r.state = RequestState::kFinished;
+    Request r(0, std::move(spec));
+    r.state_ = RequestState::kFinished;
     r.tokens_ = std::move(tokens);
     return r;
   }
@@ -124,8 +137,16 @@ struct Request {
  private:
   friend class Scheduler;
   friend class RequestTestPeer;  // tests give a request a second copy, to prove I10's checker sees it
-  std::vector<int32_t> tokens_;  // the history while not in_kv
+  RequestState state_ = RequestState::kWaiting;
+  FinishReason finish_ = FinishReason::kNone;
+  std::string reject_reason_;
+  std::vector<int32_t> tokens_;                      // the history while not in_kv
   const std::vector<int32_t>* kv_tokens_ = nullptr;  // while in_kv: the KV-cache sequence's
+  int32_t num_drafts_ = 0;
+  bool in_kv_ = false;
+  int64_t num_preemptions_ = 0;
+  int64_t num_swaps_ = 0;
+  int64_t prefix_hit_tokens_ = 0;
 };
 
 }  // namespace kvp

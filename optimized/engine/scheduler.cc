@@ -19,9 +19,9 @@ Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager& kv) : config
 }
 
 void Scheduler::add(Request* r) {
-  KVP_CHECK(!r->in_kv && r->kv_tokens_ == nullptr);
+  KVP_CHECK(!r->in_kv_ && r->kv_tokens_ == nullptr);
   r->tokens_ = r->spec.prompt;
-  r->state = RequestState::kWaiting;
+  r->state_ = RequestState::kWaiting;
   waiting_.push_back(r);
 }
 
@@ -31,18 +31,18 @@ void Scheduler::finish(Request* r, FinishReason reason) {
   drop(waiting_);
   drop(running_);
   drop(swapped_);
-  if (r->in_kv) release_sequence(r);
-  r->state = RequestState::kFinished;
-  r->finish = reason;
+  if (r->in_kv_) release_sequence(r);
+  r->state_ = RequestState::kFinished;
+  r->finish_ = reason;
 }
 
 void Scheduler::reject(Request* r, std::string reason) {
-  KVP_CHECK(r->state == RequestState::kWaiting && !r->in_kv);
+  KVP_CHECK(r->state_ == RequestState::kWaiting && !r->in_kv_);
   KVP_CHECK(std::find(waiting_.begin(), waiting_.end(), r) == waiting_.end());
   r->tokens_ = r->spec.prompt;
-  r->reject_reason = std::move(reason);
-  r->state = RequestState::kFinished;
-  r->finish = FinishReason::kRejected;
+  r->reject_reason_ = std::move(reason);
+  r->state_ = RequestState::kFinished;
+  r->finish_ = FinishReason::kRejected;
 }
 
 int64_t Scheduler::worst_case_blocks(const Request& r) const {
@@ -71,27 +71,27 @@ int64_t Scheduler::tokens_to_compute(const Request& r, const PrefixHit& hit) con
 int64_t Scheduler::tokens_to_compute(const Request& r) const { return tokens_to_compute(r, kv_.find_prefix(r.id)); }
 
 void Scheduler::take_sequence(Request* r) {
-  KVP_CHECK(!r->in_kv);
+  KVP_CHECK(!r->in_kv_);
   KVP_CHECK(kv_.add_sequence(r->id, r->spec.tenant, std::move(r->tokens_)).is_ok());
   r->tokens_.clear();
   r->kv_tokens_ = &kv_.sequence(r->id)->tokens;
-  r->in_kv = true;
+  r->in_kv_ = true;
 }
 
 void Scheduler::release_sequence(Request* r) {
-  KVP_CHECK(r->in_kv);
+  KVP_CHECK(r->in_kv_);
   KVP_CHECK(kv_.free(r->id, &r->tokens_).is_ok());
   r->kv_tokens_ = nullptr;
-  r->in_kv = false;
+  r->in_kv_ = false;
 }
 
 void Scheduler::prepare_sample(const Request& parent, Request* child) {
-  KVP_CHECK(!child->in_kv && child->kv_tokens_ == nullptr);
+  KVP_CHECK(!child->in_kv_ && child->kv_tokens_ == nullptr);
   child->tokens_ = parent.tokens();
 }
 
 void Scheduler::insert_running(Request* r) {
-  r->state = RequestState::kRunning;
+  r->state_ = RequestState::kRunning;
   auto at = std::lower_bound(running_.begin(), running_.end(), r,
                              [](const Request* a, const Request* b) { return a->id < b->id; });
   running_.insert(at, r);
@@ -99,12 +99,12 @@ void Scheduler::insert_running(Request* r) {
 
 void Scheduler::preempt(Request* victim, ScheduleStats& stats) {
   running_.erase(std::remove(running_.begin(), running_.end(), victim), running_.end());
-  ++victim->num_preemptions;
+  ++victim->num_preemptions_;
   ++stats.preemptions;
   if (config_.preemption == PreemptionMode::kSwap && kv_.swap_out(victim->id).is_ok()) {
-    ++victim->num_swaps;
+    ++victim->num_swaps_;
     ++stats.swaps_out;
-    victim->state = RequestState::kSwapped;
+    victim->state_ = RequestState::kSwapped;
     swapped_.push_back(victim);
     std::sort(swapped_.begin(), swapped_.end(), [](const Request* a, const Request* b) { return a->id < b->id; });
     return;
@@ -112,12 +112,12 @@ void Scheduler::preempt(Request* victim, ScheduleStats& stats) {
   // Recompute (or swap fallback when the host pool is full): the cache is dropped and
   // rebuilt; the prefix cache may serve part of it back.
   release_sequence(victim);
-  victim->state = RequestState::kWaiting;
+  victim->state_ = RequestState::kWaiting;
   waiting_.push_front(victim);
 }
 
 std::span<const int32_t> Scheduler::drafts_for(const Request& r, int64_t max_tokens, const PrefixHit& hit) const {
-  if (drafts_ == nullptr || r.num_drafts != 0) return {};
+  if (drafts_ == nullptr || r.num_drafts_ != 0) return {};
   auto it = drafts_->find(r.id);
   if (it == drafts_->end() || it->second.empty()) return {};
   const SequenceState* s = kv_.sequence(r.id);
@@ -137,7 +137,7 @@ Scheduler::Planned Scheduler::try_plan(Request* r, int64_t budget, BatchPlan& pl
   // request decodes one token. allocate_slots decides the fit before anything changes.
   if (const std::span<const int32_t> drafts = drafts_for(*r, max_tokens, hit); !drafts.empty()) {
     if (kv_.allocate_slots(r->id, 1, hit, plan.slot_mapping, drafts) == AllocStatus::kOk) {
-      r->num_drafts = static_cast<int32_t>(drafts.size());
+      r->num_drafts_ = static_cast<int32_t>(drafts.size());
       n = 1 + static_cast<int64_t>(drafts.size());
     }
   }
@@ -151,7 +151,7 @@ Scheduler::Planned Scheduler::try_plan(Request* r, int64_t budget, BatchPlan& pl
   const int64_t end = kv_.sequence(r->id)->num_slots;
   const bool at_end = end == static_cast<int64_t>(r->tokens().size());
   add_plan_row(plan, r->id, r->tokens(), end, n, at_end || r->spec.capture_logits,
-               r->spec.capture_logits || r->num_drafts > 0);
+               r->spec.capture_logits || r->num_drafts_ > 0);
   if (r->time.first_scheduled_step < 0) r->time.first_scheduled_step = plan.step;
   return {.n = n, .fit = AllocStatus::kOk, .prefix_hit_tokens = hit.num_tokens};
 }
@@ -207,7 +207,7 @@ ScheduledStep Scheduler::schedule(int64_t step, const DraftTokens& drafts) {
         for (const Request* o : running_) worst += worst_case_blocks(*o);
         if (worst > kv_.config().pool.num_device_blocks) break;
       }
-      if (!r->in_kv) take_sequence(r);
+      if (!r->in_kv_) take_sequence(r);
       const Planned p = try_plan(r, budget, plan);
       if (p.n == 0) break;  // FCFS: nobody overtakes
       waiting_.pop_front();
@@ -215,7 +215,7 @@ ScheduledStep Scheduler::schedule(int64_t step, const DraftTokens& drafts) {
       ++stats.admitted;
       stats.prefix_hit_tokens += p.prefix_hit_tokens;
       if (kv_.config().enable_prefix_caching) stats.prefix_lookup_tokens += static_cast<int64_t>(r->tokens().size());
-      r->prefix_hit_tokens += p.prefix_hit_tokens;
+      r->prefix_hit_tokens_ += p.prefix_hit_tokens;
       budget -= p.n;
     }
   }
@@ -254,26 +254,26 @@ void finish_plan(KvCacheManager& kv, BatchPlan& plan) {
 void Scheduler::apply(const BatchPlan& plan, const StepUpdate& update) {
   for (const StepUpdate::Verification& v : update.verifications) {
     Request* r = v.request;
-    KVP_CHECK(r->num_drafts > 0 && v.num_accepted >= 0 && v.num_accepted <= r->num_drafts);
-    const auto keep = static_cast<int64_t>(r->tokens().size()) - (r->num_drafts - v.num_accepted);
+    KVP_CHECK(r->num_drafts_ > 0 && v.num_accepted >= 0 && v.num_accepted <= r->num_drafts_);
+    const auto keep = static_cast<int64_t>(r->tokens().size()) - (r->num_drafts_ - v.num_accepted);
     KVP_CHECK(kv_.sequence(r->id)->num_final <= keep);  // a draft is never final before it is accepted
     KVP_CHECK(kv_.truncate(r->id, keep).is_ok());
-    r->num_drafts = 0;
+    r->num_drafts_ = 0;
   }
-  for (const Request* r : running_) KVP_CHECK(r->num_drafts == 0);  // every verification resolved
+  for (const Request* r : running_) KVP_CHECK(r->num_drafts_ == 0);  // every verification resolved
   for (int64_t i = 0; i < plan.num_seqs(); ++i) {
     const auto ui = static_cast<std::size_t>(i);
     const int64_t accepted_end = std::min<int64_t>(plan.context_lens[ui], kv_.sequence(plan.seq_ids[ui])->num_slots);
     KVP_CHECK(kv_.mark_final(plan.seq_ids[ui], accepted_end).is_ok());
   }
   for (const StepUpdate::Fork& f : update.forks) {
-    KVP_CHECK(f.parent->state == RequestState::kRunning);
+    KVP_CHECK(f.parent->state_ == RequestState::kRunning);
     for (Request* c : f.children) {
-      KVP_CHECK(!c->in_kv && c->tokens_ == f.parent->tokens());  // prepare_sample's copy
+      KVP_CHECK(!c->in_kv_ && c->tokens_ == f.parent->tokens());  // prepare_sample's copy
       KVP_CHECK(kv_.fork(f.parent->id, c->id).is_ok());
       c->tokens_.clear();
       c->kv_tokens_ = &kv_.sequence(c->id)->tokens;
-      c->in_kv = true;
+      c->in_kv_ = true;
       insert_running(c);
     }
   }
