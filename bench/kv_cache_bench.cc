@@ -82,6 +82,36 @@ void BM_DecodeAppend(benchmark::State& state) {
   state.SetLabel(new_block ? "new block" : "no new block");
 }
 BENCHMARK(BM_DecodeAppend)->Arg(0)->Arg(1);
+// The same step as the scheduler takes it: one prefix lookup whose hit allocate_slots acts
+// on (before the PrefixHit: can_allocate, then allocate_slots, each looking the prefix up).
+void BM_SchedulerDecodeAppend(benchmark::State& state) {
+  const bool new_block = state.range(0) == 1;
+  KvCacheConfig c;
+  c.pool.num_device_blocks = new_block ? 4096 : 64;
+  c.pool.block_size = new_block ? 1 : 1 << 20;
+  c.enable_prefix_caching = !new_block;
+  KvCacheManager m(c);
+  (void)m.add_sequence(0, 0, prompt_of(1));
+  std::vector<int64_t> slots;
+  slots.reserve(1);
+  (void)m.allocate_slots(0, 1, slots);
+  const int32_t tok = 5;
+  int64_t n = 0;
+  for (auto _ : state) {
+    slots.clear();
+    (void)m.append_tokens(0, {&tok, 1});
+    (void)m.allocate_slots(0, 1, m.find_prefix(0), slots);
+    benchmark::DoNotOptimize(slots.data());
+    if (++n == 4000) {
+      state.PauseTiming();
+      (void)m.truncate(0, 1);
+      n = 0;
+      state.ResumeTiming();
+    }
+  }
+  state.SetLabel(new_block ? "new block" : "no new block");
+}
+BENCHMARK(BM_SchedulerDecodeAppend)->Arg(0)->Arg(1);
 
 // Prefix lookup of a cached 4k-token prompt (256 blocks of 16): hashing plus verification.
 // Reported per lookup; divide by 4 for us per 1k tokens.

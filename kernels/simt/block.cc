@@ -372,6 +372,19 @@ void sync_block(const char* file, int line) {
 #endif
 }
 
+namespace {
+// What a lane asks of its warp, recorded on the lane before it arrives.
+void post_warp_op(Thread& t, WarpOp op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line) {
+  t.op = op;
+  t.mask = mask;
+  t.value = value;
+  t.arg = arg;
+  t.width = width;
+  t.file = file;
+  t.line = line;
+}
+}  // namespace
+
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line) {
   Thread& t = *tls_thread;
   Block& b = *t.block;
@@ -384,13 +397,7 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
     TsanQuiet quiet;
     std::unique_lock<std::mutex> lock(b.mu);
     if (b.aborted) throw BlockAborted{};
-    t.op = op;
-    t.mask = mask;
-    t.value = value;
-    t.arg = arg;
-    t.width = width;
-    t.file = file;
-    t.line = line;
+    post_warp_op(t, op, mask, value, arg, width, file, line);
     arrive_warp(b, t);
     block_until_woken(b, t, lock);
     result = t.result;
@@ -399,13 +406,7 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
   return result;
 #else
   if (b.aborted) throw BlockAborted{};
-  t.op = op;
-  t.mask = mask;
-  t.value = value;
-  t.arg = arg;
-  t.width = width;
-  t.file = file;
-  t.line = line;
+  post_warp_op(t, op, mask, value, arg, width, file, line);
   arrive_warp(b, t);
   block_until_woken(b, t);
   return t.result;

@@ -98,7 +98,11 @@ Status KvCacheManager::add_sequence(SeqId seq, int64_t tenant, std::vector<int32
 Status KvCacheManager::append_tokens(SeqId seq, std::span<const int32_t> tokens) {
   SequenceState* s = find(seq);
   if (s == nullptr) return Status::error(seq_error("append_tokens", seq, "unknown sequence"));
-  s->tokens.insert(s->tokens.end(), tokens.begin(), tokens.end());
+  if (tokens.size() == 1) {
+    s->tokens.push_back(tokens[0]);  // a decode step's token: the common case, kept cheap
+  } else {
+    s->tokens.insert(s->tokens.end(), tokens.begin(), tokens.end());
+  }
   changed();
   return Status::ok();
 }
@@ -187,7 +191,6 @@ bool KvCacheManager::needs_copy_on_write(const SequenceState& s, int64_t n_new_t
 
 AllocStatus KvCacheManager::can_allocate(const SequenceState& s, int64_t n_new_tokens, const PrefixHit& hit,
                                          int64_t num_lookahead) const {
-  KVP_CHECK(hit.seq == s.id && hit.version == version_);  // a hit is used before the state changes
   if (s.swapped || n_new_tokens < 0 || num_lookahead < 0) return AllocStatus::kNever;
   const int64_t bs = config_.pool.block_size;
   const auto num_hit = static_cast<int64_t>(hit.blocks.size());
@@ -207,7 +210,7 @@ AllocStatus KvCacheManager::can_allocate(const SequenceState& s, int64_t n_new_t
 
 AllocStatus KvCacheManager::can_allocate(SeqId seq, int64_t n_new_tokens, const PrefixHit& hit,
                                          int64_t num_lookahead) const {
-  KVP_CHECK(hit.seq == seq && hit.version == version_);
+  KVP_CHECK(hit.seq == seq && hit.version == version_);  // a hit is used before the state changes
   const SequenceState* s = sequence(seq);
   if (s == nullptr) return AllocStatus::kNever;
   return can_allocate(*s, n_new_tokens, hit, num_lookahead);
@@ -231,13 +234,20 @@ void KvCacheManager::take_prefix_hit(SequenceState& s, const PrefixHit& hit) {
 
 AllocStatus KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens, const PrefixHit& hit,
                                            std::vector<int64_t>& slot_mapping, std::span<const int32_t> lookahead) {
-  const auto num_lookahead = static_cast<int64_t>(lookahead.size());
-  const AllocStatus st = can_allocate(seq, n_new_tokens, hit, num_lookahead);
-  if (st != AllocStatus::kOk) return st;
+  KVP_CHECK(hit.seq == seq && hit.version == version_);  // a hit is used before the state changes
   SequenceState* s = find(seq);
+  if (s == nullptr) return AllocStatus::kNever;
+  return allocate_slots(s, n_new_tokens, hit, slot_mapping, lookahead);
+}
+
+AllocStatus KvCacheManager::allocate_slots(SequenceState* s, int64_t n_new_tokens, const PrefixHit& hit,
+                                           std::vector<int64_t>& slot_mapping, std::span<const int32_t> lookahead) {
+  const SeqId seq = s->id;
+  const auto num_lookahead = static_cast<int64_t>(lookahead.size());
+  if (const AllocStatus st = can_allocate(*s, n_new_tokens, hit, num_lookahead); st != AllocStatus::kOk) return st;
   const int64_t bs = config_.pool.block_size;
   if (config_.enable_prefix_caching && s->table.empty() && s->num_slots == 0) take_prefix_hit(*s, hit);
-  s->tokens.insert(s->tokens.end(), lookahead.begin(), lookahead.end());
+  if (num_lookahead > 0) s->tokens.insert(s->tokens.end(), lookahead.begin(), lookahead.end());
   const int64_t n = n_new_tokens + num_lookahead;
 
   if (needs_copy_on_write(*s, n)) {
@@ -270,8 +280,9 @@ AllocStatus KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens, cons
 }
 
 Status KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens, std::vector<int64_t>& slot_mapping) {
-  if (sequence(seq) == nullptr) return Status::error(seq_error("allocate_slots", seq, "unknown sequence"));
-  const AllocStatus st = allocate_slots(seq, n_new_tokens, find_prefix(seq), slot_mapping);
+  SequenceState* s = find(seq);
+  if (s == nullptr) return Status::error(seq_error("allocate_slots", seq, "unknown sequence"));
+  const AllocStatus st = allocate_slots(s, n_new_tokens, find_prefix(*s), slot_mapping, {});
   if (st == AllocStatus::kOk) return Status::ok();
   return Status::error(
       seq_error("allocate_slots", seq, std::to_string(n_new_tokens) + " new tokens: " + to_string(st)));

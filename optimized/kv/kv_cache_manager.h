@@ -228,8 +228,12 @@ class KvCacheManager {
 
   PrefixHit find_prefix(const SequenceState& s) const;
   bool needs_copy_on_write(const SequenceState& s, int64_t n_new_tokens) const;
+  // The public can_allocate and allocate_slots past the lookup of the sequence and the
+  // check of the hit's stamp.
   AllocStatus can_allocate(const SequenceState& s, int64_t n_new_tokens, const PrefixHit& hit,
                            int64_t num_lookahead) const;
+  AllocStatus allocate_slots(SequenceState* s, int64_t n_new_tokens, const PrefixHit& hit,
+                             std::vector<int64_t>& slot_mapping, std::span<const int32_t> lookahead);
   void take_prefix_hit(SequenceState& s, const PrefixHit& hit);
   void changed() { ++version_; }
   int32_t take_device_block(bool is_copy_dst);
