@@ -53,8 +53,10 @@ BENCHMARK(BM_ManagerAllocateFree);
 // Decode append: one token appended and its slot returned. Arg 0: into the sequence's last
 // block (block size 2^20: never a new block); arg 1: a new block every time (block size 1).
 // Every 4000 tokens the sequence is truncated outside the timed region, so the benchmark
-// times the append, not its own unbounded token-vector growth.
-void BM_DecodeAppend(benchmark::State& state) {
+// times the append, not its own unbounded token-vector growth. `allocate` is the slot
+// reservation the benchmark times after the append.
+template <typename Allocate>
+void decode_append(benchmark::State& state, Allocate allocate) {
   const bool new_block = state.range(0) == 1;
   KvCacheConfig c;
   c.pool.num_device_blocks = new_block ? 4096 : 64;
@@ -70,7 +72,7 @@ void BM_DecodeAppend(benchmark::State& state) {
   for (auto _ : state) {
     slots.clear();
     (void)m.append_tokens(0, {&tok, 1});
-    (void)m.allocate_slots(0, 1, slots);
+    allocate(m, slots);
     benchmark::DoNotOptimize(slots.data());
     if (++n == 4000) {
       state.PauseTiming();
@@ -81,35 +83,17 @@ void BM_DecodeAppend(benchmark::State& state) {
   }
   state.SetLabel(new_block ? "new block" : "no new block");
 }
+// Through the Status convenience (it looks the prefix up itself).
+void BM_DecodeAppend(benchmark::State& state) {
+  decode_append(state, [](KvCacheManager& m, std::vector<int64_t>& slots) { (void)m.allocate_slots(0, 1, slots); });
+}
 BENCHMARK(BM_DecodeAppend)->Arg(0)->Arg(1);
-// The same step as the scheduler takes it: one prefix lookup whose hit allocate_slots acts
-// on (before the PrefixHit: can_allocate, then allocate_slots, each looking the prefix up).
+// As the scheduler takes the step: one prefix lookup whose hit allocate_slots acts on
+// (before the PrefixHit: can_allocate, then allocate_slots, each looking the prefix up).
 void BM_SchedulerDecodeAppend(benchmark::State& state) {
-  const bool new_block = state.range(0) == 1;
-  KvCacheConfig c;
-  c.pool.num_device_blocks = new_block ? 4096 : 64;
-  c.pool.block_size = new_block ? 1 : 1 << 20;
-  c.enable_prefix_caching = !new_block;
-  KvCacheManager m(c);
-  (void)m.add_sequence(0, 0, prompt_of(1));
-  std::vector<int64_t> slots;
-  slots.reserve(1);
-  (void)m.allocate_slots(0, 1, slots);
-  const int32_t tok = 5;
-  int64_t n = 0;
-  for (auto _ : state) {
-    slots.clear();
-    (void)m.append_tokens(0, {&tok, 1});
+  decode_append(state, [](KvCacheManager& m, std::vector<int64_t>& slots) {
     (void)m.allocate_slots(0, 1, m.find_prefix(0), slots);
-    benchmark::DoNotOptimize(slots.data());
-    if (++n == 4000) {
-      state.PauseTiming();
-      (void)m.truncate(0, 1);
-      n = 0;
-      state.ResumeTiming();
-    }
-  }
-  state.SetLabel(new_block ? "new block" : "no new block");
+  });
 }
 BENCHMARK(BM_SchedulerDecodeAppend)->Arg(0)->Arg(1);
 
