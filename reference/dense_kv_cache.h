@@ -44,6 +44,20 @@ class DenseKVCache {
     length_ += n;
   }
 
+  // Makes this empty cache hold positions 0..n-1 of `from`, a cache of the same model (a run
+  // that shares those tokens). REQUIRES: length() == 0, n <= from.length(), n <= capacity().
+  void copy_prefix(const DenseKVCache& from, int64_t n) {
+    KVP_CHECK(length_ == 0 && n <= from.length() && n <= capacity_ && from.keys_.size() == keys_.size() &&
+              from.num_kv_heads_ == num_kv_heads_ && from.head_dim_ == head_dim_);
+    for (std::size_t l = 0; l < keys_.size(); ++l) {
+      for (std::size_t h = 0; h < keys_[l].size(); ++h) {
+        keys_[l][h].topRows(n) = from.keys_[l][h].topRows(n);
+        values_[l][h].topRows(n) = from.values_[l][h].topRows(n);
+      }
+    }
+    length_ = n;
+  }
+
   int64_t reserved_bytes() const { return bytes_for(capacity_); }
   int64_t used_bytes() const { return bytes_for(length_); }
 

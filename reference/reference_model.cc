@@ -166,26 +166,59 @@ Result<typename ReferenceModel<T>::Matrix> ReferenceModel<T>::forward_sequential
   return logits;
 }
 
+// Attention's two products (scores Q K^T and the weighted sum P V) run over the context a
+// panel of kAttentionPanel positions at a time, every panel starting at a multiple of it.
+// A position is then always at the same place in a product of the same shape, and the
+// weighted sum adds the panels in order, each a product of depth kAttentionPanel, so a
+// query's output does not depend on how far the context of the block around it reaches
+// (a prefill, chunks and single-token decodes give the same bits). One product over the
+// whole context would not: Eigen cuts a long depth into cache-sized pieces whose size
+// depends on the depth, and treats a context's last rows by another path.
+constexpr Eigen::Index kAttentionPanel = 64;
+
 template <typename T>
 typename ReferenceModel<T>::Matrix ReferenceModel<T>::attend_block(const Matrix& q, int64_t n, int64_t layer,
                                                                    int64_t start, const DenseKVCache<T>& cache) const {
   const int64_t d = config_.head_dim;
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
-  Matrix out = Matrix::Zero(q.rows(), config_.q_dim());
+  const Eigen::Index rows = q.rows();  // n queries and the block's padding rows
+  const Eigen::Index panels = (start + n + kAttentionPanel - 1) / kAttentionPanel;
+  Matrix out = Matrix::Zero(rows, config_.q_dim());
   // Heads are independent (each writes its own columns of out): spread over the threads.
-  const double work = static_cast<double>(config_.num_heads) * static_cast<double>(n) * static_cast<double>(start + n) *
-                      static_cast<double>(2 * d);
+  const double work = static_cast<double>(config_.num_heads) * static_cast<double>(rows) *
+                      static_cast<double>(panels * kAttentionPanel) * static_cast<double>(2 * d);
   parallel_slices(config_.num_heads, threads_, work, [&](Eigen::Index head) {
     // Query head `head` reads KV head head / group_size (GQA; MQA when there is one).
     const int64_t kvh = head / config_.group_size();
     const Matrix& k = cache.keys(layer, kvh);
     const Matrix& v = cache.values(layer, kvh);
-    for (Eigen::Index i = 0; i < n; ++i) {
-      const int64_t ctx = start + i + 1;  // the causal mask: positions 0..start+i
-      const Vector scores = (k.topRows(ctx) * q.row(i).segment(head * d, d).transpose()) * scale;
-      const Vector p = ref::softmax<T>(scores);
-      out.row(i).segment(head * d, d) = (v.topRows(ctx).transpose() * p).transpose();
+    // Positions [p * panel, (p + 1) * panel) of K or V; rows past the cache are zero (their
+    // scores are masked, their weights 0).
+    const auto panel = [&](const Matrix& kv, Eigen::Index p) {
+      const Eigen::Index first = p * kAttentionPanel;
+      const Eigen::Index m = std::min<Eigen::Index>(kAttentionPanel, kv.rows() - first);
+      Matrix part = Matrix::Zero(kAttentionPanel, d);
+      part.topRows(m) = kv.middleRows(first, m);
+      return part;
+    };
+    const Matrix qh = q.middleCols(head * d, d);
+    Matrix scores(rows, panels * kAttentionPanel);
+    for (Eigen::Index p = 0; p < panels; ++p) {
+      const Matrix s = qh * panel(k, p).transpose();
+      scores.middleCols(p * kAttentionPanel, kAttentionPanel) = s * scale;
     }
+    // The causal mask: query i (position start + i) weighs positions 0..start+i.
+    Matrix weights = Matrix::Zero(rows, panels * kAttentionPanel);
+    for (Eigen::Index i = 0; i < n; ++i) {
+      const Eigen::Index ctx = start + i + 1;
+      weights.row(i).head(ctx) = ref::softmax<T>(scores.row(i).head(ctx).transpose()).transpose();
+    }
+    Matrix o = Matrix::Zero(rows, d);
+    for (Eigen::Index p = 0; p < panels; ++p) {
+      const Matrix part = weights.middleCols(p * kAttentionPanel, kAttentionPanel) * panel(v, p);
+      o += part;
+    }
+    out.middleCols(head * d, d) = o;
   });
   return out;
 }

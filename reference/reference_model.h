@@ -4,8 +4,10 @@
 // forward() runs the positions it is given together, as matrix products: the tokens of a
 // block (up to kBlockTokens) are the columns of every projection and of the MLP, so each
 // weight is read once per block instead of once per token (Eigen does the products; the
-// oracle has no tiling of its own). Attention stays per query row over exactly that row's
-// causal context, so no mask is needed. forward_sequential() is the same transformer one
+// oracle has no tiling of its own). Attention is masked matrix products too: the block's
+// queries against the keys (scores), a causal mask and a softmax per row, the weights
+// against the values, over the context in fixed panels of positions (see attend_block in
+// reference_model.cc for why panels). forward_sequential() is the same transformer one
 // position at a time (matrix-vector products, the oracle before it was batched); the two
 // agree to rounding (tests/reference_model_test.cc), and a prefill of n tokens and n
 // single-token decodes give the same logits to rounding.
@@ -73,7 +75,8 @@ class ReferenceModel {
   // products; K/V are written to the cache, which the caller advances. Returns the logits.
   Matrix forward_block(std::span<const int32_t> tokens, DenseKVCache<T>& cache) const;
   // Causal attention of the block's first n queries (rows of q, rotated) in layer `layer`,
-  // whose K/V are already in the cache at positions start..start+n-1; other rows are 0.
+  // whose K/V are already in the cache at positions start..start+n-1, as masked matrix
+  // products; other rows are 0.
   Matrix attend_block(const Matrix& q, int64_t n, int64_t layer, int64_t start, const DenseKVCache<T>& cache) const;
 
   ModelConfig config_;

@@ -158,32 +158,42 @@ TEST_P(Architectures, EngineMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Differential, Architectures,
                          ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Values("cpu", "cuda-emu")));
 
+// The request `spec` as the engine would have run it, its rows the oracle's own (rounded
+// to fp32) at the positions in [from, tokens).
+Request request_with_oracle_rows(const ReferenceModel<double>& oracle, const std::vector<int32_t>& tokens,
+                                 int64_t from = 0) {
+  RequestSpec spec;
+  spec.prompt = tokens;
+  Request r = Request::record(spec, spec.prompt);
+  auto cache = oracle.make_cache(static_cast<int64_t>(tokens.size()));
+  const auto ref = *oracle.forward(r.tokens(), cache);
+  r.logits.resize(static_cast<std::size_t>(ref.rows()));
+  for (Eigen::Index p = from; p < ref.rows(); ++p) {
+    r.logits[static_cast<std::size_t>(p)].resize(static_cast<std::size_t>(ref.cols()));
+    for (Eigen::Index v = 0; v < ref.cols(); ++v)
+      r.logits[static_cast<std::size_t>(p)][static_cast<std::size_t>(v)] = static_cast<float>(ref(p, v));
+  }
+  return r;
+}
+
 // The oracle comparisons are reused only for the same tokens and bitwise-equal engine rows:
 // the same request again reuses them (the same counts and worst error, to the bit), one
 // changed row runs the oracle again and fails, and so does another token.
-TEST(OracleComparisons, ReusedOnlyForTheSameTokensAndBitwiseEqualRows) {
+TEST(OracleMemo, ComparisonsReusedOnlyForTheSameTokensAndBitwiseEqualRows) {
   const ReferenceModel<double> oracle(tiny());
-  RequestSpec spec;
-  spec.prompt = {5, 17, 300, 2, 99, 41, 7, 256, 11, 3};
-  Request r = Request::record(spec, spec.prompt);
-  auto cache = oracle.make_cache(10);
-  const auto ref = *oracle.forward(r.tokens(), cache);
-  for (Eigen::Index p = 0; p < ref.rows(); ++p) {
-    r.logits.emplace_back(ref.cols());
-    for (Eigen::Index v = 0; v < ref.cols(); ++v)
-      r.logits.back()[static_cast<std::size_t>(v)] = static_cast<float>(ref(p, v));
-  }
-  OracleComparisons memo;
+  Request r = request_with_oracle_rows(oracle, {5, 17, 300, 2, 99, 41, 7, 256, 11, 3});
+  OracleMemo memo;
+  OracleStats stats;
   auto check = [&](const Request& req) {
     CheckResult logits("logits"), greedy("greedy");
-    check_against_reference(oracle, req, 2e-5, logits, greedy, "r", &memo);
+    check_against_reference(oracle, req, 2e-5, logits, greedy, "r", &memo, &stats);
     return logits;
   };
   const CheckResult first = check(r);
   ASSERT_TRUE(first.passed) << first.detail;
-  EXPECT_EQ(memo.misses, 1);
+  EXPECT_EQ(stats.sequences_run, 1);
   const CheckResult again = check(r);
-  EXPECT_EQ(memo.hits, 1);
+  EXPECT_EQ(stats.comparisons_reused, 1);
   EXPECT_EQ(again.count, first.count);
   EXPECT_EQ(again.worst_error, first.worst_error);  // bitwise: the stored comparison
   EXPECT_TRUE(again.passed);
@@ -191,7 +201,7 @@ TEST(OracleComparisons, ReusedOnlyForTheSameTokensAndBitwiseEqualRows) {
   Request bad = r;
   bad.logits[6][40] += 1.0f;  // one row, one logit
   const CheckResult changed = check(bad);
-  EXPECT_EQ(memo.misses, 2);
+  EXPECT_EQ(stats.sequences_run, 2);
   EXPECT_FALSE(changed.passed);
   EXPECT_NE(changed.detail.find("position 6"), std::string::npos) << changed.detail;
 
@@ -201,18 +211,102 @@ TEST(OracleComparisons, ReusedOnlyForTheSameTokensAndBitwiseEqualRows) {
   Request other = Request::record(other_spec, other_spec.prompt);
   other.logits = r.logits;
   EXPECT_FALSE(check(other).passed);
-  EXPECT_EQ(memo.misses, 3);
+  EXPECT_EQ(stats.sequences_run, 3);
+  EXPECT_EQ(stats.comparisons_reused, 1);
+}
+
+// A sequence that shares a prefix with one the oracle ran, and has no engine rows there (a
+// prefix-cache hit), starts from a copy of that run's dense cache: the oracle's logits from
+// there are the bits a fresh run from position 0 gives, and so are the comparisons.
+TEST(OracleMemo, AStoredPrefixGivesTheBitsOfAFreshRun) {
+  const ReferenceModel<double> oracle(tiny());
+  const std::vector<int32_t> a = {5, 17, 300, 2, 99, 41, 7, 256, 11, 3, 8, 400, 12, 13, 14, 15, 16, 18, 19, 20};
+  std::vector<int32_t> b(a.begin(), a.begin() + 12);
+  for (int32_t t : {77, 78, 79, 80, 81, 82, 83, 84, 85}) b.push_back(t);
+
+  // The logits themselves: from a restored cache against from position 0.
+  OracleMemo memo;
+  OracleStats stats;
+  auto run_a = oracle.make_cache(static_cast<int64_t>(a.size()));
+  ASSERT_TRUE(oracle.forward(a, run_a).is_ok());
+  memo.keep_cache(a, std::move(run_a));
+  auto restored = oracle.make_cache(static_cast<int64_t>(b.size()));
+  ASSERT_EQ(memo.restore_prefix(b, 100, restored), 12);
+  const auto from_prefix = *oracle.forward(std::span<const int32_t>(b).subspan(12), restored);
+  auto fresh_cache = oracle.make_cache(static_cast<int64_t>(b.size()));
+  const auto fresh = *oracle.forward(b, fresh_cache);
+  ASSERT_EQ(from_prefix.rows(), fresh.rows() - 12);
+  EXPECT_TRUE(from_prefix == fresh.bottomRows(from_prefix.rows())) << "restored prefix changed a bit";
+  // At most `limit` positions are restored.
+  auto limited = oracle.make_cache(static_cast<int64_t>(b.size()));
+  EXPECT_EQ(memo.restore_prefix(b, 5, limited), 5);
+  EXPECT_EQ(limited.length(), 5);
+
+  // Through compare_job: B's rows start at position 12, so 12 positions come from A's cache.
+  OracleMemo jobs_memo;
+  Request ra = request_with_oracle_rows(oracle, a);
+  Request rb = request_with_oracle_rows(oracle, b, 12);
+  auto job_a = *OracleJob::of(ra, "a", ra.logits);
+  auto job_b = *OracleJob::of(rb, "b", rb.logits);
+  ASSERT_TRUE(compare_job(oracle, job_a, &jobs_memo, stats).is_ok());
+  const auto with_prefix = *compare_job(oracle, job_b, &jobs_memo, stats);
+  EXPECT_EQ(stats.positions_restored, 12);
+  EXPECT_EQ(stats.positions_run, static_cast<int64_t>(a.size() + b.size() - 12));
+  OracleStats plain_stats;
+  const auto from_zero = *compare_job(oracle, job_b, nullptr, plain_stats);
+  EXPECT_EQ(plain_stats.positions_restored, 0);
+  ASSERT_EQ(with_prefix.size(), from_zero.size());
+  for (std::size_t p = 0; p < from_zero.size(); ++p) {
+    EXPECT_EQ(with_prefix[p].present, from_zero[p].present) << p;
+    EXPECT_EQ(with_prefix[p].err, from_zero[p].err) << p;
+    EXPECT_EQ(with_prefix[p].scale, from_zero[p].scale) << p;
+    EXPECT_EQ(with_prefix[p].best, from_zero[p].best) << p;
+    EXPECT_EQ(with_prefix[p].margin, from_zero[p].margin) << p;
+  }
+}
+
+// The dense caches stay within their byte budget, the least recently used dropped first; a
+// run that extends a stored one replaces it.
+TEST(OracleMemo, DenseCachesStayWithinTheirBudget) {
+  const ReferenceModel<double> oracle(tiny());
+  const int64_t one = oracle.make_cache(10).reserved_bytes();
+  OracleMemo memo(true, 2 * one);
+  auto keep = [&](std::vector<int32_t> t) {
+    auto cache = oracle.make_cache(static_cast<int64_t>(t.size()));
+    ASSERT_TRUE(oracle.forward(t, cache).is_ok());
+    memo.keep_cache(std::move(t), std::move(cache));
+  };
+  auto restorable = [&](const std::vector<int32_t>& t) {
+    auto cache = oracle.make_cache(static_cast<int64_t>(t.size()));
+    return memo.restore_prefix(t, static_cast<int64_t>(t.size()), cache);
+  };
+  keep({1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  keep({21, 22, 23, 24, 25, 26, 27, 28, 29, 30});
+  EXPECT_EQ(memo.cached_bytes(), 2 * one);
+  EXPECT_EQ(restorable({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}), 10);  // the first is now the most recent
+  keep({41, 42, 43, 44, 45, 46, 47, 48, 49, 50});              // drops the second
+  EXPECT_EQ(memo.cached_bytes(), 2 * one);
+  EXPECT_EQ(restorable({21, 22, 23}), 0);
+  EXPECT_EQ(restorable({1, 2, 3}), 3);
+  keep({41, 42, 43, 44, 45, 46, 47, 48, 49, 50});  // the same run again replaces it
+  EXPECT_EQ(memo.cached_bytes(), 2 * one);
+  OracleMemo off(false);
+  auto cache = oracle.make_cache(10);
+  ASSERT_TRUE(oracle.forward(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, cache).is_ok());
+  off.keep_cache({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, std::move(cache));
+  EXPECT_EQ(off.cached_bytes(), 0);
 }
 
 // verify with and without the reuse: the same report, check by check, to the bit.
-TEST(OracleComparisons, VerifyReportIsTheSameWithAndWithoutReuse) {
+TEST(OracleMemo, VerifyReportIsTheSameWithAndWithoutReuse) {
   VerifyOptions with, without;
   without.oracle_memo = false;
   VerifyReport a, b;
   expect_passes(tiny(), mixed(), with, &a);
   expect_passes(tiny(), mixed(), without, &b);
-  EXPECT_GT(a.oracle_reuses, 0);
-  EXPECT_EQ(b.oracle_reuses, 0);
+  EXPECT_GT(a.oracle.comparisons_reused, 0);
+  EXPECT_EQ(b.oracle.comparisons_reused, 0);
+  EXPECT_EQ(b.oracle.positions_restored, 0);
   ASSERT_EQ(a.checks.size(), b.checks.size());
   for (std::size_t i = 0; i < a.checks.size(); ++i) {
     EXPECT_EQ(a.checks[i].name, b.checks[i].name);
@@ -220,6 +314,48 @@ TEST(OracleComparisons, VerifyReportIsTheSameWithAndWithoutReuse) {
     EXPECT_EQ(a.checks[i].worst_error, b.checks[i].worst_error) << a.checks[i].name;
     EXPECT_EQ(a.checks[i].detail, b.checks[i].detail) << a.checks[i].name;
   }
+}
+
+// The oracle on a thread of its own (threads > 1) or at once (1 thread): the same report,
+// check by check, to the bit, and the same work done and reused.
+TEST(OracleChecks, VerifyReportIsTheSameWithTheOracleInTheBackground) {
+  VerifyOptions one, two;
+  one.num_threads = 1;
+  two.num_threads = 2;
+  VerifyReport a, b;
+  expect_passes(tiny(), *builtin_workload("shared-prefix", 512, 0), one, &a);
+  expect_passes(tiny(), *builtin_workload("shared-prefix", 512, 0), two, &b);
+  EXPECT_GT(a.oracle.positions_restored, 0);
+  EXPECT_EQ(a.oracle.sequences_run, b.oracle.sequences_run);
+  EXPECT_EQ(a.oracle.positions_run, b.oracle.positions_run);
+  EXPECT_EQ(a.oracle.positions_restored, b.oracle.positions_restored);
+  EXPECT_EQ(a.oracle.comparisons_reused, b.oracle.comparisons_reused);
+  ASSERT_EQ(a.checks.size(), b.checks.size());
+  for (std::size_t i = 0; i < a.checks.size(); ++i) {
+    EXPECT_EQ(a.checks[i].name, b.checks[i].name);
+    EXPECT_EQ(a.checks[i].passed, b.checks[i].passed) << a.checks[i].name;
+    EXPECT_EQ(a.checks[i].count, b.checks[i].count) << a.checks[i].name;
+    EXPECT_EQ(a.checks[i].worst_error, b.checks[i].worst_error) << a.checks[i].name;
+    EXPECT_EQ(a.checks[i].detail, b.checks[i].detail) << a.checks[i].name;
+  }
+}
+
+// A job queued on the worker that fails is reported by finish(), naming the request and
+// position; the verdicts come in submission order (the first failure is the first job's).
+TEST(OracleChecks, AFailingJobIsReportedInSubmissionOrder) {
+  const ReferenceModel<double> oracle(tiny());
+  OracleChecks checks(oracle, OracleChecks::Options{});
+  CheckResult logits("logits"), greedy("greedy");
+  for (int i = 0; i < 4; ++i) {
+    Request r = request_with_oracle_rows(oracle, {5, 17, 300, 2, 99, static_cast<int32_t>(41 + i), 7, 256});
+    if (i >= 1) r.logits[static_cast<std::size_t>(i + 2)][3] += 1.0f;
+    checks.submit(*OracleJob::of(r, "request " + std::to_string(i), r.logits), 2e-5, logits, greedy);
+  }
+  checks.finish();
+  EXPECT_FALSE(logits.passed);
+  EXPECT_EQ(logits.count, 32);
+  EXPECT_NE(logits.detail.find("request 1 position 3"), std::string::npos) << logits.detail;
+  EXPECT_EQ(checks.stats().sequences_run, 4);
 }
 
 TEST(Verify, CpuBackendRefusesHalfPrecisionPools) {

@@ -74,6 +74,21 @@ TEST(ReferenceModel, ChunkingAcrossBlocksIsBitwiseInFp64) {
   EXPECT_TRUE((whole.array() == run(model, split, 150).array()).all());
 }
 
+// A long context: attention's products run over many 64-position panels (one product over
+// the whole context would have Eigen cut its depth at a size that depends on the context,
+// and the bits would depend on how far the block around a query reaches).
+TEST(ReferenceModel, LongContextPrefillEqualsDecodesBitwise) {
+  ModelConfig c = *preset_config("tiny");
+  c.num_layers = 1;
+  c.max_position_embeddings = 1024;
+  const ReferenceModel<double> model(make_random_model(c, 29));
+  const auto t = tokens_for(600, c.vocab_size, 4);
+  const auto whole = run(model, {t}, 600);
+  std::vector<std::vector<int32_t>> split = {std::vector<int32_t>(t.begin(), t.begin() + 517)};
+  for (std::size_t i = 517; i < t.size(); ++i) split.push_back({t[i]});
+  EXPECT_TRUE((whole.array() == run(model, split, 600).array()).all());
+}
+
 // The products' slices spread over threads: the same bits for any thread count, and a
 // threaded prefill equals threaded single-token decodes.
 TEST(ReferenceModel, ThreadsDoNotChangeABit) {

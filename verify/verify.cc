@@ -11,7 +11,6 @@
 #include <set>
 #include <sstream>
 
-#include <openssl/evp.h>
 #include <nlohmann/json.hpp>
 
 #include "model/presets.h"
@@ -172,7 +171,6 @@ void install_step_checks(Engine& engine, CheckResult& inv) {
 }
 
 namespace {
-double row_max_abs(const ref::Matrix<double>& m, Eigen::Index r) { return m.row(r).cwiseAbs().maxCoeff(); }
 
 // A request as it was when it first reached a terminal state: a cancel that arrives later
 // is a no-op, so none of this may change afterwards. Its logits are kept as one digest per
@@ -252,133 +250,18 @@ int64_t check_late_cancels(const Engine& engine, const Workload& w, const Worklo
 }
 }  // namespace
 
-namespace {
-
-RowDigest digest_row(const std::vector<float>& row) {
-  RowDigest d{};
-  unsigned int len = 0;
-  KVP_CHECK(EVP_Digest(row.data(), row.size() * sizeof(float), d.data(), &len, EVP_sha256(), nullptr) == 1);
-  return d;
-}
-
-// The oracle's verdict on each of the request's engine rows, positions 0..last: the oracle
-// runs the sequence a chunk of positions at a time on one dense cache (the same bits as all
-// at once: ReferenceModel's logits do not depend on the split), one block of its matrix
-// products per chunk, so only a chunk's fp64 logits are held at once. 32 positions: the
-// products are near their best speed there, and a chunk's logits stay small beside the
-// weights (32 x vocab fp64: 12.6 MB for SmolLM2's vocabulary).
-Result<std::vector<RowComparison>> compare_with_oracle(const ReferenceModel<double>& oracle, const Request& r,
-                                                       int64_t last) {
-  constexpr int64_t kOracleChunk = 32;
-  std::vector<RowComparison> out(static_cast<std::size_t>(last + 1));
-  auto cache = oracle.make_cache(last + 1);
-  const int64_t vocab = oracle.config().vocab_size;
-  for (int64_t begin = 0; begin <= last; begin += kOracleChunk) {
-    const int64_t n = std::min(kOracleChunk, last + 1 - begin);
-    auto ref = oracle.forward(std::span<const int32_t>(r.tokens().data() + begin, static_cast<std::size_t>(n)), cache);
-    if (!ref) return ref.status();
-    for (int64_t i = 0; i < n; ++i) {
-      const std::vector<float>& got = r.logits[static_cast<std::size_t>(begin + i)];
-      if (got.empty()) continue;
-      RowComparison& c = out[static_cast<std::size_t>(begin + i)];
-      c.present = true;
-      c.scale = row_max_abs(*ref, i);
-      for (int64_t v = 0; v < vocab; ++v) {
-        const double d = std::abs(static_cast<double>(got[static_cast<std::size_t>(v)]) - (*ref)(i, v));
-        c.err = std::max(c.err, std::isnan(d) ? INFINITY : d);
-      }
-      Eigen::Index best = 0;
-      ref->row(i).maxCoeff(&best);
-      double second = -INFINITY;
-      for (int64_t v = 0; v < vocab; ++v)
-        if (v != best) second = std::max(second, (*ref)(i, v));
-      c.best = best;
-      c.margin = (*ref)(i, best) - second;
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
-const std::vector<RowComparison>* OracleComparisons::find(const std::vector<int32_t>& tokens,
-                                                          const std::vector<std::optional<RowDigest>>& rows) const {
-  if (!reuse) return nullptr;
-  auto it = by_tokens_.find(tokens);
-  if (it == by_tokens_.end() || it->second.size() != rows.size()) return nullptr;
-  for (std::size_t p = 0; p < rows.size(); ++p) {
-    const RowComparison& c = it->second[p];
-    if (c.present != rows[p].has_value() || (c.present && c.engine_row != *rows[p])) return nullptr;
-  }
-  return &it->second;
-}
-
-void OracleComparisons::store(std::vector<int32_t> tokens, std::vector<RowComparison> rows) {
-  if (!reuse) return;
-  by_tokens_[std::move(tokens)] = std::move(rows);
-}
-
 void check_against_reference(const ReferenceModel<double>& oracle, const Request& r, double tol, CheckResult& logits,
-                             CheckResult& greedy, const std::string& label, OracleComparisons* memo) {
-  int64_t last = -1;
-  for (std::size_t p = 0; p < r.logits.size(); ++p)
-    if (!r.logits[p].empty()) last = static_cast<int64_t>(p);
-  if (last < 0) return;
-  // The oracle's row at position p is a function of tokens 0..p alone, so a comparison is
-  // reused only for the same tokens and an engine row with the same bits (SHA-256).
-  const std::vector<int32_t> key(r.tokens().begin(), r.tokens().begin() + last + 1);
-  std::vector<std::optional<RowDigest>> digests(static_cast<std::size_t>(last + 1));
-  const std::vector<RowComparison>* rows = nullptr;
-  std::vector<RowComparison> fresh;
-  if (memo != nullptr && memo->reuse) {
-    for (int64_t p = 0; p <= last; ++p)
-      if (!r.logits[static_cast<std::size_t>(p)].empty())
-        digests[static_cast<std::size_t>(p)] = digest_row(r.logits[static_cast<std::size_t>(p)]);
-    rows = memo->find(key, digests);
+                             CheckResult& greedy, const std::string& label, OracleMemo* memo, OracleStats* stats) {
+  std::optional<OracleJob> job = OracleJob::of(r, label, r.logits);
+  if (!job) return;
+  OracleStats local;
+  auto rows = compare_job(oracle, *job, memo, stats != nullptr ? *stats : local);
+  if (!rows) {
+    logits.passed = false;
+    logits.detail = label + ": reference failed: " + rows.status().message();
+    return;
   }
-  if (rows != nullptr) {
-    ++memo->hits;
-  } else {
-    auto computed = compare_with_oracle(oracle, r, last);
-    if (!computed) {
-      logits.passed = false;
-      logits.detail = label + ": reference failed: " + computed.status().message();
-      return;
-    }
-    fresh = std::move(*computed);
-    if (memo != nullptr) {
-      ++memo->misses;
-      for (std::size_t p = 0; p < fresh.size(); ++p)
-        if (digests[p]) fresh[p].engine_row = *digests[p];
-      memo->store(key, fresh);
-    }
-    rows = &fresh;
-  }
-  for (int64_t p = 0; p <= last; ++p) {
-    const RowComparison& c = (*rows)[static_cast<std::size_t>(p)];
-    if (!c.present) continue;
-    ++logits.count;
-    const double rel = c.err / c.scale;
-    logits.worst_error = std::max(logits.worst_error, rel);
-    if (!(rel <= tol) && logits.passed) {
-      logits.passed = false;
-      logits.detail = label + " position " + std::to_string(p) +
-                      ": max |engine - reference| = " + std::to_string(c.err) + " (" + std::to_string(rel) +
-                      " of the row's max logit, tolerance " + std::to_string(tol) + ")";
-    }
-    // Greedy tokens: the token generated from position p's logits.
-    const int64_t k = p + 1 - r.num_prompt();
-    const bool sampled_here = k >= 0 && k < r.num_generated() && k >= static_cast<int64_t>(r.spec.forced_tokens.size());
-    if (!sampled_here || !r.spec.sampling.greedy()) continue;
-    if (c.margin <= tol * c.scale) continue;  // too close to call
-    ++greedy.count;
-    const int32_t engine_token = r.tokens()[static_cast<std::size_t>(p + 1)];
-    if (engine_token != c.best && greedy.passed) {
-      greedy.passed = false;
-      greedy.detail = label + " position " + std::to_string(p) + ": engine chose " + std::to_string(engine_token) +
-                      ", reference arg-max " + std::to_string(c.best);
-    }
-  }
+  apply_comparisons(*job, *rows, tol, logits, greedy);
 }
 
 namespace {
@@ -434,8 +317,8 @@ struct ModeChecks {
 // plan and step, progress, the timeline's witness, the KV-event stream), each request checked
 // against the oracle as soon as it finishes. Errors: the engine could not be built (a failed
 // run is the invariants check's failure, not an error).
-Status run_mode(const Model& model, const VerifyOptions& o, const Workload& workload,
-                const ReferenceModel<double>& oracle, OracleComparisons& comparisons, ModeRun& r, ModeChecks& c) {
+Status run_mode(const Model& model, const VerifyOptions& o, const Workload& workload, OracleChecks& oracle, ModeRun& r,
+                ModeChecks& c) {
   auto live = make_engine(model, o, options_setup(o, r.mode));
   if (!live) return live.status();
   r.live = std::move(*live);
@@ -464,11 +347,11 @@ Status run_mode(const Model& model, const VerifyOptions& o, const Workload& work
     if (r.kv_stream) r.kv_stream->end_step();
     return s;
   });
-  // Each request is checked against the oracle as soon as it finishes, and (without
-  // speculation, whose comparison with plain decoding reads every row at the end) its
-  // logits are then released: one run never holds every request's logits at once, so
-  // verify's memory stays near the weights and the pools. Later bitwise comparisons read
-  // the per-row digests of the snapshot.
+  // Each request goes to the oracle as soon as it finishes, its logits with it (without
+  // speculation, whose comparison with plain decoding reads every row at the end; else a
+  // copy): one run never holds every request's logits at once, so verify's memory stays
+  // near the weights and the pools. Later bitwise comparisons read the per-row digests of
+  // the snapshot.
   const bool release = !o.speculation.enabled();
   const double tol = tolerance_for(o).value;
   std::set<RequestId> checked;
@@ -477,9 +360,11 @@ Status run_mode(const Model& model, const VerifyOptions& o, const Workload& work
     for (auto& [id, snap] : r.finished_at) {
       if (!checked.insert(id).second) continue;
       const Request& req = e.request(id);
-      if (req.finish() != FinishReason::kRejected)
-        check_against_reference(oracle, req, tol, c.logits, c.greedy, "request " + std::to_string(id), &comparisons);
-      if (release) snap.released = e.release_logits(id);
+      if (req.finish() == FinishReason::kRejected) continue;
+      std::vector<std::vector<float>> rows = release ? std::move(*e.take_logits(id)) : req.logits;
+      snap.released = release;
+      if (auto job = OracleJob::of(req, "request " + std::to_string(id), std::move(rows)))
+        oracle.submit(std::move(*job), tol, c.logits, c.greedy);
     }
     return Status::ok();
   };
@@ -712,7 +597,7 @@ void check_cancellation(const ModeRun& r, const Workload& workload, CheckResult&
 
 // What applies: greedy tokens only with a greedy sampled token; recompute only after a
 // preemption; non-interference only with a request that finished normally.
-void mark_what_applies(const ModeRun& r, const VerifyOptions& o, bool any_isolation_eligible, ModeChecks& c) {
+void mark_what_applies(const ModeRun& r, bool any_isolation_eligible, ModeChecks& c) {
   int64_t finished_normally = 0;
   bool any_greedy = false;
   for (RequestId id : r.ids) {
@@ -733,10 +618,6 @@ void mark_what_applies(const ModeRun& r, const VerifyOptions& o, bool any_isolat
                              : "not applicable: every finished request was sampled under speculation (their draws "
                                "depend on the schedule); determinism[" +
                                    r.m + "] re-runs them under the same one";
-  }
-  if (c.logits.passed) {
-    const Tolerance tol = tolerance_for(o);
-    c.logits.detail = "tolerance " + fmt(tol.value) + " (" + tol.source + ")";
   }
 }
 
@@ -766,15 +647,28 @@ Status check_speculative_vs_plain(const Model& model, const VerifyOptions& o, co
   return Status::ok();
 }
 
-// One mode: the run, then each check of it in turn, appended to the report.
-Status verify_mode(const Model& model, const VerifyOptions& o, const Workload& workload,
-                   const ReferenceModel<double>& oracle, OracleComparisons& comparisons, PreemptionMode mode,
-                   VerifyReport& report) {
+// One mode's checks, held until the oracle's verdicts are in (OracleChecks writes its
+// logits and greedy checks), then appended to the report in order.
+struct ModeOutcome {
+  std::string m;
+  bool ran = false;
+  std::unique_ptr<ModeChecks> c;   // the oracle's jobs point into it
+  std::vector<CheckResult> after;  // the KV-event stream's and speculation's checks
+  EngineMetrics metrics;
+};
+
+// One mode: the run, then each check of it in turn but the oracle's, whose jobs are queued
+// on `oracle` as requests finish.
+Status verify_mode(const Model& model, const VerifyOptions& o, const Workload& workload, OracleChecks& oracle,
+                   PreemptionMode mode, ModeOutcome& out) {
   auto r = std::make_unique<ModeRun>();
   r->mode = mode;
   r->m = mode_name(mode);
-  ModeChecks c(r->m);
-  KVP_RETURN_IF_ERROR(run_mode(model, o, workload, oracle, comparisons, *r, c));
+  out.m = r->m;
+  out.c = std::make_unique<ModeChecks>(r->m);
+  ModeChecks& c = *out.c;
+  KVP_RETURN_IF_ERROR(run_mode(model, o, workload, oracle, *r, c));
+  out.ran = r->ran();
   check_terminal_states(*r, c.terminal);
   check_latency_timeline(*r, c.timeline);
   check_leaks(*r, c.leak);
@@ -784,29 +678,40 @@ Status verify_mode(const Model& model, const VerifyOptions& o, const Workload& w
   if (o.speculation.enabled())
     KVP_RETURN_IF_ERROR(check_determinism(model, o, workload, *r, sample.sampled_under_speculation, c.determinism));
   check_cancellation(*r, workload, c.cancellation);
-  mark_what_applies(*r, o, sample.any_eligible, c);
-  // Vacuous only when nothing about the engine's outputs was checked: a run whose requests
-  // were all cancelled still had its computed positions checked against the oracle.
-  if (r->ran() && c.logits.count == 0)
-    report.nothing_verified.push_back("engine outputs[" + r->m + "] (no position's logits were checked)");
-  for (CheckResult* check : {&c.inv, &c.terminal, &c.leak, &c.timeline, &c.logits, &c.greedy, &c.recompute,
-                             &c.isolation, &c.determinism, &c.cancellation}) {
-    if (check == &c.determinism && !o.speculation.enabled()) continue;
-    if (r->ran() && check->applies && check->count == 0) report.nothing_verified.push_back(check->name);
-    report.checks.push_back(*check);
-  }
+  mark_what_applies(*r, sample.any_eligible, c);
   if (r->kv_stream) {
     r->kv_stream->end_step();
-    report.checks.push_back(kv_events::check_engine_stream("kv-event-stream[" + r->m + "]", r->kv_log.events(),
-                                                           r->kv_stream->batches(), /*published=*/true));
+    out.after.push_back(kv_events::check_engine_stream("kv-event-stream[" + r->m + "]", r->kv_log.events(),
+                                                       r->kv_stream->batches(), /*published=*/true));
   }
   if (o.speculation.enabled()) {
     CheckResult same("speculative-vs-plain[" + r->m + "]");
     KVP_RETURN_IF_ERROR(check_speculative_vs_plain(model, o, workload, *r, same));
-    report.checks.push_back(same);
+    out.after.push_back(same);
   }
-  report.runs.emplace_back(r->m, r->engine().metrics());
+  out.metrics = r->engine().metrics();
   return Status::ok();
+}
+
+// A mode's checks into the report, the oracle's verdicts in.
+void report_mode(const VerifyOptions& o, ModeOutcome& out, VerifyReport& report) {
+  ModeChecks& c = *out.c;
+  if (c.logits.passed) {
+    const Tolerance tol = tolerance_for(o);
+    c.logits.detail = "tolerance " + fmt(tol.value) + " (" + tol.source + ")";
+  }
+  // Vacuous only when nothing about the engine's outputs was checked: a run whose requests
+  // were all cancelled still had its computed positions checked against the oracle.
+  if (out.ran && c.logits.count == 0)
+    report.nothing_verified.push_back("engine outputs[" + out.m + "] (no position's logits were checked)");
+  for (CheckResult* check : {&c.inv, &c.terminal, &c.leak, &c.timeline, &c.logits, &c.greedy, &c.recompute,
+                             &c.isolation, &c.determinism, &c.cancellation}) {
+    if (check == &c.determinism && !o.speculation.enabled()) continue;
+    if (out.ran && check->applies && check->count == 0) report.nothing_verified.push_back(check->name);
+    report.checks.push_back(*check);
+  }
+  for (CheckResult& check : out.after) report.checks.push_back(std::move(check));
+  report.runs.emplace_back(out.m, out.metrics);
 }
 
 }  // namespace
@@ -817,15 +722,25 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
   Workload workload = workload_in;
   for (WorkloadRequest& r : workload.requests) r.spec.capture_logits = true;
   ReferenceModel<double> oracle(model);
-  oracle.set_threads(o.num_threads);  // the oracle's products use verify's threads too
+  // With more than one thread, the oracle compares each finished request on a thread of its
+  // own while the engine runs on; with one, at once. Its products take all the threads: the
+  // engine's small products leave them idle most of the time (on SmolLM2-135M here, 43.6 s
+  // with one thread for the oracle's products, 40.5 and 46.8 s with both: within this
+  // machine's noise). The verdicts are the same bits either way (OracleChecks; the oracle's
+  // logits do not depend on its threads).
+  OracleChecks::Options oo;
+  oo.reuse = o.oracle_memo;
+  oo.background = o.num_threads > 1;
+  oracle.set_threads(o.num_threads);
   // Each (tokens, engine row) is compared with the oracle once per verify: the second
   // preemption mode runs the same sequences, and a bitwise-equal row needs no new oracle run.
-  OracleComparisons comparisons;
-  comparisons.reuse = o.oracle_memo;
-  for (PreemptionMode mode : o.modes)
-    KVP_RETURN_IF_ERROR(verify_mode(model, o, workload, oracle, comparisons, mode, report));
-  report.oracle_runs = comparisons.misses;
-  report.oracle_reuses = comparisons.hits;
+  OracleChecks checks(oracle, oo);
+  std::vector<ModeOutcome> modes(o.modes.size());
+  for (std::size_t i = 0; i < o.modes.size(); ++i)
+    KVP_RETURN_IF_ERROR(verify_mode(model, o, workload, checks, o.modes[i], modes[i]));
+  checks.finish();
+  for (ModeOutcome& m : modes) report_mode(o, m, report);
+  report.oracle = checks.stats();
   return report;
 }
 
@@ -867,8 +782,9 @@ std::string VerifyReport::table() const {
       out << line;
     }
   }
-  if (oracle_runs + oracle_reuses > 0) {
-    out << "oracle: " << oracle_runs << " sequences run, " << oracle_reuses
+  if (oracle.sequences_run + oracle.comparisons_reused > 0) {
+    out << "oracle: " << oracle.sequences_run << " sequences run (" << oracle.positions_run << " positions, "
+        << oracle.positions_restored << " more from the dense caches of shared prefixes), " << oracle.comparisons_reused
         << " comparisons reused (same tokens, bitwise-equal engine rows)\n";
   }
   if (!nothing_verified.empty()) {
@@ -894,7 +810,10 @@ nlohmann::json VerifyReport::to_json() const {
                            {"worst_error", c.worst_error},
                            {"detail", c.detail}});
   for (const auto& [mode, m] : runs) j["runs"][mode] = m.to_json();
-  j["oracle"] = {{"sequences_run", oracle_runs}, {"comparisons_reused", oracle_reuses}};
+  j["oracle"] = {{"sequences_run", oracle.sequences_run},
+                 {"positions_run", oracle.positions_run},
+                 {"positions_restored", oracle.positions_restored},
+                 {"comparisons_reused", oracle.comparisons_reused}};
   j["nothing_verified"] = nothing_verified;
   j["allow_empty"] = allow_empty;
   return j;

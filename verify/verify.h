@@ -56,6 +56,7 @@
 #include "optimized/engine/scheduler.h"
 #include "optimized/engine/workload.h"
 #include "reference/reference_model.h"
+#include "verify/oracle_checks.h"
 
 namespace kvp::kv_events {
 class Publisher;
@@ -100,8 +101,9 @@ struct EngineOptions {
 
 struct VerifyOptions : EngineOptions {
   std::vector<PreemptionMode> modes = {PreemptionMode::kRecompute, PreemptionMode::kSwap};
-  // Reuse each comparison with the oracle for the same tokens and bitwise-equal engine rows
-  // (OracleComparisons); off: every request runs the oracle.
+  // Reuse each comparison with the oracle for the same tokens and bitwise-equal engine rows,
+  // and the oracle's dense caches for shared prefixes (OracleMemo); off: every request runs
+  // the oracle from position 0.
   bool oracle_memo = true;
   // Logit tolerance relative to the row's largest reference logit; unset: the KV dtype's
   // default (tolerance_for).
@@ -144,8 +146,7 @@ struct VerifyReport {
   std::vector<std::string> nothing_verified;
   bool allow_empty = false;
   std::vector<std::pair<std::string, EngineMetrics>> runs;  // per preemption mode
-  int64_t oracle_runs = 0;                                  // request sequences the oracle ran
-  int64_t oracle_reuses = 0;  // requests whose comparisons were reused (OracleComparisons)
+  OracleStats oracle;  // the oracle's work: sequences and positions run, what was reused
   bool passed() const;
   std::string table() const;
   nlohmann::json to_json() const;
@@ -186,38 +187,12 @@ Status check_state(const Engine& e, const BatchPlan& plan, CheckResult& result);
 // Installs both as the engine's observers.
 void install_step_checks(Engine& engine, CheckResult& result);
 // The request's captured logits at every position against the fp64 reference (into
-// `logits`), and its greedy tokens against the reference's arg-max (into `greedy`).
-//
-// With `memo`, a comparison is made once per token sequence and engine row: the oracle's
-// row at position p depends on tokens 0..p alone (bitwise, however the oracle's positions are
-// chunked), so the same tokens with engine rows of the same bits (SHA-256 of each row) give
-// the same comparisons, and they are reused instead of running the oracle again. A single
-// changed bit in any row, or another token, runs the oracle.
-using RowDigest = std::array<uint8_t, 32>;  // SHA-256 of a logits row
-struct RowComparison {
-  bool present = false;  // the engine captured a row at this position
-  RowDigest engine_row{};
-  double err = 0;     // max |engine - oracle| over the vocabulary (inf if a NaN)
-  double scale = 0;   // max |oracle|
-  int64_t best = 0;   // the oracle's arg-max
-  double margin = 0;  // oracle[best] - the second largest logit
-};
-class OracleComparisons {
- public:
-  // The comparisons stored for `tokens` (positions 0..tokens.size()-1) if every engine row
-  // has the same digest (and the same positions have rows); else nullptr.
-  const std::vector<RowComparison>* find(const std::vector<int32_t>& tokens,
-                                         const std::vector<std::optional<RowDigest>>& rows) const;
-  void store(std::vector<int32_t> tokens, std::vector<RowComparison> rows);
-  bool reuse = true;  // false: find() never finds, store() keeps nothing (the counts still count)
-  int64_t hits = 0, misses = 0;
-
- private:
-  std::map<std::vector<int32_t>, std::vector<RowComparison>> by_tokens_;
-};
+// `logits`), and its greedy tokens against the reference's arg-max (into `greedy`), at once
+// on this thread (verify itself queues them on OracleChecks). With `memo`, comparisons and
+// dense caches are reused as OracleMemo says (verify/oracle_checks.h), counted in `stats`.
 void check_against_reference(const ReferenceModel<double>& oracle, const Request& r, double tolerance,
                              CheckResult& logits, CheckResult& greedy, const std::string& label,
-                             OracleComparisons* memo = nullptr);
+                             OracleMemo* memo = nullptr, OracleStats* stats = nullptr);
 
 // Errors are for bad options or a backend/engine that could not run at all; a failing check
 // is a VerifyReport with passed() == false.

@@ -192,11 +192,15 @@ void Engine::record_finish(Request& r) {
   if (r.finish() == FinishReason::kCancelled) ++counters_.cancellations;
 }
 
-bool Engine::release_logits(RequestId id) {
+bool Engine::release_logits(RequestId id) { return take_logits(id).has_value(); }
+
+std::optional<std::vector<std::vector<float>>> Engine::take_logits(RequestId id) {
   auto it = requests_.find(id);
-  if (it == requests_.end() || !it->second->finished()) return false;
-  for (std::vector<float>& row : it->second->logits) std::vector<float>().swap(row);
-  return true;
+  if (it == requests_.end() || !it->second->finished()) return std::nullopt;
+  std::vector<std::vector<float>>& rows = it->second->logits;
+  std::vector<std::vector<float>> taken(rows.size());
+  for (std::size_t p = 0; p < rows.size(); ++p) taken[p].swap(rows[p]);
+  return taken;
 }
 
 bool Engine::forget(RequestId id) {

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -73,6 +74,9 @@ class Engine {
   // oracle as it finishes, so one run never holds every request's logits at once. Returns
   // false and changes nothing for an unknown or unfinished id.
   bool release_logits(RequestId id);
+  // The same, handing the rows over instead (verify's oracle checks them on another
+  // thread); nothing for an unknown or unfinished id.
+  std::optional<std::vector<std::vector<float>>> take_logits(RequestId id);
 
   // Drops the record of a finished request (its id is never reused). A long-running driver
   // (kvproof simulate) calls it once it has read the request's results, so memory and the
