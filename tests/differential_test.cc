@@ -297,6 +297,18 @@ TEST(OracleMemo, DenseCachesStayWithinTheirBudget) {
   EXPECT_EQ(off.cached_bytes(), 0);
 }
 
+// Two reports with the same checks, check by check, to the bit.
+void expect_same_checks(const VerifyReport& a, const VerifyReport& b) {
+  ASSERT_EQ(a.checks.size(), b.checks.size());
+  for (std::size_t i = 0; i < a.checks.size(); ++i) {
+    EXPECT_EQ(a.checks[i].name, b.checks[i].name);
+    EXPECT_EQ(a.checks[i].passed, b.checks[i].passed) << a.checks[i].name;
+    EXPECT_EQ(a.checks[i].count, b.checks[i].count) << a.checks[i].name;
+    EXPECT_EQ(a.checks[i].worst_error, b.checks[i].worst_error) << a.checks[i].name;
+    EXPECT_EQ(a.checks[i].detail, b.checks[i].detail) << a.checks[i].name;
+  }
+}
+
 // verify with and without the reuse: the same report, check by check, to the bit.
 TEST(OracleMemo, VerifyReportIsTheSameWithAndWithoutReuse) {
   VerifyOptions with, without;
@@ -307,13 +319,7 @@ TEST(OracleMemo, VerifyReportIsTheSameWithAndWithoutReuse) {
   EXPECT_GT(a.oracle.comparisons_reused, 0);
   EXPECT_EQ(b.oracle.comparisons_reused, 0);
   EXPECT_EQ(b.oracle.positions_restored, 0);
-  ASSERT_EQ(a.checks.size(), b.checks.size());
-  for (std::size_t i = 0; i < a.checks.size(); ++i) {
-    EXPECT_EQ(a.checks[i].name, b.checks[i].name);
-    EXPECT_EQ(a.checks[i].count, b.checks[i].count) << a.checks[i].name;
-    EXPECT_EQ(a.checks[i].worst_error, b.checks[i].worst_error) << a.checks[i].name;
-    EXPECT_EQ(a.checks[i].detail, b.checks[i].detail) << a.checks[i].name;
-  }
+  expect_same_checks(a, b);
 }
 
 // The oracle on a thread of its own (threads > 1) or at once (1 thread): the same report,
@@ -330,14 +336,7 @@ TEST(OracleChecks, VerifyReportIsTheSameWithTheOracleInTheBackground) {
   EXPECT_EQ(a.oracle.positions_run, b.oracle.positions_run);
   EXPECT_EQ(a.oracle.positions_restored, b.oracle.positions_restored);
   EXPECT_EQ(a.oracle.comparisons_reused, b.oracle.comparisons_reused);
-  ASSERT_EQ(a.checks.size(), b.checks.size());
-  for (std::size_t i = 0; i < a.checks.size(); ++i) {
-    EXPECT_EQ(a.checks[i].name, b.checks[i].name);
-    EXPECT_EQ(a.checks[i].passed, b.checks[i].passed) << a.checks[i].name;
-    EXPECT_EQ(a.checks[i].count, b.checks[i].count) << a.checks[i].name;
-    EXPECT_EQ(a.checks[i].worst_error, b.checks[i].worst_error) << a.checks[i].name;
-    EXPECT_EQ(a.checks[i].detail, b.checks[i].detail) << a.checks[i].name;
-  }
+  expect_same_checks(a, b);
 }
 
 // A job queued on the worker that fails is reported by finish(), naming the request and

@@ -199,8 +199,8 @@ void apply_comparisons(const OracleJob& job, const std::vector<RowComparison>& r
     const int32_t engine_token = job.tokens[p + 1];
     if (engine_token != c.best && greedy.passed) {
       greedy.passed = false;
-      greedy.detail = job.label + " position " + std::to_string(p) + ": engine chose " +
-                      std::to_string(engine_token) + ", reference arg-max " + std::to_string(c.best);
+      greedy.detail = job.label + " position " + std::to_string(p) + ": engine chose " + std::to_string(engine_token) +
+                      ", reference arg-max " + std::to_string(c.best);
     }
   }
 }

@@ -101,10 +101,10 @@ class OracleMemo {
 
 // Counts of the oracle's work, for the report.
 struct OracleStats {
-  int64_t sequences_run = 0;        // sequences the oracle ran (some of their positions, at least)
-  int64_t comparisons_reused = 0;   // requests whose comparisons were reused whole
-  int64_t positions_run = 0;        // positions the oracle computed
-  int64_t positions_restored = 0;   // positions taken from a stored dense cache instead
+  int64_t sequences_run = 0;       // sequences the oracle ran (some of their positions, at least)
+  int64_t comparisons_reused = 0;  // requests whose comparisons were reused whole
+  int64_t positions_run = 0;       // positions the oracle computed
+  int64_t positions_restored = 0;  // positions taken from a stored dense cache instead
 };
 
 // The comparisons of a job's rows with the oracle: from `memo` when it has them, else from a
@@ -124,12 +124,12 @@ void apply_comparisons(const OracleJob& job, const std::vector<RowComparison>& r
 class OracleChecks {
  public:
   struct Options {
-    bool reuse = true;                           // OracleMemo reuse; off: every job runs the oracle
-    bool background = true;                      // a worker thread; off: submit() compares at once
+    bool reuse = true;       // OracleMemo reuse; off: every job runs the oracle
+    bool background = true;  // a worker thread; off: submit() compares at once
     // Memory beyond the engine's and the oracle's own: verify's peak must stay within 10% of
     // the two models' weights and the pools (SmolLM2-135M: 1.79 GB, of which 1.70 GB before
     // the worker thread), so the queue and the caches get 40 MB between them.
-    int64_t max_pending_bytes = 24ll << 20;  // rows of jobs not yet compared
+    int64_t max_pending_bytes = 24ll << 20;   // rows of jobs not yet compared
     int64_t cache_budget_bytes = 16ll << 20;  // OracleMemo's dense caches
   };
   OracleChecks(const ReferenceModel<double>& oracle, Options options);
