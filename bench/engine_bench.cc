@@ -97,7 +97,7 @@ struct AttentionSetup {
     q.resize(static_cast<std::size_t>(head_dim));
     for (auto& x : q) x = static_cast<float>(rng.uniform(-1, 1));
     out.resize(q.size());
-    scratch.resize(q.size());
+    scratch.resize(static_cast<std::size_t>(kernels::attention_scratch_size<float>(head_dim)));
     table.resize(static_cast<std::size_t>(blocks));
     std::iota(table.begin(), table.end(), 0);
     for (std::size_t i = table.size(); i > 1; --i) std::swap(table[i - 1], table[rng.below(i)]);

@@ -29,6 +29,14 @@
 #include "kernels/kv_index.h"
 
 namespace kvp::kernels {
+// The vector and the scalar loops live in different inline namespaces, so that a program may
+// hold both (tests/cpu_kernels_scalar.cc compiles the scalar ones beside the vector ones, to
+// check that they give the same bits) without two definitions of one inline function.
+#if defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(KVP_NO_VECTOR_EXTENSIONS)
+inline namespace vector_loops {
+#else
+inline namespace scalar_loops {
+#endif
 
 // Positions per attention partition, the default split size. Results are bitwise
 // reproducible for a fixed partition size; changing it changes the rounding.
@@ -58,6 +66,16 @@ inline Vec4 load4(const float* p) {
 }
 inline void store4(float* p, Vec4 v) { std::memcpy(p, &v, sizeof(v)); }
 inline Vec4 splat4(float x) { return Vec4{x, x, x, x}; }
+// 8 lanes: one AVX register where the build has AVX, two SSE registers where it does not;
+// the operations on each lane are the same either way.
+typedef float Vec8 __attribute__((vector_size(32)));
+inline Vec8 load8(const float* p) {
+  Vec8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store8(float* p, Vec8 v) { std::memcpy(p, &v, sizeof(v)); }
+inline Vec8 splat8(float x) { return Vec8{x, x, x, x, x, x, x, x}; }
 // dot()'s halving tree over 16 lanes held as four vectors (vector k = lanes 4k .. 4k+3):
 // widths 8 and 4 as vector adds, then 2 and 1.
 inline float reduce_lanes(Vec4 v0, Vec4 v1, Vec4 v2, Vec4 v3) {
@@ -65,6 +83,32 @@ inline float reduce_lanes(Vec4 v0, Vec4 v1, Vec4 v2, Vec4 v3) {
   const float w0 = w[0] + w[2];
   const float w1 = w[1] + w[3];
   return w0 + w1;
+}
+// The same tree over 16 lanes held as two vectors (lanes 0 .. 7 and 8 .. 15).
+inline float reduce_lanes(Vec8 lo, Vec8 hi) {
+  const Vec8 u = lo + hi;                                                      // width 8
+  const Vec4 w = Vec4{u[0], u[1], u[2], u[3]} + Vec4{u[4], u[5], u[6], u[7]};  // width 4
+  const float w0 = w[0] + w[2];
+  const float w1 = w[1] + w[3];
+  return w0 + w1;
+}
+// accumulate_tile on 8 * N elements held in registers: acc[e] = acc[e] * rescale[j] (when
+// rescale[j] != 1) + p[j] * v_rows[j][offset + e], j in order.
+template <int N>
+inline void accumulate_chunk(float* acc, const float* const* v_rows, int64_t offset, const float* p,
+                             const float* rescale, int64_t count) {
+  Vec8 a[N];
+  for (int i = 0; i < N; ++i) a[i] = load8(acc + 8 * i);
+  for (int64_t j = 0; j < count; ++j) {
+    if (rescale[j] != 1.0f) {  // x * 1 == x: skipping it changes no bit
+      const Vec8 r = splat8(rescale[j]);
+      for (int i = 0; i < N; ++i) a[i] *= r;
+    }
+    const Vec8 pj = splat8(p[j]);
+    const float* v = v_rows[j] + offset;
+    for (int i = 0; i < N; ++i) a[i] += pj * load8(v + 8 * i);
+  }
+  for (int i = 0; i < N; ++i) store8(acc + 8 * i, a[i]);
 }
 }  // namespace detail
 #endif
@@ -78,17 +122,18 @@ KVP_HOST_DEVICE inline float dot(const float* a, const float* b, int64_t n) {
   int64_t i = 0;
   float total = 0.0f;
 #if defined(KVP_CPU_VEC4)
-  using detail::load4;
-  using detail::Vec4;
-  // Vector k holds lanes 4k .. 4k+3.
-  Vec4 v0 = {}, v1 = {}, v2 = {}, v3 = {};
-  for (; i + kLanes <= n; i += kLanes) {
-    v0 += load4(a + i) * load4(b + i);
-    v1 += load4(a + i + 4) * load4(b + i + 4);
-    v2 += load4(a + i + 8) * load4(b + i + 8);
-    v3 += load4(a + i + 12) * load4(b + i + 12);
+  using detail::load8;
+  using detail::Vec8;
+  Vec8 lo = {}, hi = {};  // lanes 0 .. 7 and 8 .. 15
+  // The loop bound computed first: GCC 12 reports a false "undefined behaviour" in the tail
+  // loop below (-Waggressive-loop-optimizations) when n is a known constant and this loop
+  // is written as `i + kLanes <= n`.
+  const int64_t full = n - n % kLanes;
+  for (; i < full; i += kLanes) {
+    lo += load8(a + i) * load8(b + i);
+    hi += load8(a + i + 8) * load8(b + i + 8);
   }
-  total = detail::reduce_lanes(v0, v1, v2, v3);
+  total = detail::reduce_lanes(lo, hi);
 #else
   float acc[kLanes] = {};
   for (; i + kLanes <= n; i += kLanes) {
@@ -204,15 +249,30 @@ KVP_HOST_DEVICE inline float silu(float z) { return z / (1.0f + std::exp(-z)); }
 // partition keeps its own online-softmax state (max, sum, accumulator), and the partitions
 // are merged in order. A NaN anywhere in the K/V read (a poisoned block) reaches `out`.
 //
+// Within a partition the positions are taken a tile of kCpuAttentionTile at a time, in three
+// passes, as the CUDA kernel does (kernels/cuda/model_kernels.cu): the tile's scores; the
+// online-softmax recurrence over them in position order (max, rescale, p, sum); then each
+// position's rescale and p * v applied to the accumulator in position order. Every value is
+// computed by the same operations in the same order as a one-pass loop over the positions
+// would; the passes only take the exp and the dot products off the recurrence's critical
+// path, so a tile's scores and exps can run side by side.
+//
 // q: [head_dim]. k_pool, v_pool: the layer's pools, of element type KvT (float, F16Bits or
 // BF16Bits: each K/V element is converted to fp32 as it is read). block_table: the sequence's
 // block ids, at least blocks_for_tokens(position + 1, block_size) of them. scratch:
-// kAttentionScratch(KvT) * head_dim floats. out: [head_dim]; must not alias q or scratch.
+// attention_scratch_size<KvT>(head_dim) floats. out: [head_dim]; must not alias q or scratch.
 // REQUIRES: position >= 0, partition > 0, every slot read lies inside the pools.
+inline constexpr int64_t kCpuAttentionTile = 32;
 template <typename KvT>
-inline constexpr int64_t kAttentionScratch = 3;  // accumulator, K row and V row in fp32
+inline constexpr int64_t kAttentionRows = 2 + kCpuAttentionTile;  // accumulator, a K row, a tile of V rows in fp32
 template <>
-inline constexpr int64_t kAttentionScratch<float> = 1;  // accumulator; rows are read in place
+inline constexpr int64_t kAttentionRows<float> = 1;  // accumulator; rows are read in place
+// Floats of scratch paged_attention_head needs: its rows of head_dim, then a tile's scores
+// (later its p values) and rescale factors.
+template <typename KvT>
+KVP_HOST_DEVICE constexpr int64_t attention_scratch_size(int64_t head_dim) {
+  return kAttentionRows<KvT> * head_dim + 2 * kCpuAttentionTile;
+}
 
 // A K or V row of the pool as fp32: the pool itself for fp32, else converted into `buffer`.
 KVP_HOST_DEVICE inline const float* kv_row_as_float(const float* row, float* /*buffer*/, int64_t /*n*/) { return row; }
@@ -222,13 +282,40 @@ KVP_HOST_DEVICE inline const float* kv_row_as_float(const KvT* row, float* buffe
   return buffer;
 }
 
+// acc[d] = acc[d] * rescale[j] (when rescale[j] != 1) + p[j] * v_rows[j][d], for j = 0 ..
+// count - 1 in order: each element sees the positions in order, whatever the loop nest. The
+// vector version holds 16 elements in registers across the tile instead of reading and
+// writing the accumulator once per position.
+KVP_HOST_DEVICE inline void accumulate_tile(float* acc, const float* const* v_rows, const float* p,
+                                            const float* rescale, int64_t count, int64_t head_dim) {
+  int64_t d = 0;
+#if defined(KVP_CPU_VEC4)
+  // As many accumulator vectors as fit the head (up to 64 elements), so that the adds of
+  // consecutive positions are independent chains rather than one chain per register.
+  for (; d + 64 <= head_dim; d += 64) detail::accumulate_chunk<8>(acc + d, v_rows, d, p, rescale, count);
+  for (; d + 32 <= head_dim; d += 32) detail::accumulate_chunk<4>(acc + d, v_rows, d, p, rescale, count);
+  for (; d + 16 <= head_dim; d += 16) detail::accumulate_chunk<2>(acc + d, v_rows, d, p, rescale, count);
+#endif
+  for (; d < head_dim; ++d) {
+    float a = acc[d];
+    for (int64_t j = 0; j < count; ++j) {
+      if (rescale[j] != 1.0f) a *= rescale[j];
+      a += p[j] * v_rows[j][d];
+    }
+    acc[d] = a;
+  }
+}
+
 template <typename BlockId, typename KvT>
 KVP_HOST_DEVICE inline void paged_attention_head(const float* q, const KvT* k_pool, const KvT* v_pool,
                                                  const BlockId* block_table, int64_t block_size, int64_t num_kv_heads,
                                                  int64_t kv_head, int64_t head_dim, int64_t position, float scale,
                                                  int64_t partition, float* scratch, float* out) {
-  float* k_buffer = kAttentionScratch<KvT> > 1 ? scratch + head_dim : nullptr;
-  float* v_buffer = kAttentionScratch<KvT> > 1 ? scratch + 2 * head_dim : nullptr;
+  float* acc = scratch;
+  float* k_buffer = kAttentionRows<KvT> > 1 ? scratch + head_dim : nullptr;
+  float* v_buffer = kAttentionRows<KvT> > 1 ? scratch + 2 * head_dim : nullptr;
+  float* p_tile = scratch + kAttentionRows<KvT> * head_dim;  // [kCpuAttentionTile]: score, then p
+  float* rescale = p_tile + kCpuAttentionTile;               // [kCpuAttentionTile]
   float running_max = 0.0f;
   float running_sum = 0.0f;
   for (int64_t begin = 0; begin <= position; begin += partition) {
@@ -237,36 +324,48 @@ KVP_HOST_DEVICE inline void paged_attention_head(const float* q, const KvT* k_po
     // NaN score cannot be skipped by a comparison.
     float part_max = 0.0f;
     float part_sum = 0.0f;
-    for (int64_t d = 0; d < head_dim; ++d) scratch[d] = 0.0f;
-    for (int64_t j = begin; j < end; ++j) {
-      const int64_t slot = slot_of(block_table, j, block_size);
-      const float* k =
-          kv_row_as_float(k_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim), k_buffer, head_dim);
-      const float* v =
-          kv_row_as_float(v_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim), v_buffer, head_dim);
-      const float score = dot(q, k, head_dim) * scale;
-      if (j == begin) {
-        part_max = score;
-      } else if (score > part_max) {
-        const float rescale = std::exp(part_max - score);
-        part_sum *= rescale;
-        scale_in_place(scratch, rescale, head_dim);
-        part_max = score;
+    for (int64_t d = 0; d < head_dim; ++d) acc[d] = 0.0f;
+    for (int64_t tile = begin; tile < end; tile += kCpuAttentionTile) {
+      const int64_t count = end - tile < kCpuAttentionTile ? end - tile : kCpuAttentionTile;
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t slot = slot_of(block_table, tile + j, block_size);
+        const float* k =
+            kv_row_as_float(k_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim), k_buffer, head_dim);
+        p_tile[j] = dot(q, k, head_dim) * scale;
       }
-      const float p = std::exp(score - part_max);
-      part_sum += p;
-      add_scaled(scratch, p, v, head_dim);
+      for (int64_t j = 0; j < count; ++j) {
+        const float score = p_tile[j];
+        float r = 1.0f;
+        if (tile + j == begin) {
+          part_max = score;
+        } else if (score > part_max) {
+          r = std::exp(part_max - score);
+          part_sum *= r;
+          part_max = score;
+        }
+        const float p = std::exp(score - part_max);
+        part_sum += p;
+        p_tile[j] = p;
+        rescale[j] = r;
+      }
+      const float* v_rows[kCpuAttentionTile];
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t slot = slot_of(block_table, tile + j, block_size);
+        v_rows[j] = kv_row_as_float(v_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim),
+                                    v_buffer + (v_buffer != nullptr ? j * head_dim : 0), head_dim);
+      }
+      accumulate_tile(acc, v_rows, p_tile, rescale, count, head_dim);
     }
     if (begin == 0) {
       running_max = part_max;
       running_sum = part_sum;
-      for (int64_t d = 0; d < head_dim; ++d) out[d] = scratch[d];
+      for (int64_t d = 0; d < head_dim; ++d) out[d] = acc[d];
     } else {
       const float new_max = part_max > running_max ? part_max : running_max;
       const float a = std::exp(running_max - new_max);
       const float b = std::exp(part_max - new_max);
       running_sum = running_sum * a + part_sum * b;
-      scale_add(out, a, scratch, b, head_dim);
+      scale_add(out, a, acc, b, head_dim);
       running_max = new_max;
     }
   }
@@ -274,6 +373,7 @@ KVP_HOST_DEVICE inline void paged_attention_head(const float* q, const KvT* k_po
   scale_in_place(out, inv_sum, head_dim);
 }
 
+}  // inline namespace
 }  // namespace kvp::kernels
 
 #undef KVP_CPU_VEC4

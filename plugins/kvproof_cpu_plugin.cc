@@ -16,7 +16,7 @@ void run_typed(const kvp_attention_args& a) {
   const auto* k_pool = static_cast<const KvT*>(a.k_cache);
   const auto* v_pool = static_cast<const KvT*>(a.v_cache);
   const int64_t group = s.num_heads / s.num_kv_heads;
-  std::vector<float> scratch(static_cast<std::size_t>(kvp::kernels::kAttentionScratch<KvT> * s.head_dim));
+  std::vector<float> scratch(static_cast<std::size_t>(kvp::kernels::attention_scratch_size<KvT>(s.head_dim)));
   for (int32_t t = 0; t < s.num_tokens; ++t) {
     const int32_t* table = a.block_tables + static_cast<int64_t>(a.token_seq[t]) * s.max_blocks_per_seq;
     for (int32_t h = 0; h < s.num_heads; ++h) {

@@ -241,7 +241,7 @@ void cpu_attention_typed(const std::vector<float>& q, const HostPool& k, const H
                          int64_t block_size, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                          int64_t position, float scale, int64_t partition, float* out) {
   const int64_t group = num_heads / num_kv_heads;
-  std::vector<float> scratch(static_cast<std::size_t>(kk::kAttentionScratch<KvT> * head_dim));
+  std::vector<float> scratch(static_cast<std::size_t>(kk::attention_scratch_size<KvT>(head_dim)));
   const auto* kp = reinterpret_cast<const KvT*>(k.raw.data());
   const auto* vp = reinterpret_cast<const KvT*>(v.raw.data());
   for (int64_t h = 0; h < num_heads; ++h)

@@ -285,7 +285,7 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
     return;
   }
   const auto heads = [&](int64_t begin, int64_t end) {
-    std::vector<float> partition_acc(static_cast<std::size_t>(d));
+    std::vector<float> scratch(static_cast<std::size_t>(kernels::attention_scratch_size<float>(d)));
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / c.num_heads;
       const int64_t head = item % c.num_heads;
@@ -295,7 +295,7 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
       kernels::paged_attention_head(q + t * c.q_dim() + head * d, k_pool, v_pool, table, config_.pool.block_size,
                                     c.num_kv_heads, head / c.group_size(), d,
                                     plan.positions[static_cast<std::size_t>(t)], scale, config_.attention_partition,
-                                    partition_acc.data(), out + t * c.q_dim() + head * d);
+                                    scratch.data(), out + t * c.q_dim() + head * d);
     }
   };
   // Each head of each token reads its context once for the scores and once for the values.

@@ -1,0 +1,122 @@
+// kernels/cpu_attention.h: the vector loops of a host build give the bits of the scalar
+// loops (what a device build and any non-GCC/Clang compiler run), for dot, dot2, rms_norm and
+// paged attention over fp32 and fp16 pools, at head sizes that exercise every vector width
+// and the scalar tails, with scores that rise (rescales) and fall, over several partitions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/rng.h"
+#include "kernels/cpu_attention.h"
+#include "tests/cpu_kernels_scalar.h"
+
+namespace kvp {
+namespace {
+
+namespace kv = kvp::kernels::vector_loops;  // names the vector loops: fails to build without them
+namespace ks = kvp::scalar_loops_test;
+
+std::vector<float> random_floats(std::size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng.uniform(lo, hi));
+  return v;
+}
+
+uint32_t bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  return b;
+}
+
+void expect_same_bits(const std::vector<float>& vec, const std::vector<float>& scalar, const std::string& what) {
+  ASSERT_EQ(vec.size(), scalar.size()) << what;
+  for (std::size_t i = 0; i < vec.size(); ++i)
+    ASSERT_EQ(bits(vec[i]), bits(scalar[i])) << what << " element " << i << ": " << vec[i] << " vs " << scalar[i];
+}
+
+TEST(CpuKernels, VectorDotDot2AndRmsNormGiveTheScalarBits) {
+  for (int64_t n = 0; n <= 200; ++n) {
+    const auto a = random_floats(static_cast<std::size_t>(n), 1 + static_cast<uint64_t>(n));
+    const auto b0 = random_floats(a.size(), 1000 + static_cast<uint64_t>(n));
+    const auto b1 = random_floats(a.size(), 2000 + static_cast<uint64_t>(n));
+    ASSERT_EQ(bits(kv::dot(a.data(), b0.data(), n)), bits(ks::dot(a.data(), b0.data(), n))) << "dot n " << n;
+    float v0 = 0, v1 = 0, s0 = 0, s1 = 0;
+    kv::dot2(a.data(), b0.data(), b1.data(), n, &v0, &v1);
+    ks::dot2(a.data(), b0.data(), b1.data(), n, &s0, &s1);
+    ASSERT_EQ(bits(v0), bits(s0)) << "dot2 n " << n;
+    ASSERT_EQ(bits(v1), bits(s1)) << "dot2 n " << n;
+    if (n == 0) continue;
+    std::vector<float> vo(a.size()), so(a.size());
+    kv::rms_norm(a.data(), b0.data(), n, 1e-5f, vo.data());
+    ks::rms_norm(a.data(), b0.data(), n, 1e-5f, so.data());
+    expect_same_bits(vo, so, "rms_norm n " + std::to_string(n));
+  }
+}
+
+// A pool of `blocks` blocks, a scrambled block table, and a query whose scores against the
+// keys rise along the positions (every few positions a new maximum: the rescale path) with
+// noise (positions below the maximum: the plain path).
+struct AttentionCase {
+  int64_t head_dim, block_size = 16, num_kv_heads = 2, positions;
+  std::vector<float> k, v, q;
+  std::vector<int32_t> table;
+  AttentionCase(int64_t d, int64_t n, uint64_t seed) : head_dim(d), positions(n) {
+    const int64_t blocks = (n + block_size - 1) / block_size;
+    const auto rows = static_cast<std::size_t>(blocks * block_size * num_kv_heads * d);
+    k = random_floats(rows, seed);
+    v = random_floats(rows, seed + 1);
+    q = random_floats(static_cast<std::size_t>(d), seed + 2);
+    table.resize(static_cast<std::size_t>(blocks));
+    Rng rng(seed + 3);
+    for (int64_t b = 0; b < blocks; ++b) table[static_cast<std::size_t>(b)] = static_cast<int32_t>(b);
+    for (std::size_t i = table.size(); i > 1; --i) std::swap(table[i - 1], table[rng.below(i)]);
+    // Key rows of KV head 1 leaning towards q more and more with the position.
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t slot =
+          static_cast<int64_t>(table[static_cast<std::size_t>(j / block_size)]) * block_size + j % block_size;
+      float* row = k.data() + kernels::kv_pool_offset(slot, 1, num_kv_heads, d);
+      const float lean = 0.02f * static_cast<float>(j % 37);
+      for (int64_t e = 0; e < d; ++e) row[e] += lean * q[static_cast<std::size_t>(e)];
+    }
+  }
+};
+
+TEST(CpuKernels, VectorPagedAttentionGivesTheScalarBits) {
+  for (const int64_t head_dim : {4, 8, 20, 32, 48, 64, 80, 96, 128}) {
+    for (const int64_t positions : {1, 15, 33, 64, 129, 300}) {
+      for (const int64_t partition : {int64_t{7}, int64_t{32}, kernels::kDefaultAttentionPartition}) {
+        const AttentionCase c(head_dim, positions, static_cast<uint64_t>(head_dim * 1000 + positions));
+        const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        const std::string what = "head_dim " + std::to_string(head_dim) + " position " + std::to_string(positions - 1) +
+                                 " partition " + std::to_string(partition);
+        for (int64_t kv_head = 0; kv_head < c.num_kv_heads; ++kv_head) {
+          std::vector<float> vo(static_cast<std::size_t>(head_dim)), so(vo.size());
+          std::vector<float> scratch(static_cast<std::size_t>(kv::attention_scratch_size<float>(head_dim)));
+          kv::paged_attention_head(c.q.data(), c.k.data(), c.v.data(), c.table.data(), c.block_size, c.num_kv_heads,
+                                   kv_head, head_dim, positions - 1, scale, partition, scratch.data(), vo.data());
+          ks::attention(c.q.data(), c.k.data(), c.v.data(), c.table.data(), c.block_size, c.num_kv_heads, kv_head,
+                        head_dim, positions - 1, scale, partition, so.data());
+          expect_same_bits(vo, so, "fp32 " + what + " kv_head " + std::to_string(kv_head));
+
+          std::vector<kernels::F16Bits> k16(c.k.size()), v16(c.v.size());
+          for (std::size_t i = 0; i < c.k.size(); ++i) kernels::kv_store(&k16[i], c.k[i]);
+          for (std::size_t i = 0; i < c.v.size(); ++i) kernels::kv_store(&v16[i], c.v[i]);
+          std::vector<float> scratch16(
+              static_cast<std::size_t>(kv::attention_scratch_size<kernels::F16Bits>(head_dim)));
+          kv::paged_attention_head(c.q.data(), k16.data(), v16.data(), c.table.data(), c.block_size, c.num_kv_heads,
+                                   kv_head, head_dim, positions - 1, scale, partition, scratch16.data(), vo.data());
+          ks::attention(c.q.data(), k16.data(), v16.data(), c.table.data(), c.block_size, c.num_kv_heads, kv_head,
+                        head_dim, positions - 1, scale, partition, so.data());
+          expect_same_bits(vo, so, "fp16 " + what + " kv_head " + std::to_string(kv_head));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvp
