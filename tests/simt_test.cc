@@ -15,7 +15,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -224,6 +228,48 @@ TEST(SimtRuntime, ResultsDoNotDependOnTheNumberOfHostThreads) {
   set_host_threads(0);  // back to the default
   EXPECT_EQ(one, four);
   EXPECT_EQ(h1.bins, h4.bins);
+}
+
+// The fiber flavour keeps its host threads across launches (runtime.cc, BlockPool): launches
+// from several host threads at once, and a launch in a forked child of a process whose pool
+// has threads, each give the single-threaded result and return.
+TEST(SimtRuntime, LaunchesFromManyHostThreadsAndFromAForkedChildGiveTheSameResult) {
+  // The thread flavour's slot pools (threads.cc) serve one launch at a time and are not
+  // rebuilt in a forked child; nothing launches that way under TSan.
+  if (kThreadFlavour) GTEST_SKIP() << "the fiber flavour's pool only";
+  const std::vector<float> in = ramp(9 * 100 + 3);
+  std::vector<float> want;
+  set_host_threads(1);
+  ASSERT_TRUE(block_reduce(in, {9}, {100}, Bug::kNone, &want).ok);
+  set_host_threads(3);
+  std::vector<std::vector<float>> got(4);
+  std::vector<char> ok(got.size(), 0);
+  {
+    std::vector<std::thread> launchers;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      launchers.emplace_back([&, i] {
+        for (int r = 0; r < 20; ++r) ok[i] = block_reduce(in, {9}, {100}, Bug::kNone, &got[i]).ok;
+      });
+    for (auto& t : launchers) t.join();
+  }
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(ok[i]) << "launcher " << i;
+    EXPECT_EQ(got[i], want) << "launcher " << i;
+  }
+  // The pool has threads now; the child has none of them.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    alarm(30);  // a hang ends the child by SIGALRM: reported below, not a stuck test
+    std::vector<float> mine;
+    const bool child_ok = block_reduce(in, {9}, {100}, Bug::kNone, &mine).ok && mine == want;
+    _exit(child_ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  set_host_threads(0);
+  ASSERT_TRUE(WIFEXITED(status)) << "the forked child did not exit (status " << status << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the forked child's launch gave a different result";
 }
 
 TEST(SimtRuntime, OversizedBlockIsAnInvalidConfigurationNamingTheKernel) {

@@ -94,32 +94,35 @@ constexpr std::size_t kStackBytes = 128 * 1024;
 constexpr std::size_t kGuardBytes = 4096;
 
 // Fiber stacks are reused across blocks and launches; each has a guard page below it.
+// Taken and given back in batches, under one lock each.
 class StackPool {
  public:
-  void* take() {
+  // Appends n stacks to `out`.
+  void take(int n, std::vector<void*>& out) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!free_.empty()) {
-        void* s = free_.back();
+      for (; n > 0 && !free_.empty(); --n) {
+        out.push_back(free_.back());
         free_.pop_back();
-        return s;
       }
     }
+    for (; n > 0; --n) out.push_back(map_stack());
+  }
+  // Takes back every stack of `stacks` (unpoisoned under ASan).
+  void give(std::vector<void*>& stacks) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.insert(free_.end(), stacks.begin(), stacks.end());
+    stacks.clear();
+  }
+
+ private:
+  static void* map_stack() {
     void* p = mmap(nullptr, kStackBytes + kGuardBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     mprotect(p, kGuardBytes, PROT_NONE);
     return static_cast<unsigned char*>(p) + kGuardBytes;
   }
-  void give(void* s) {
-#if defined(KVP_SIMT_ASAN)
-    // A fiber's last frames never returned; their redzones must not poison the next user.
-    ASAN_UNPOISON_MEMORY_REGION(s, kStackBytes);
-#endif
-    std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(s);
-  }
 
- private:
   std::mutex mu_;
   std::vector<void*> free_;
 };
@@ -180,9 +183,11 @@ void resume(Block& b, Thread& t) {
 }  // namespace
 
 void run_block_fibers(Block& b) {
+  std::vector<void*> stacks;
+  stack_pool().take(b.nthreads, stacks);
   for (int i = 0; i < b.nthreads; ++i) {
     Thread& t = b.threads[i];
-    t.stack = stack_pool().take();
+    t.stack = stacks[static_cast<std::size_t>(i)];
     fiber_init(t.context, t.stack, kStackBytes);
   }
   // Round robin in thread order: each runnable fiber runs until it blocks or exits.
@@ -198,7 +203,11 @@ void run_block_fibers(Block& b) {
       std::abort();
     }
   }
-  for (int i = 0; i < b.nthreads; ++i) stack_pool().give(b.threads[i].stack);
+#if defined(KVP_SIMT_ASAN)
+  // A fiber's last frames never returned; their redzones must not poison the next user.
+  for (void* s : stacks) ASAN_UNPOISON_MEMORY_REGION(s, kStackBytes);
+#endif
+  stack_pool().give(stacks);
 }
 
 }  // namespace detail

@@ -6,13 +6,18 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <new>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 namespace kvp::simt {
 inline namespace emulated {
@@ -31,6 +36,97 @@ void set_error(cudaError_t code, std::string message) {
   tls_last_error.code = code;
   tls_last_error.message = std::move(message);
 }
+
+#if !defined(KVP_SIMT_THREADS)
+// The fiber flavour's host threads, kept across launches (creating and joining threads for
+// every launch cost more than the launch's blocks on small grids). A launch claims block
+// indices from one counter, on the launching thread and on up to `helpers` pool threads,
+// and returns when every block has run and no pool thread still holds the launch.
+//   - One launch at a time uses the pool; a launch from another host thread meanwhile runs
+//     its blocks on its own thread (results never depend on the number of host threads).
+//   - A forked child (kernel-check forks one per case) does not use its parent's pool: its
+//     threads do not exist there and its mutex may have been held at the fork. The child
+//     runs its blocks on the launching thread.
+class BlockPool {
+ public:
+  static BlockPool& get() {
+    static BlockPool* pool = new BlockPool;  // never destroyed: its threads outlive static destruction
+    return *pool;
+  }
+
+  // Runs run(i) for every i in [0, blocks), each once, on this thread and up to `helpers`
+  // pool threads.
+  template <typename Run>
+  void run(uint64_t blocks, int helpers, const Run& run) {
+    std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+    if (helpers < 1 || getpid() != pid_ || !lock.try_lock() || busy_) {
+      for (uint64_t i = 0; i < blocks; ++i) run(i);
+      return;
+    }
+    busy_ = true;
+    done_.wait(lock, [&] { return attached_ == 0; });  // a late helper of the last launch
+    while (static_cast<int>(threads_.size()) < helpers) threads_.emplace_back([this] { work(); });
+    const auto job = [&run](uint64_t i) { run(i); };
+    job_ = job;
+    blocks_ = blocks;
+    helpers_ = helpers;
+    next_ = 0;
+    completed_ = 0;
+    generation_++;
+    lock.unlock();
+    wake_.notify_all();
+    const uint64_t mine = claim_and_run();
+    lock.lock();
+    completed_ += mine;
+    done_.wait(lock, [&] { return completed_ == blocks_ && attached_ == 0; });
+    job_ = nullptr;
+    busy_ = false;
+  }
+
+ private:
+  BlockPool() : pid_(getpid()) {}
+
+  uint64_t claim_and_run() {
+    uint64_t ran = 0;
+    for (uint64_t i = next_++; i < blocks_; i = next_++) {
+      job_(i);
+      ++ran;
+    }
+    return ran;
+  }
+
+  void work() {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      wake_.wait(lock, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (job_ == nullptr || attached_ >= helpers_) continue;
+      attached_++;
+      lock.unlock();
+      const uint64_t ran = claim_and_run();
+      lock.lock();
+      completed_ += ran;
+      attached_--;
+      done_.notify_all();
+    }
+  }
+
+  const pid_t pid_;
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  std::vector<std::thread> threads_;
+  bool busy_ = false;
+  uint64_t generation_ = 0;
+  int attached_ = 0;
+  int helpers_ = 0;
+  uint64_t completed_ = 0;
+  // The current launch; blocks_ and job_ change only under mu_ with no helper attached.
+  std::function<void(uint64_t)> job_;
+  uint64_t blocks_ = 0;
+  std::atomic<uint64_t> next_{0};
+};
+#endif
 
 }  // namespace
 
@@ -68,17 +164,7 @@ void launch(const char* kernel, dim3 grid, dim3 block, std::size_t shmem_bytes, 
   for (std::thread& th : others) th.join();
 #else
   const uint64_t workers = std::min<uint64_t>(blocks, static_cast<uint64_t>(host_threads()));
-  if (workers <= 1) {
-    for (uint64_t i = 0; i < blocks; ++i) run(i, 0);
-  } else {
-    std::atomic<uint64_t> next{0};
-    std::vector<std::thread> pool;
-    for (uint64_t w = 0; w < workers; ++w)
-      pool.emplace_back([&] {
-        for (uint64_t i = next++; i < blocks; i = next++) run(i, 0);
-      });
-    for (std::thread& th : pool) th.join();
-  }
+  BlockPool::get().run(blocks, static_cast<int>(workers) - 1, [&](uint64_t i) { run(i, 0); });
 #endif
   // The lowest failing block is reported, whatever the number of host threads.
   for (const std::string& e : errors) {
