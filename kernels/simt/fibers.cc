@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <ucontext.h>  // fiber switch where not x86-64
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -154,15 +155,29 @@ void block_until_woken(Block& b, Thread& t) {
 
 namespace {
 
+// A fiber runs its first thread and, each time the thread it runs exits, the next thread
+// that has not started, if that thread is also the next one the scheduler would run (see
+// run_block_fibers); it goes back to the scheduler when its thread blocks, or when it
+// has no such thread to run.
 void fiber_main() {
-  Thread& t = *tls_thread;
-  Block& b = *t.block;
+  Thread* t = tls_thread;
+  Block& b = *t->block;
+  void* const stack = t->stack;
 #if defined(KVP_SIMT_ASAN)
   __sanitizer_finish_switch_fiber(nullptr, &b.scheduler_stack, &b.scheduler_stack_size);
 #endif
-  run_body(b);
-  finish(b, t);
-  yield_to_scheduler(t, true);
+  for (;;) {
+    run_body(b);
+    finish(b, *t);
+    const int next = b.next_unstarted;
+    if (next >= b.nthreads || next != t->tid + 1 || b.threads[next].state != State::kRunning) break;
+    b.next_unstarted = next + 1;
+    t = &b.threads[next];
+    t->stack = stack;
+    tls_thread = t;
+    threadIdx = t->idx;
+  }
+  yield_to_scheduler(*t, true);
   std::abort();  // a finished fiber is never resumed
 }
 
@@ -183,19 +198,26 @@ void resume(Block& b, Thread& t) {
 }  // namespace
 
 void run_block_fibers(Block& b) {
-  std::vector<void*> stacks;
-  stack_pool().take(b.nthreads, stacks);
-  for (int i = 0; i < b.nthreads; ++i) {
-    Thread& t = b.threads[i];
-    t.stack = stacks[static_cast<std::size_t>(i)];
-    fiber_init(t.context, t.stack, kStackBytes);
-  }
-  // Round robin in thread order: each runnable fiber runs until it blocks or exits.
+  // Round robin in thread order: each runnable thread runs until it blocks or exits. A thread
+  // that has not started gets a fiber (and a stack), and that fiber goes on to run the threads
+  // after it for as long as each exits without blocking (fiber_main): the same threads in the
+  // same order as the loop below would run them, without a fiber switch per thread. So a
+  // kernel without barriers or warp collectives runs each block on one fiber and one stack.
+  std::vector<void*> stacks, spare;
   while (b.done < b.nthreads) {
     bool progressed = false;
     for (int i = 0; i < b.nthreads; ++i) {
-      if (b.threads[i].state != State::kRunning) continue;
-      resume(b, b.threads[i]);
+      Thread& t = b.threads[i];
+      if (t.state != State::kRunning) continue;
+      if (i >= b.next_unstarted) {  // i == next_unstarted: threads start in order
+        if (spare.empty()) stack_pool().take(std::min(b.nthreads - i, 64), spare);
+        t.stack = spare.back();
+        spare.pop_back();
+        stacks.push_back(t.stack);
+        b.next_unstarted = i + 1;
+        fiber_init(t.context, t.stack, kStackBytes);
+      }
+      resume(b, t);
       progressed = true;
     }
     if (!progressed) {
@@ -208,6 +230,7 @@ void run_block_fibers(Block& b) {
   for (void* s : stacks) ASAN_UNPOISON_MEMORY_REGION(s, kStackBytes);
 #endif
   stack_pool().give(stacks);
+  stack_pool().give(spare);
 }
 
 }  // namespace detail

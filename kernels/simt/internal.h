@@ -139,6 +139,8 @@ struct Block {
   char warp_sync[32] = {};
 #else
   FiberContext scheduler;
+  // Threads 0 .. next_unstarted - 1 have started (fibers.cc, run_block_fibers).
+  int next_unstarted = 0;
 #if defined(KVP_SIMT_ASAN)
   const void* scheduler_stack = nullptr;
   std::size_t scheduler_stack_size = 0;
