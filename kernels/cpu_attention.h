@@ -59,22 +59,24 @@ KVP_HOST_DEVICE constexpr int64_t kv_pool_offset(int64_t slot, int64_t kv_head, 
 #define KVP_CPU_VEC4 1
 namespace detail {
 typedef float Vec4 __attribute__((vector_size(16)));
-inline Vec4 load4(const float* p) {
-  Vec4 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline void store4(float* p, Vec4 v) { std::memcpy(p, &v, sizeof(v)); }
-inline Vec4 splat4(float x) { return Vec4{x, x, x, x}; }
 // 8 lanes: one AVX register where the build has AVX, two SSE registers where it does not;
 // the operations on each lane are the same either way.
 typedef float Vec8 __attribute__((vector_size(32)));
-inline Vec8 load8(const float* p) {
-  Vec8 v;
+template <typename V>
+inline V load(const float* p) {
+  V v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-inline void store8(float* p, Vec8 v) { std::memcpy(p, &v, sizeof(v)); }
+template <typename V>
+inline void store(float* p, V v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+inline Vec4 load4(const float* p) { return load<Vec4>(p); }
+inline void store4(float* p, Vec4 v) { store(p, v); }
+inline Vec4 splat4(float x) { return Vec4{x, x, x, x}; }
+inline Vec8 load8(const float* p) { return load<Vec8>(p); }
+inline void store8(float* p, Vec8 v) { store(p, v); }
 inline Vec8 splat8(float x) { return Vec8{x, x, x, x, x, x, x, x}; }
 // dot()'s halving tree over 16 lanes held as four vectors (vector k = lanes 4k .. 4k+3):
 // widths 8 and 4 as vector adds, then 2 and 1.
@@ -282,6 +284,27 @@ KVP_HOST_DEVICE inline const float* kv_row_as_float(const KvT* row, float* buffe
   return buffer;
 }
 
+// One step of a partition's online-softmax recurrence, positions in order: the partition's
+// first score sets its max (so that a NaN score cannot be skipped by a comparison); a larger
+// score rescales the sum by r = exp(old max - score) and becomes the max. Returns p =
+// exp(score - max) and sets `rescale` to r (1 when the max stayed). The CUDA kernel runs the
+// same step (kernels/cuda/model_kernels.cu).
+KVP_HOST_DEVICE inline float online_softmax_step(float score, bool first, float& part_max, float& part_sum,
+                                                 float& rescale) {
+  float r = 1.0f;
+  if (first) {
+    part_max = score;
+  } else if (score > part_max) {
+    r = std::exp(part_max - score);
+    part_sum *= r;
+    part_max = score;
+  }
+  const float p = std::exp(score - part_max);
+  part_sum += p;
+  rescale = r;
+  return p;
+}
+
 // acc[d] = acc[d] * rescale[j] (when rescale[j] != 1) + p[j] * v_rows[j][d], for j = 0 ..
 // count - 1 in order: each element sees the positions in order, whatever the loop nest. The
 // vector version holds 16 elements in registers across the tile instead of reading and
@@ -333,21 +356,8 @@ KVP_HOST_DEVICE inline void paged_attention_head(const float* q, const KvT* k_po
             kv_row_as_float(k_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim), k_buffer, head_dim);
         p_tile[j] = dot(q, k, head_dim) * scale;
       }
-      for (int64_t j = 0; j < count; ++j) {
-        const float score = p_tile[j];
-        float r = 1.0f;
-        if (tile + j == begin) {
-          part_max = score;
-        } else if (score > part_max) {
-          r = std::exp(part_max - score);
-          part_sum *= r;
-          part_max = score;
-        }
-        const float p = std::exp(score - part_max);
-        part_sum += p;
-        p_tile[j] = p;
-        rescale[j] = r;
-      }
+      for (int64_t j = 0; j < count; ++j)
+        p_tile[j] = online_softmax_step(p_tile[j], tile + j == begin, part_max, part_sum, rescale[j]);
       const float* v_rows[kCpuAttentionTile];
       for (int64_t j = 0; j < count; ++j) {
         const int64_t slot = slot_of(block_table, tile + j, block_size);

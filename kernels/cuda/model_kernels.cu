@@ -195,19 +195,9 @@ __global__ void attention_partition_kernel(const float* q, const KvT* k_pool, co
     __syncthreads();
     if (tid < group) {
       for (int64_t j = 0; j < count; ++j) {
-        const float score = p_tile[tid * kAttentionTile + j];
-        float r = 1.0f;
-        if (tile + j == begin) {
-          part_max = score;  // the first score sets the max, so a NaN cannot be skipped
-        } else if (score > part_max) {
-          r = std::exp(part_max - score);
-          part_sum *= r;
-          part_max = score;
-        }
-        const float p = std::exp(score - part_max);
-        part_sum += p;
-        p_tile[tid * kAttentionTile + j] = p;
-        rescale[tid * kAttentionTile + j] = r;
+        float* score_then_p = &p_tile[tid * kAttentionTile + j];
+        *score_then_p = kvp::kernels::online_softmax_step(*score_then_p, tile + j == begin, part_max, part_sum,
+                                                          rescale[tid * kAttentionTile + j]);
       }
     }
     __syncthreads();
