@@ -58,10 +58,15 @@ class BlockPool {
   // pool threads.
   template <typename Run>
   void run(uint64_t blocks, int helpers, const Run& run) {
-    std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
-    if (helpers < 1 || getpid() != pid_ || !lock.try_lock() || busy_) {
+    const auto alone = [&] {
       for (uint64_t i = 0; i < blocks; ++i) run(i);
-      return;
+    };
+    if (helpers < 1 || getpid() != pid_) return alone();
+    // Held only for moments (never while blocks run), so waiting for it is short.
+    std::unique_lock<std::mutex> lock(mu_);
+    if (busy_) {
+      lock.unlock();  // not held while this launch runs: the pool's launch needs it
+      return alone();
     }
     busy_ = true;
     done_.wait(lock, [&] { return attached_ == 0; });  // a late helper of the last launch
