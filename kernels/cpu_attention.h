@@ -2,8 +2,8 @@
 // per-token kernels around it (dot, RMSNorm, RoPE, SiLU).
 //
 // Versions: the scalar loops (every build; a device build and -DKVP_NO_VECTOR_EXTENSIONS
-// use only these) and, on a GCC/Clang host, 4-wide vector-extension versions of dot, dot2
-// and the attention accumulators that give the same bits. Every function is a plain loop
+// use only these) and, on a GCC/Clang host, 4- and 8-wide vector-extension versions of dot
+// and the attention accumulators that give the same bits (tests/cpu_kernels_test.cc). Every function is a plain loop
 // over pointers and marked KVP_HOST_DEVICE so that a CUDA backend can call (or mirror) it as
 // it stands; no allocation, no std containers, scratch comes from the caller.
 //
@@ -49,12 +49,12 @@ KVP_HOST_DEVICE constexpr int64_t kv_pool_offset(int64_t slot, int64_t kv_head, 
   return (slot * num_kv_heads + kv_head) * head_dim;
 }
 
-// Host builds with GCC or Clang use their 4-wide vector extension for the loops below,
+// Host builds with GCC or Clang use their vector extension for the loops below,
 // because -O2 does not vectorise them on its own. Every vector loop computes exactly the
 // scalar loop's operations on each element, in the same order, so both give the same bits;
 // the scalar loops are what a device build (and any other compiler) runs. Defining
-// KVP_NO_VECTOR_EXTENSIONS forces the scalar loops on the host too (checked to give the
-// same logits bit for bit).
+// KVP_NO_VECTOR_EXTENSIONS forces the scalar loops on the host too (tests/cpu_kernels_test.cc
+// compares the two bit for bit).
 #if defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(KVP_NO_VECTOR_EXTENSIONS)
 #define KVP_CPU_VEC4 1
 namespace detail {
@@ -78,15 +78,8 @@ inline Vec4 splat4(float x) { return Vec4{x, x, x, x}; }
 inline Vec8 load8(const float* p) { return load<Vec8>(p); }
 inline void store8(float* p, Vec8 v) { store(p, v); }
 inline Vec8 splat8(float x) { return Vec8{x, x, x, x, x, x, x, x}; }
-// dot()'s halving tree over 16 lanes held as four vectors (vector k = lanes 4k .. 4k+3):
-// widths 8 and 4 as vector adds, then 2 and 1.
-inline float reduce_lanes(Vec4 v0, Vec4 v1, Vec4 v2, Vec4 v3) {
-  const Vec4 w = (v0 + v2) + (v1 + v3);
-  const float w0 = w[0] + w[2];
-  const float w1 = w[1] + w[3];
-  return w0 + w1;
-}
-// The same tree over 16 lanes held as two vectors (lanes 0 .. 7 and 8 .. 15).
+// dot()'s halving tree over 16 lanes held as two vectors (lanes 0 .. 7 and 8 .. 15): widths
+// 8 and 4 as vector adds, then 2 and 1.
 inline float reduce_lanes(Vec8 lo, Vec8 hi) {
   const Vec8 u = lo + hi;                                                      // width 8
   const Vec4 w = Vec4{u[0], u[1], u[2], u[3]} + Vec4{u[4], u[5], u[6], u[7]};  // width 4
@@ -151,40 +144,6 @@ KVP_HOST_DEVICE inline float dot(const float* a, const float* b, int64_t n) {
   return total + tail;
 }
 
-// dot(a, b0, n) and dot(a, b1, n) in one pass over `a` (a matrix row against two
-// vectors), each with exactly dot()'s arithmetic: the same bits as two dot() calls.
-KVP_HOST_DEVICE inline void dot2(const float* a, const float* b0, const float* b1, int64_t n, float* out0,
-                                 float* out1) {
-#if defined(KVP_CPU_VEC4)
-  using detail::load4;
-  using detail::Vec4;
-  constexpr int64_t kLanes = 16;
-  int64_t i = 0;
-  Vec4 p0 = {}, p1 = {}, p2 = {}, p3 = {}, q0 = {}, q1 = {}, q2 = {}, q3 = {};
-  for (; i + kLanes <= n; i += kLanes) {
-    const Vec4 a0 = load4(a + i), a1 = load4(a + i + 4), a2 = load4(a + i + 8), a3 = load4(a + i + 12);
-    p0 += a0 * load4(b0 + i);
-    q0 += a0 * load4(b1 + i);
-    p1 += a1 * load4(b0 + i + 4);
-    q1 += a1 * load4(b1 + i + 4);
-    p2 += a2 * load4(b0 + i + 8);
-    q2 += a2 * load4(b1 + i + 8);
-    p3 += a3 * load4(b0 + i + 12);
-    q3 += a3 * load4(b1 + i + 12);
-  }
-  float tail0 = 0.0f, tail1 = 0.0f;
-  for (int64_t j = i; j < n; ++j) {
-    tail0 += a[j] * b0[j];
-    tail1 += a[j] * b1[j];
-  }
-  *out0 = detail::reduce_lanes(p0, p1, p2, p3) + tail0;
-  *out1 = detail::reduce_lanes(q0, q1, q2, q3) + tail1;
-#else
-  *out0 = dot(a, b0, n);
-  *out1 = dot(a, b1, n);
-#endif
-}
-
 // y[i] = y[i] * scale for i < n.
 KVP_HOST_DEVICE inline void scale_in_place(float* y, float scale, int64_t n) {
   int64_t i = 0;
@@ -192,15 +151,6 @@ KVP_HOST_DEVICE inline void scale_in_place(float* y, float scale, int64_t n) {
   for (; i + 4 <= n; i += 4) detail::store4(y + i, detail::load4(y + i) * detail::splat4(scale));
 #endif
   for (; i < n; ++i) y[i] *= scale;
-}
-
-// y[i] = y[i] + p * x[i] for i < n. y must not alias x.
-KVP_HOST_DEVICE inline void add_scaled(float* y, float p, const float* x, int64_t n) {
-  int64_t i = 0;
-#if defined(KVP_CPU_VEC4)
-  for (; i + 4 <= n; i += 4) detail::store4(y + i, detail::load4(y + i) + detail::splat4(p) * detail::load4(x + i));
-#endif
-  for (; i < n; ++i) y[i] += p * x[i];
 }
 
 // y[i] = y[i] * a + x[i] * b for i < n. y must not alias x.

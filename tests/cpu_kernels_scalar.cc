@@ -13,9 +13,6 @@ namespace kvp::scalar_loops_test {
 namespace kk = kvp::kernels::scalar_loops;
 
 float dot(const float* a, const float* b, int64_t n) { return kk::dot(a, b, n); }
-void dot2(const float* a, const float* b0, const float* b1, int64_t n, float* out0, float* out1) {
-  kk::dot2(a, b0, b1, n, out0, out1);
-}
 void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* out) {
   kk::rms_norm(x, weight, n, eps, out);
 }

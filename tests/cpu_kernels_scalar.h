@@ -10,7 +10,6 @@
 namespace kvp::scalar_loops_test {
 
 float dot(const float* a, const float* b, int64_t n);
-void dot2(const float* a, const float* b0, const float* b1, int64_t n, float* out0, float* out1);
 void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* out);
 // paged_attention_head over fp32 and fp16 pools; `partition` positions per partition.
 void attention(const float* q, const float* k_pool, const float* v_pool, const int32_t* table, int64_t block_size,
