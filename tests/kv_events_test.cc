@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -113,6 +114,30 @@ TEST(KvEventDecoder, ArrayLayoutRoundTripsEveryField) {
     EXPECT_EQ(s2.group_idx, 1);
     EXPECT_EQ(std::get<BlockRemoved>(d->events[1]).medium, "CPU");
     EXPECT_TRUE(std::holds_alternative<AllBlocksCleared>(d->events[2]));
+  }
+}
+
+// ts goes out as a msgpack float64 whatever its value, as vLLM's encoder (msgspec) writes a
+// Python float: integral values too, and 2^64, on which msgpack-cxx's pack_double converts a
+// double out of uint64_t's range (undefined; found by fuzz_kv_events).
+TEST(KvEventDecoder, TsIsWrittenAsAFloat64WhateverItsValue) {
+  for (double ts : {0.0, 3.0, 1000.5, -2.0, 1.0e19, 18446744073709551616.0, -9223372036854775808.0, 1.0e300}) {
+    EventBatch b = batch(1, {AllBlocksCleared{}});
+    b.ts = ts;
+    for (Encoding enc : {Encoding::kArray, Encoding::kMap}) {
+      const std::string bytes = encode_event_batch(b, enc);
+      const std::size_t at = enc == Encoding::kArray ? 1 : 1 + 3;  // after the header (and the "ts" key)
+      ASSERT_GT(bytes.size(), at + 9);
+      EXPECT_EQ(static_cast<unsigned char>(bytes[at]), 0xcbu) << ts;
+      uint64_t bits = 0;
+      for (std::size_t i = 1; i <= 8; ++i) bits = (bits << 8) | static_cast<unsigned char>(bytes[at + i]);
+      double back = 0;
+      std::memcpy(&back, &bits, sizeof back);
+      EXPECT_EQ(back, ts);
+      auto d = decode_event_batch(bytes, 1);
+      ASSERT_TRUE(d.is_ok()) << d.status().message();
+      EXPECT_EQ(d->ts, ts);
+    }
   }
 }
 

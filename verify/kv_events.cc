@@ -462,6 +462,20 @@ void pack_event(Packer& pk, msgpack::sbuffer& buf, const KvCacheEvent& ev, Encod
   }
 }
 
+// ts as a msgpack float64 (0xcb and the IEEE-754 bits, big-endian) whatever its value: what
+// vLLM's encoder (msgspec) writes for a Python float. msgpack-cxx 4.1's pack_double writes an
+// integral double as an integer instead, and its range check lets 2^64 through to a
+// double -> uint64_t conversion that is undefined (UBSan: "outside the range of representable
+// values"; found by fuzz_kv_events on a ts of 0xffffffffffffff4c, which rounds to 2^64).
+void pack_float64(msgpack::sbuffer& buf, double d) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &d, sizeof bits);
+  char out[9];
+  out[0] = static_cast<char>(0xcb);
+  for (int i = 8; i >= 1; --i, bits >>= 8) out[i] = static_cast<char>(bits & 0xff);
+  buf.write(out, sizeof out);
+}
+
 }  // namespace
 
 std::string encode_event_batch(const EventBatch& batch, Encoding encoding) {
@@ -474,7 +488,7 @@ std::string encode_event_batch(const EventBatch& batch, Encoding encoding) {
     pk.pack_map(n);
   }
   pack_key(pk, encoding, "ts");
-  pk.pack_double(batch.ts);
+  pack_float64(buf, batch.ts);
   pack_key(pk, encoding, "events");
   pk.pack_array(static_cast<uint32_t>(batch.events.size()));
   for (const auto& e : batch.events) pack_event(pk, buf, e, encoding);
