@@ -3,7 +3,9 @@
 // (a position at a time, matrix-vector products). Build in Release and run
 //   build-release/bin/oracle_bench
 // Compare the tokens_per_second counters within one run (these machines are noisy): the
-// batched path over the sequential one at the same token count, one thread each.
+// batched path over the sequential one at the same token count, one thread each. The batched
+// path's products run on the host ISA (isa:0) or AVX-512 (isa:1, skipped where the CPU lacks
+// it; reference/products.h); the sequential path's matrix-vector products are host-ISA only.
 #include <benchmark/benchmark.h>
 
 #include <vector>
@@ -30,6 +32,12 @@ std::vector<int32_t> tokens(int64_t n) {
 void run(benchmark::State& state, bool batched) {
   const int64_t n = state.range(0);
   oracle().set_threads(static_cast<int>(state.range(1)));
+  const ref::ProductIsa isa = state.range(2) == 1 ? ref::ProductIsa::kAvx512 : ref::ProductIsa::kHost;
+  if (!ref::product_isa_supported(isa)) {
+    state.SkipWithError("this CPU has no AVX-512");
+    return;
+  }
+  oracle().set_product_isa(isa);
   const std::vector<int32_t> t = tokens(n);
   for (auto _ : state) {
     auto cache = oracle().make_cache(n);
@@ -44,19 +52,23 @@ void run(benchmark::State& state, bool batched) {
 void BM_OracleFp64Batched(benchmark::State& state) { run(state, true); }
 void BM_OracleFp64Sequential(benchmark::State& state) { run(state, false); }
 
-// Args: tokens, threads.
+// Args: tokens, threads, isa (0 host, 1 AVX-512).
 BENCHMARK(BM_OracleFp64Batched)
-    ->Args({128, 1})
-    ->Args({1024, 1})
-    ->Args({1024, 2})
+    ->ArgNames({"tokens", "threads", "isa"})
+    ->Args({128, 1, 0})
+    ->Args({128, 1, 1})
+    ->Args({1024, 1, 0})
+    ->Args({1024, 1, 1})
+    ->Args({1024, 2, 1})
     ->Unit(benchmark::kSecond)
     ->Iterations(1)
     ->UseRealTime();
 // The 1,024-token sequential run takes a few minutes here: it is the figure (the
 // batched path over the per-position one at 1,024 tokens, one thread each).
 BENCHMARK(BM_OracleFp64Sequential)
-    ->Args({128, 1})
-    ->Args({1024, 1})
+    ->ArgNames({"tokens", "threads", "isa"})
+    ->Args({128, 1, 0})
+    ->Args({1024, 1, 0})
     ->Unit(benchmark::kSecond)
     ->Iterations(1)
     ->UseRealTime();

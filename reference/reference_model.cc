@@ -62,22 +62,34 @@ constexpr Eigen::Index kSliceRows = 512;
 // prefill = decode, threads and chunking change no bit). 8 covers nr = 8 too.
 constexpr Eigen::Index kRowMultiple = 8;
 
+// y[rows x w.rows()] (leading dimension ldy) = the first `rows` rows of X W^T. Each slice's
+// product covers all of X's rows (the padding too, see kRowMultiple) and keeps the first
+// `rows`.
 template <typename T>
-ref::Matrix<T> rows_times(const ref::Matrix<T>& x, const ref::Matrix<T>& w, Eigen::Index rows, int threads) {
-  ref::Matrix<T> y(rows, w.rows());
+void rows_times_into(ref::ProductIsa isa, const ref::Matrix<T>& x, const ref::Matrix<T>& w, Eigen::Index rows,
+                     int threads, T* y, Eigen::Index ldy) {
   const Eigen::Index slices = (w.rows() + kSliceRows - 1) / kSliceRows;
   const double work = static_cast<double>(rows) * static_cast<double>(w.rows()) * static_cast<double>(w.cols());
   parallel_slices(slices, threads, work, [&](Eigen::Index s) {
     const Eigen::Index r0 = s * kSliceRows, r = std::min(kSliceRows, w.rows() - r0);
-    const ref::Matrix<T> part = x * w.middleRows(r0, r).transpose();
-    y.middleCols(r0, r) = part.topRows(rows);
+    ref::Matrix<T> part(x.rows(), r);
+    ref::product_abt<T>(isa, x.data(), x.cols(), w.row(r0).data(), w.cols(), x.rows(), r, x.cols(), part.data(), r);
+    for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(part.row(i).data(), r, y + i * ldy + r0);
   });
+}
+
+template <typename T>
+ref::Matrix<T> rows_times(ref::ProductIsa isa, const ref::Matrix<T>& x, const ref::Matrix<T>& w, Eigen::Index rows,
+                          int threads) {
+  ref::Matrix<T> y(rows, w.rows());
+  rows_times_into<T>(isa, x, w, rows, threads, y.data(), y.cols());
   return y;
 }
 
 template <typename T>
-ref::Matrix<T> linear_rows(const ref::Matrix<T>& w, const ref::Vector<T>& b, const ref::Matrix<T>& x, int threads) {
-  ref::Matrix<T> y = rows_times<T>(x, w, x.rows(), threads);
+ref::Matrix<T> linear_rows(ref::ProductIsa isa, const ref::Matrix<T>& w, const ref::Vector<T>& b,
+                           const ref::Matrix<T>& x, int threads) {
+  ref::Matrix<T> y = rows_times<T>(isa, x, w, x.rows(), threads);
   if (b.size() != 0) y.rowwise() += b.transpose();
   return y;
 }
@@ -203,8 +215,10 @@ typename ReferenceModel<T>::Matrix ReferenceModel<T>::attend_block(const Matrix&
     };
     const Matrix qh = q.middleCols(head * d, d);
     Matrix scores(rows, panels * kAttentionPanel);
+    Matrix s(rows, kAttentionPanel);
     for (Eigen::Index p = 0; p < panels; ++p) {
-      const Matrix s = qh * panel(k, p).transpose();
+      const Matrix kp = panel(k, p);
+      ref::product_abt<T>(isa_, qh.data(), d, kp.data(), d, rows, kAttentionPanel, d, s.data(), kAttentionPanel);
       scores.middleCols(p * kAttentionPanel, kAttentionPanel) = s * scale;
     }
     // The causal mask: query i (position start + i) weighs positions 0..start+i.
@@ -214,8 +228,11 @@ typename ReferenceModel<T>::Matrix ReferenceModel<T>::attend_block(const Matrix&
       weights.row(i).head(ctx) = ref::softmax<T>(scores.row(i).head(ctx).transpose()).transpose();
     }
     Matrix o = Matrix::Zero(rows, d);
+    Matrix part(rows, d);
     for (Eigen::Index p = 0; p < panels; ++p) {
-      const Matrix part = weights.middleCols(p * kAttentionPanel, kAttentionPanel) * panel(v, p);
+      const Matrix vp = panel(v, p);
+      ref::product_ab<T>(isa_, weights.data() + p * kAttentionPanel, weights.cols(), vp.data(), d, rows, d,
+                         kAttentionPanel, part.data(), d);
       o += part;
     }
     out.middleCols(head * d, d) = o;
@@ -241,9 +258,9 @@ typename ReferenceModel<T>::Matrix ReferenceModel<T>::forward_block(std::span<co
 
     // Attention block: H = RMSNorm(X); Q, K, V = H Wq, H Wk, H Wv; RoPE on each row of Q and K.
     const Matrix h = rms_norm_rows<T>(x, layer.input_layernorm, eps);
-    Matrix q = linear_rows<T>(layer.q_proj, layer.q_bias, h, threads_);
-    Matrix k = linear_rows<T>(layer.k_proj, layer.k_bias, h, threads_);
-    const Matrix v = linear_rows<T>(layer.v_proj, layer.v_bias, h, threads_);
+    Matrix q = linear_rows<T>(isa_, layer.q_proj, layer.q_bias, h, threads_);
+    Matrix k = linear_rows<T>(isa_, layer.k_proj, layer.k_bias, h, threads_);
+    const Matrix v = linear_rows<T>(isa_, layer.v_proj, layer.v_bias, h, threads_);
     for (Eigen::Index i = 0; i < n; ++i) {  // the padding row (if any) has no position
       const int64_t position = start + i;
       for (int64_t head = 0; head < config_.num_heads; ++head)
@@ -255,21 +272,22 @@ typename ReferenceModel<T>::Matrix ReferenceModel<T>::forward_block(std::span<co
         cache.values(l, kvh).row(position) = v.row(i).segment(kvh * d, d);
       }
     }
-    x += linear_rows<T>(layer.o_proj, layer.o_bias, attend_block(q, n, l, start, cache), threads_);
+    x += linear_rows<T>(isa_, layer.o_proj, layer.o_bias, attend_block(q, n, l, start, cache), threads_);
 
     // MLP block (SwiGLU): X += (silu(H2 W_gate) * (H2 W_up)) W_down.
     const Matrix h2 = rms_norm_rows<T>(x, layer.post_attention_layernorm, eps);
-    const Matrix gate =
-        linear_rows<T>(layer.gate_proj, layer.gate_bias, h2, threads_).unaryExpr([](T z) { return ref::silu<T>(z); });
-    const Matrix up = linear_rows<T>(layer.up_proj, layer.up_bias, h2, threads_);
-    x += linear_rows<T>(layer.down_proj, layer.down_bias, gate.cwiseProduct(up), threads_);
+    const Matrix gate = linear_rows<T>(isa_, layer.gate_proj, layer.gate_bias, h2, threads_).unaryExpr([](T z) {
+      return ref::silu<T>(z);
+    });
+    const Matrix up = linear_rows<T>(isa_, layer.up_proj, layer.up_bias, h2, threads_);
+    x += linear_rows<T>(isa_, layer.down_proj, layer.down_bias, gate.cwiseProduct(up), threads_);
   }
   // Tied embeddings: the LM head is the embedding matrix itself (one fp64 copy, not two).
   const Matrix& lm_head = config_.tie_word_embeddings ? embed_tokens_ : lm_head_;
   // The LM head a slice of the vocabulary at a time (rows_times): Eigen packs the left
   // operand of a product a panel at a time, sized by the cache sizes, and the whole 49k-row
   // head in one product grew verify's peak by ~100 MB.
-  Matrix logits = rows_times<T>(rms_norm_rows<T>(x, norm_, eps), lm_head, n, threads_);
+  Matrix logits = rows_times<T>(isa_, rms_norm_rows<T>(x, norm_, eps), lm_head, n, threads_);
   return logits;
 }
 

@@ -27,6 +27,7 @@
 #include "model/weights.h"
 #include "reference/dense_kv_cache.h"
 #include "reference/ops.h"
+#include "reference/products.h"
 
 namespace kvp {
 
@@ -60,6 +61,15 @@ class ReferenceModel {
   void set_threads(int n) { threads_ = std::max(n, 1); }
   int threads() const { return threads_; }
 
+  // The ISA of forward()'s matrix products (reference/products.h): the widest this CPU
+  // runs unless KVP_ORACLE_ISA says otherwise. The bits depend on it (by rounding), so it
+  // is set before the first forward(). REQUIRES: ref::product_isa_supported(isa).
+  void set_product_isa(ref::ProductIsa isa) {
+    KVP_CHECK(ref::product_isa_supported(isa));
+    isa_ = isa;
+  }
+  ref::ProductIsa product_isa() const { return isa_; }
+
  private:
   struct Layer {
     Vector input_layernorm, post_attention_layernorm;
@@ -86,6 +96,7 @@ class ReferenceModel {
   Vector norm_;
   Matrix lm_head_;  // empty when tied: embed_tokens_ is the LM head
   int threads_ = 1;
+  ref::ProductIsa isa_ = ref::default_product_isa();
 };
 
 extern template class ReferenceModel<float>;

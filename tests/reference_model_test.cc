@@ -17,6 +17,22 @@ std::vector<int32_t> tokens_for(int64_t n, int64_t vocab, uint64_t seed) {
   return t;
 }
 
+// Every ISA of the oracle's products this build and CPU have (reference/products.h): its
+// bitwise properties must hold on each, and each must agree with the sequential path.
+std::vector<ref::ProductIsa> isas() {
+  std::vector<ref::ProductIsa> out;
+  for (ref::ProductIsa isa : {ref::ProductIsa::kHost, ref::ProductIsa::kAvx512})
+    if (ref::product_isa_supported(isa)) out.push_back(isa);
+  return out;
+}
+
+template <typename T>
+ReferenceModel<T> oracle_on(const Model& m, ref::ProductIsa isa) {
+  ReferenceModel<T> r(m);
+  r.set_product_isa(isa);
+  return r;
+}
+
 const Model& tiny() {
   static const Model m = *make_preset("tiny", 0);
   return m;
@@ -46,16 +62,19 @@ ref::Matrix<T> run(const ReferenceModel<T>& model, const std::vector<std::vector
 // one by one (forward_block runs a single token as a two-row block, so every product is
 // Eigen's matrix-matrix kernel). Without the padding row the single-token decodes differ.
 TEST(ReferenceModel, PrefillThenDecodeEqualsSingleForwardBitwise) {
-  const ReferenceModel<float> model(tiny());
-  const auto t = tokens_for(40, 512, 1);
-  const auto whole = run(model, {t}, 64);
-  std::vector<std::vector<int32_t>> split = {std::vector<int32_t>(t.begin(), t.begin() + 25)};
-  for (std::size_t i = 25; i < t.size(); ++i) split.push_back({t[i]});
-  const auto pieces = run(model, split, 64);
-  EXPECT_TRUE((whole.array() == pieces.array()).all());
-  const auto chunks =
-      run(model, {{t.begin(), t.begin() + 7}, {t.begin() + 7, t.begin() + 30}, {t.begin() + 30, t.end()}}, 40);
-  EXPECT_TRUE((whole.array() == chunks.array()).all());
+  for (ref::ProductIsa isa : isas()) {
+    SCOPED_TRACE(ref::product_isa_name(isa));
+    const ReferenceModel<float> model = oracle_on<float>(tiny(), isa);
+    const auto t = tokens_for(40, 512, 1);
+    const auto whole = run(model, {t}, 64);
+    std::vector<std::vector<int32_t>> split = {std::vector<int32_t>(t.begin(), t.begin() + 25)};
+    for (std::size_t i = 25; i < t.size(); ++i) split.push_back({t[i]});
+    const auto pieces = run(model, split, 64);
+    EXPECT_TRUE((whole.array() == pieces.array()).all());
+    const auto chunks =
+        run(model, {{t.begin(), t.begin() + 7}, {t.begin() + 7, t.begin() + 30}, {t.begin() + 30, t.end()}}, 40);
+    EXPECT_TRUE((whole.array() == chunks.array()).all());
+  }
 }
 
 // The same across forward()'s 64-token blocks, in fp64, on a model with GQA and biases.
@@ -65,13 +84,17 @@ TEST(ReferenceModel, ChunkingAcrossBlocksIsBitwiseInFp64) {
   c.qkv_bias = true;
   c.o_bias = true;
   c.mlp_bias = true;
-  const ReferenceModel<double> model(make_random_model(c, 23));
-  const auto t = tokens_for(150, c.vocab_size, 9);
-  const auto whole = run(model, {t}, 150);
-  std::vector<std::vector<int32_t>> split = {std::vector<int32_t>(t.begin(), t.begin() + 70),
-                                             std::vector<int32_t>(t.begin() + 70, t.begin() + 133)};
-  for (std::size_t i = 133; i < t.size(); ++i) split.push_back({t[i]});
-  EXPECT_TRUE((whole.array() == run(model, split, 150).array()).all());
+  const Model m = make_random_model(c, 23);
+  for (ref::ProductIsa isa : isas()) {
+    SCOPED_TRACE(ref::product_isa_name(isa));
+    const ReferenceModel<double> model = oracle_on<double>(m, isa);
+    const auto t = tokens_for(150, c.vocab_size, 9);
+    const auto whole = run(model, {t}, 150);
+    std::vector<std::vector<int32_t>> split = {std::vector<int32_t>(t.begin(), t.begin() + 70),
+                                               std::vector<int32_t>(t.begin() + 70, t.begin() + 133)};
+    for (std::size_t i = 133; i < t.size(); ++i) split.push_back({t[i]});
+    EXPECT_TRUE((whole.array() == run(model, split, 150).array()).all());
+  }
 }
 
 // A long context: attention's products run over many 64-position panels (one product over
@@ -81,12 +104,16 @@ TEST(ReferenceModel, LongContextPrefillEqualsDecodesBitwise) {
   ModelConfig c = *preset_config("tiny");
   c.num_layers = 1;
   c.max_position_embeddings = 1024;
-  const ReferenceModel<double> model(make_random_model(c, 29));
-  const auto t = tokens_for(600, c.vocab_size, 4);
-  const auto whole = run(model, {t}, 600);
-  std::vector<std::vector<int32_t>> split = {std::vector<int32_t>(t.begin(), t.begin() + 517)};
-  for (std::size_t i = 517; i < t.size(); ++i) split.push_back({t[i]});
-  EXPECT_TRUE((whole.array() == run(model, split, 600).array()).all());
+  const Model m = make_random_model(c, 29);
+  for (ref::ProductIsa isa : isas()) {
+    SCOPED_TRACE(ref::product_isa_name(isa));
+    const ReferenceModel<double> model = oracle_on<double>(m, isa);
+    const auto t = tokens_for(600, c.vocab_size, 4);
+    const auto whole = run(model, {t}, 600);
+    std::vector<std::vector<int32_t>> split = {std::vector<int32_t>(t.begin(), t.begin() + 517)};
+    for (std::size_t i = 517; i < t.size(); ++i) split.push_back({t[i]});
+    EXPECT_TRUE((whole.array() == run(model, split, 600).array()).all());
+  }
 }
 
 // The products' slices spread over threads: the same bits for any thread count, and a
@@ -98,14 +125,17 @@ TEST(ReferenceModel, ThreadsDoNotChangeABit) {
   c.vocab_size = 1300;
   const Model m = make_random_model(c, 31);
   const auto t = tokens_for(70, c.vocab_size, 6);
-  ReferenceModel<double> model(m);
-  const auto one = run(model, {t}, 70);
-  for (int threads : {2, 3}) {
-    model.set_threads(threads);
-    EXPECT_TRUE((one.array() == run(model, {t}, 70).array()).all()) << threads << " threads";
-    std::vector<std::vector<int32_t>> split = {std::vector<int32_t>(t.begin(), t.begin() + 50)};
-    for (std::size_t i = 50; i < t.size(); ++i) split.push_back({t[i]});
-    EXPECT_TRUE((one.array() == run(model, split, 70).array()).all()) << threads << " threads, decodes";
+  for (ref::ProductIsa isa : isas()) {
+    SCOPED_TRACE(ref::product_isa_name(isa));
+    ReferenceModel<double> model = oracle_on<double>(m, isa);
+    const auto one = run(model, {t}, 70);
+    for (int threads : {2, 3}) {
+      model.set_threads(threads);
+      EXPECT_TRUE((one.array() == run(model, {t}, 70).array()).all()) << threads << " threads";
+      std::vector<std::vector<int32_t>> split = {std::vector<int32_t>(t.begin(), t.begin() + 50)};
+      for (std::size_t i = 50; i < t.size(); ++i) split.push_back({t[i]});
+      EXPECT_TRUE((one.array() == run(model, split, 70).array()).all()) << threads << " threads, decodes";
+    }
   }
 }
 
@@ -137,11 +167,14 @@ TEST(ReferenceModel, BatchedAgreesWithSequential) {
       EXPECT_LT(kv, 1e-4);
       return w;
     };
-    const double w64 = worst(ReferenceModel<double>(m));
-    const double w32 = worst(ReferenceModel<float>(m));
-    std::printf("batched vs sequential (bias %d): fp64 %.3g, fp32 %.3g of the row max\n", bias, w64, w32);
-    EXPECT_LT(w64, 1e-12);
-    EXPECT_LT(w32, 5e-6);
+    for (ref::ProductIsa isa : isas()) {
+      const double w64 = worst(oracle_on<double>(m, isa));
+      const double w32 = worst(oracle_on<float>(m, isa));
+      std::printf("batched (%s products) vs sequential (bias %d): fp64 %.3g, fp32 %.3g of the row max\n",
+                  std::string(ref::product_isa_name(isa)).c_str(), bias, w64, w32);
+      EXPECT_LT(w64, 1e-12) << ref::product_isa_name(isa);
+      EXPECT_LT(w32, 5e-6) << ref::product_isa_name(isa);
+    }
   }
 }
 
