@@ -150,16 +150,10 @@ Result<typename ReferenceModel<T>::Matrix> ReferenceModel<T>::forward(std::span<
                                                                       DenseKVCache<T>& cache) const {
   KVP_RETURN_IF_ERROR(check_forward(tokens, cache));
   const auto n = static_cast<int64_t>(tokens.size());
-  if (n <= kBlockTokens) {  // one block: its logits are the result (no copy)
-    Matrix logits = forward_block(tokens, cache);
-    cache.advance(n);
-    return logits;
-  }
   Matrix logits(n, config_.vocab_size);
   for (int64_t b = 0; b < n; b += kBlockTokens) {
     const int64_t m = std::min(kBlockTokens, n - b);
-    logits.middleRows(b, m) =
-        forward_block(tokens.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(m)), cache);
+    forward_block(tokens.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(m)), cache, logits, b);
     cache.advance(m);
   }
   return logits;
@@ -241,8 +235,8 @@ typename ReferenceModel<T>::Matrix ReferenceModel<T>::attend_block(const Matrix&
 }
 
 template <typename T>
-typename ReferenceModel<T>::Matrix ReferenceModel<T>::forward_block(std::span<const int32_t> tokens,
-                                                                    DenseKVCache<T>& cache) const {
+void ReferenceModel<T>::forward_block(std::span<const int32_t> tokens, DenseKVCache<T>& cache, Matrix& logits,
+                                      int64_t row) const {
   const int64_t d = config_.head_dim;
   const T eps = static_cast<T>(config_.rms_norm_eps);
   const auto n = static_cast<Eigen::Index>(tokens.size());
@@ -287,8 +281,8 @@ typename ReferenceModel<T>::Matrix ReferenceModel<T>::forward_block(std::span<co
   // The LM head a slice of the vocabulary at a time (rows_times): Eigen packs the left
   // operand of a product a panel at a time, sized by the cache sizes, and the whole 49k-row
   // head in one product grew verify's peak by ~100 MB.
-  Matrix logits = rows_times<T>(isa_, rms_norm_rows<T>(x, norm_, eps), lm_head, n, threads_);
-  return logits;
+  rows_times_into<T>(isa_, rms_norm_rows<T>(x, norm_, eps), lm_head, n, threads_, logits.row(row).data(),
+                     logits.cols());
 }
 
 template <typename T>
