@@ -2,6 +2,8 @@
 // cancellation, chunked prefill, preemption and the terminal-state contract.
 #include "optimized/engine/engine.h"
 
+#include <map>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -130,6 +132,48 @@ TEST(Engine, GeneratesExactlyMaxTokensAndFreesEverything) {
   const Request& r = e.request(id);
   for (std::size_t p = 9; p + 1 < r.tokens().size(); ++p)
     EXPECT_EQ(r.tokens()[p + 1], (r.tokens()[p] * 31 + static_cast<int64_t>(p) * 17) % kVocab) << p;
+}
+
+// Rows taken while a request runs: every row once, at its position, the same bits as a run
+// that keeps them all; later rows still land at their positions; the slots are left empty.
+TEST(Engine, CapturedLogitsTakenMidRunAreEveryRowOnceAtItsPosition) {
+  const EngineConfig e_config = small_config(32);
+  RequestSpec s = spec(10, 7);
+  s.capture_logits = true;
+  testing::FakeBackend kept_backend(e_config.kv.pool, kVocab);
+  Engine kept(e_config, kept_backend);
+  const RequestId kept_id = kept.add_request(s);
+  ASSERT_TRUE(run_to_end(kept).is_ok());
+  const std::vector<std::vector<float>>& all = kept.request(kept_id).logits;
+
+  testing::FakeBackend backend(e_config.kv.pool, kVocab);
+  Engine e(e_config, backend);
+  const RequestId id = e.add_request(s);
+  std::map<int64_t, std::vector<float>> taken;
+  int64_t calls_with_rows = 0;
+  while (e.has_unfinished()) {
+    ASSERT_TRUE(e.step().is_ok());
+    auto rows = e.take_captured_logits(id);
+    calls_with_rows += rows.empty() ? 0 : 1;
+    for (auto& [p, row] : rows) EXPECT_TRUE(taken.emplace(p, std::move(row)).second) << "position " << p << " twice";
+  }
+  EXPECT_TRUE(e.take_captured_logits(id).empty());
+  EXPECT_GT(calls_with_rows, 1);  // taken mid-run, not only at the end
+  ASSERT_EQ(e.request(id).logits.size(), all.size());
+  std::size_t non_empty = 0;
+  for (std::size_t p = 0; p < all.size(); ++p) {
+    EXPECT_TRUE(e.request(id).logits[p].empty()) << p;
+    if (all[p].empty()) {
+      EXPECT_EQ(taken.count(static_cast<int64_t>(p)), 0u) << p;
+      continue;
+    }
+    ++non_empty;
+    ASSERT_EQ(taken.count(static_cast<int64_t>(p)), 1u) << p;
+    EXPECT_EQ(taken[static_cast<int64_t>(p)], all[p]) << p;
+  }
+  EXPECT_EQ(taken.size(), non_empty);
+  EXPECT_GE(non_empty, 7u);
+  EXPECT_TRUE(e.take_captured_logits(12345).empty());
 }
 
 // The one way to flush the prefix cache from outside the scheduler refuses while a request

@@ -1,6 +1,7 @@
 #include "verify/verify.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -473,46 +475,113 @@ IsolationSample pick_isolation_sample(const ModeRun& r, const VerifyOptions& o) 
   return out;
 }
 
+// One sampled request re-run alone under `setup`: what differs from its run in the mode
+// (empty: nothing), or why it could not run.
+struct SoloRun {
+  Status engine = Status::ok();  // the engine could not be built (verify's error)
+  std::string failed;            // the run failed
+  std::string diff;              // tokens or logits differ
+};
+
+SoloRun run_alone(const Model& model, const EngineOptions& o, int64_t max_steps, const ModeRun& r, RequestId id,
+                  const EngineSetup& setup) {
+  SoloRun out;
+  const Request& original = r.engine().request(id);
+  // The device pool holds this request's whole life and no more, and there is no host pool:
+  // a request alone is never preempted (sized for max_model_len, with a host pool as large,
+  // two re-runs at once held 100 MB of pools on SmolLM2-135M). Margins: speculation's
+  // lookahead, the watermark, two blocks.
+  const int64_t tokens =
+      (static_cast<int64_t>(original.spec.prompt.size()) + std::max<int64_t>(1, original.num_generated()) +
+       (o.speculation.enabled() ? o.speculation.k + 1 : 0)) *
+      std::max<int64_t>(1, original.spec.n);
+  EngineSetup sized = setup;
+  sized.num_blocks = static_cast<int32_t>(
+      std::min<int64_t>(setup.num_blocks, (tokens + setup.block_size - 1) / setup.block_size + o.watermark_blocks + 2));
+  sized.num_host_blocks = 0;  // nothing to swap out to: the request is alone
+  auto alone = make_engine(model, o, sized);
+  if (!alone) {
+    out.engine = alone.status();
+    return out;
+  }
+  // The request as the engine ran it (a parallel sample is a plain request with its seed).
+  WorkloadRequest wr;
+  wr.spec = original.spec;
+  wr.spec.max_tokens = std::max<int64_t>(1, original.num_generated());
+  // Each row is digested as soon as it is captured and dropped: a re-run never holds its
+  // request's logits (100 positions of SmolLM2's vocabulary are 20 MB).
+  std::vector<std::optional<uint64_t>> digests;
+  const auto digest_rows = [&digests](Engine& e) {
+    for (const auto& [rid, req] : e.requests()) {
+      if (req->parent >= 0) continue;  // the request's parallel samples: only it is compared
+      for (auto& [p, row] : e.take_captured_logits(rid)) {
+        if (static_cast<int64_t>(digests.size()) <= p) digests.resize(static_cast<std::size_t>(p) + 1);
+        digests[static_cast<std::size_t>(p)] = hash_row(row);
+      }
+    }
+    return Status::ok();
+  };
+  auto solo = run_workload(*alone->engine, Workload{"solo", {wr}}, max_steps, digest_rows);
+  if (!solo) {
+    out.failed = solo.status().message();
+    return out;
+  }
+  (void)digest_rows(*alone->engine);
+  const Request& again = alone->engine->request(solo->ids[0]);
+  const std::vector<std::optional<uint64_t>>& rows = r.finished_at.at(id).rows;
+  if (again.tokens() != original.tokens())
+    out.diff = "tokens differ";
+  else if (again.logits.size() != rows.size())
+    out.diff =
+        "logits for " + std::to_string(again.logits.size()) + " vs " + std::to_string(rows.size()) + " positions";
+  // Positions served from the prefix cache in one run have no logits there: compare the rest.
+  for (std::size_t p = 0; out.diff.empty() && p < digests.size(); ++p)
+    if (digests[p] && rows[p] && *digests[p] != *rows[p])
+      out.diff = "logits at position " + std::to_string(p) + " differ bitwise";
+  return out;
+}
+
 // Non-interference: each sampled request re-run alone under another schedule (block size,
-// chunk, preemption mode) gives the same tokens and the same logits' bits. Errors: an engine
-// could not be built.
+// chunk, preemption mode) gives the same tokens and the same logits' bits. The re-runs are
+// independent (an engine each, reading the finished mode run), so with more than one
+// thread they run that many at a time, the threads split between their engines; their
+// outcomes are read in sample order, so the check says the same however many ran at once
+// (and an engine's bits do not depend on its threads). Errors: an engine could not be built.
 Status check_non_interference(const Model& model, const VerifyOptions& o, const ModeRun& r,
                               const std::vector<RequestId>& sample, CheckResult& isolation) {
   const int32_t alt_block = o.block_size == 16 ? 8 : 16;
   const int32_t blocks = static_cast<int32_t>((o.max_model_len + alt_block - 1) / alt_block) + 2;
   const int32_t alt_chunk = std::max(1, o.prefill_chunk_size / 2 - 1);
   const PreemptionMode alt_mode = r.mode == PreemptionMode::kSwap ? PreemptionMode::kRecompute : PreemptionMode::kSwap;
-  for (RequestId id : sample) {
-    const Request& original = r.engine().request(id);
-    auto alone = make_engine(model, o, {alt_block, blocks, blocks, alt_chunk, alt_mode});
-    if (!alone) return alone.status();
-    // The request as the engine ran it (a parallel sample is a plain request with its seed).
-    WorkloadRequest wr;
-    wr.spec = original.spec;
-    wr.spec.max_tokens = std::max<int64_t>(1, original.num_generated());
-    auto solo = run_workload(*alone->engine, Workload{"solo", {wr}}, o.max_steps);
+  const EngineSetup setup{alt_block, blocks, blocks, alt_chunk, alt_mode};
+  const std::size_t workers =
+      std::max<std::size_t>(1, std::min(static_cast<std::size_t>(std::max(o.num_threads, 1)), sample.size()));
+  EngineOptions eo = o;
+  eo.num_threads = std::max(1, o.num_threads / static_cast<int>(workers));
+  std::vector<SoloRun> runs(sample.size());
+  std::atomic<std::size_t> next{0};
+  const auto work = [&] {
+    for (std::size_t i = next++; i < sample.size(); i = next++)
+      runs[i] = run_alone(model, eo, o.max_steps, r, sample[i], setup);
+  };
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < workers; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  for (std::size_t i = 0; i < sample.size(); ++i) {
+    const SoloRun& run = runs[i];
+    KVP_RETURN_IF_ERROR(run.engine);
     ++isolation.count;
-    if (!solo) {
+    const std::string who = "request " + std::to_string(sample[i]);
+    if (!run.failed.empty()) {
       isolation.passed = false;
-      isolation.detail = "request " + std::to_string(id) + " alone: " + solo.status().message();
+      isolation.detail = who + " alone: " + run.failed;
       continue;
     }
-    const Request& again = alone->engine->request(solo->ids[0]);
-    const std::vector<std::optional<uint64_t>>& rows = r.finished_at.at(id).rows;
-    std::string diff;
-    if (again.tokens() != original.tokens())
-      diff = "tokens differ";
-    else if (again.logits.size() != rows.size())
-      diff = "logits for " + std::to_string(again.logits.size()) + " vs " + std::to_string(rows.size()) + " positions";
-    // Positions served from the prefix cache in one run have no logits there: compare the rest.
-    for (std::size_t p = 0; diff.empty() && p < again.logits.size(); ++p)
-      if (!again.logits[p].empty() && rows[p] && hash_row(again.logits[p]) != *rows[p])
-        diff = "logits at position " + std::to_string(p) + " differ bitwise";
-    if (!diff.empty() && isolation.passed) {
+    if (!run.diff.empty() && isolation.passed) {
       isolation.passed = false;
-      isolation.detail = "request " + std::to_string(id) + ": " + diff + " when run alone (block size " +
-                         std::to_string(alt_block) + ", chunk " + std::to_string(alt_chunk) + ", " +
-                         mode_name(alt_mode) + ")";
+      isolation.detail = who + ": " + run.diff + " when run alone (block size " + std::to_string(alt_block) +
+                         ", chunk " + std::to_string(alt_chunk) + ", " + mode_name(alt_mode) + ")";
     }
   }
   if (isolation.passed && isolation.count > 0) {

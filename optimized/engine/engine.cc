@@ -203,6 +203,19 @@ std::optional<std::vector<std::vector<float>>> Engine::take_logits(RequestId id)
   return taken;
 }
 
+std::vector<std::pair<int64_t, std::vector<float>>> Engine::take_captured_logits(RequestId id) {
+  std::vector<std::pair<int64_t, std::vector<float>>> taken;
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return taken;
+  std::vector<std::vector<float>>& rows = it->second->logits;
+  for (std::size_t p = 0; p < rows.size(); ++p) {
+    if (rows[p].empty()) continue;
+    taken.emplace_back(static_cast<int64_t>(p), std::vector<float>());
+    taken.back().second.swap(rows[p]);
+  }
+  return taken;
+}
+
 bool Engine::forget(RequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end() || !it->second->finished()) return false;

@@ -11,6 +11,7 @@
 #include <optional>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -77,6 +78,12 @@ class Engine {
   // The same, handing the rows over instead (verify's oracle checks them on another
   // thread); nothing for an unknown or unfinished id.
   std::optional<std::vector<std::vector<float>>> take_logits(RequestId id);
+  // The rows a request (finished or not) has captured since the last call, as (position,
+  // row), in position order; their slots become empty and later rows still land at their
+  // positions. For a driver that only digests rows (verify's lone re-runs): a taken row is
+  // no longer compared with its recomputation (recomputed_logit_mismatches), so a driver
+  // that takes rows mid-run compares them itself. Unknown id: nothing.
+  std::vector<std::pair<int64_t, std::vector<float>>> take_captured_logits(RequestId id);
 
   // Drops the record of a finished request (its id is never reused). A long-running driver
   // (kvproof simulate) calls it once it has read the request's results, so memory and the
