@@ -73,14 +73,21 @@ void gemm_rows(GemmIsa isa, const float* w, const float* bias, int64_t out_dim, 
 // dot_fma_scalar's bits, with gemm_isa().
 float dot_fma(const float* a, const float* b, int64_t n);
 
-// One output element of a projection, host or device: what the CUDA backend's projection
-// kernel computes (the device runs the scalar definition; the emulated kernel on the host
-// runs the host's vector loop, the same bits faster).
-KVP_HOST_DEVICE inline float projection_dot(const float* a, const float* b, int64_t n) {
+// Row r of a projection for n tokens, host or device: y[t * out_dim + r] =
+// dot(w row r, x row t) (+ bias[r]) for t in [0, n). What a thread of the CUDA backend's
+// projection kernel computes: the device runs the scalar definition token by token; the
+// emulated kernel on the host runs gemm_rows on the one row (the same bits, the weight row
+// read once for all n tokens).
+KVP_HOST_DEVICE inline void projection_row(const float* w, const float* bias, int64_t out_dim, int64_t in_dim,
+                                           const float* x, int64_t n, float* y, int64_t r) {
 #if defined(__CUDA_ARCH__)
-  return dot_fma_scalar(a, b, n);
+  for (int64_t t = 0; t < n; ++t) {
+    float acc = dot_fma_scalar(w + r * in_dim, x + t * in_dim, in_dim);
+    if (bias != nullptr) acc += bias[r];
+    y[t * out_dim + r] = acc;
+  }
 #else
-  return dot_fma(a, b, n);
+  gemm_rows(gemm_isa(), w, bias, out_dim, in_dim, x, n, y, r, r + 1);
 #endif
 }
 

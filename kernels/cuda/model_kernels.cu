@@ -88,18 +88,23 @@ __global__ void rms_norm_kernel(const float* x, const int32_t* rows, const float
   kvp::kernels::rms_norm(x + src * hidden, weight, hidden, eps, out + r * hidden);
 }
 
-// One thread per output element (t, r); adjacent threads take adjacent rows r of the same
-// token, so they share the token's activations. The element's arithmetic is the CPU
-// backend's (kernels/gemm.h), so the two give the same bits.
+// One thread per output row r and tile of up to kProjectTokens tokens; adjacent threads
+// take adjacent rows of the same tile, so they share the tile's activations, and a thread
+// reads its weight row once for the whole tile (emulated on the host, one element per
+// thread read the weights once per token: half of `verify --backend cuda-emu`'s time on
+// SmolLM2-135M). Each element's arithmetic is the CPU backend's (kernels/gemm.h), so the
+// two give the same bits.
+constexpr int64_t kProjectTokens = 8;
+
 __global__ void project_kernel(const float* w, const float* bias, int64_t out_dim, int64_t in_dim, const float* x,
                                int64_t n, float* y) {
   const int64_t i = global_index();
-  if (i >= n * out_dim) return;
-  const int64_t t = i / out_dim;
+  const int64_t tiles = (n + kProjectTokens - 1) / kProjectTokens;
+  if (i >= tiles * out_dim) return;
+  const int64_t t0 = i / out_dim * kProjectTokens;
   const int64_t r = i % out_dim;
-  float acc = kvp::kernels::projection_dot(w + r * in_dim, x + t * in_dim, in_dim);
-  if (bias != nullptr) acc += bias[r];
-  y[i] = acc;
+  const int64_t tokens = n - t0 < kProjectTokens ? n - t0 : kProjectTokens;
+  kvp::kernels::projection_row(w, bias, out_dim, in_dim, x + t0 * in_dim, tokens, y + t0 * out_dim, r);
 }
 
 // One thread per (token, head); cos/sin as the CPU backend computes them.
@@ -351,7 +356,7 @@ std::string rms_norm(const float* d_x, const int32_t* d_rows, const float* d_wei
 std::string project(const float* d_w, const float* d_bias, int64_t out_dim, int64_t in_dim, const float* d_x, int64_t n,
                     float* d_y) {
   if (n <= 0) return {};
-  KVP_LAUNCH(project_kernel, grid_for(n * out_dim), dim3(kThreads), 0, nullptr)
+  KVP_LAUNCH(project_kernel, grid_for((n + kProjectTokens - 1) / kProjectTokens * out_dim), dim3(kThreads), 0, nullptr)
   (d_w, d_bias, out_dim, in_dim, d_x, n, d_y);
   return launched("project_kernel");
 }
