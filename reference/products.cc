@@ -52,32 +52,31 @@ ProductIsa default_product_isa() {
   return chosen;
 }
 
+// Runs a product's host version, or its AVX-512 copy where `isa` says so (the one place
+// that knows whether this build has the copies). REQUIRES: product_isa_supported(isa).
+template <typename Host, typename Wide>
+void run_on(ProductIsa isa, const Host& host, [[maybe_unused]] const Wide& wide) {
+  KVP_CHECK(product_isa_supported(isa));
+#if defined(KVP_ORACLE_AVX512)
+  if (isa == ProductIsa::kAvx512) return wide();
+#endif
+  host();
+}
+
 template <typename T>
 void product_abt(ProductIsa isa, const T* a, int64_t lda, const T* b, int64_t ldb, int64_t m, int64_t n, int64_t k,
                  T* c, int64_t ldc) {
-#if defined(KVP_ORACLE_AVX512)
-  if (isa == ProductIsa::kAvx512) {
-    KVP_CHECK(product_isa_supported(isa));
-    avx512::product_abt(a, lda, b, ldb, m, n, k, c, ldc);
-    return;
-  }
-#endif
-  KVP_CHECK(isa == ProductIsa::kHost);
-  abt<T>(a, lda, b, ldb, m, n, k, c, ldc);
+  run_on(
+      isa, [&] { abt<T>(a, lda, b, ldb, m, n, k, c, ldc); },
+      [&] { avx512::product_abt(a, lda, b, ldb, m, n, k, c, ldc); });
 }
 
 template <typename T>
 void product_ab(ProductIsa isa, const T* a, int64_t lda, const T* b, int64_t ldb, int64_t m, int64_t n, int64_t k, T* c,
                 int64_t ldc) {
-#if defined(KVP_ORACLE_AVX512)
-  if (isa == ProductIsa::kAvx512) {
-    KVP_CHECK(product_isa_supported(isa));
-    avx512::product_ab(a, lda, b, ldb, m, n, k, c, ldc);
-    return;
-  }
-#endif
-  KVP_CHECK(isa == ProductIsa::kHost);
-  ab<T>(a, lda, b, ldb, m, n, k, c, ldc);
+  run_on(
+      isa, [&] { ab<T>(a, lda, b, ldb, m, n, k, c, ldc); },
+      [&] { avx512::product_ab(a, lda, b, ldb, m, n, k, c, ldc); });
 }
 
 template void product_abt<float>(ProductIsa, const float*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t,
