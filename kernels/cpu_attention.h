@@ -23,6 +23,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#if defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(KVP_NO_VECTOR_EXTENSIONS) && defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 #include "common/host_device.h"
 #include "kernels/kv_element.h"
@@ -144,6 +147,41 @@ KVP_HOST_DEVICE inline float dot(const float* a, const float* b, int64_t n) {
   return total + tail;
 }
 
+#if defined(KVP_CPU_VEC4) && defined(__AVX__)
+#define KVP_CPU_SCORES8 1
+// dot(q, rows[j], n) * scale for the 8 rows j < 8, into out[j]; n a multiple of 16. Each
+// row's two 8-lane partial sums (lanes 0 .. 7 and 8 .. 15) are dot()'s own chains; the
+// halving tree (reduce_lanes) then runs for the 8 rows at once: its same additions of the
+// same lane pairs, with shuffles gathering the pairs of different rows into one vector, in
+// place of a horizontal reduction per row.
+inline void scores8(const float* q, const float* const* rows, int64_t n, float scale, float* out) {
+  __m256 u[8];
+  for (int j = 0; j < 8; ++j) {
+    __m256 lo = _mm256_setzero_ps();
+    __m256 hi = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+      lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(rows[j] + i)));
+      hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(rows[j] + i + 8)));
+    }
+    u[j] = _mm256_add_ps(lo, hi);  // width 8
+  }
+  __m256 w[4];  // width 4: the low 128 bits hold row 2i's four lanes, the high ones row 2i + 1's
+  for (int i = 0; i < 4; ++i)
+    w[i] = _mm256_add_ps(_mm256_permute2f128_ps(u[2 * i], u[2 * i + 1], 0x20),
+                         _mm256_permute2f128_ps(u[2 * i], u[2 * i + 1], 0x31));
+  __m256 x[2];  // width 2 (w0 = w[0] + w[2], w1 = w[1] + w[3]): rows 4i, 4i + 2 low; 4i + 1, 4i + 3 high
+  for (int i = 0; i < 2; ++i)
+    x[i] =
+        _mm256_add_ps(_mm256_shuffle_ps(w[2 * i], w[2 * i + 1], 0x44), _mm256_shuffle_ps(w[2 * i], w[2 * i + 1], 0xEE));
+  // width 1 (w0 + w1), then + the empty tail (0) and * scale: rows 0, 2, 4, 6, 1, 3, 5, 7.
+  const __m256 total = _mm256_add_ps(_mm256_shuffle_ps(x[0], x[1], 0x88), _mm256_shuffle_ps(x[0], x[1], 0xDD));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_mul_ps(_mm256_add_ps(total, _mm256_setzero_ps()), _mm256_set1_ps(scale)));
+  constexpr int kRowOfLane[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+  for (int l = 0; l < 8; ++l) out[kRowOfLane[l]] = lanes[l];
+}
+#endif
+
 // y[i] = y[i] * scale for i < n.
 KVP_HOST_DEVICE inline void scale_in_place(float* y, float scale, int64_t n) {
   int64_t i = 0;
@@ -194,36 +232,47 @@ KVP_HOST_DEVICE inline void apply_rope(float* head, const float* cos, const floa
 // silu(z) = z * sigmoid(z).
 KVP_HOST_DEVICE inline float silu(float z) { return z / (1.0f + std::exp(-z)); }
 
-// Causal attention of one query head of one token at `position` over its sequence's
-// context, read through the block table from one layer's K and V pools:
-//   out = sum_j softmax_j(q . k_j * scale) v_j,  j = 0..position.
+// Causal attention of one token at `position` over its sequence's context, for the query
+// heads that read KV heads kv_begin .. kv_begin + kv_count - 1 (`group` query heads per KV
+// head, GQA), read through the block table from one layer's K and V pools: for each head h,
+//   out_h = sum_j softmax_j(q_h . k_j * scale) v_j,  j = 0..position.
 // The positions are cut into partitions [0, P), [P, 2P), ... of `partition` positions; each
-// partition keeps its own online-softmax state (max, sum, accumulator), and the partitions
-// are merged in order. A NaN anywhere in the K/V read (a poisoned block) reaches `out`.
+// partition keeps, per head, its own online-softmax state (max, sum, accumulator), and the
+// partitions are merged in order. A NaN anywhere in the K/V read (a poisoned block) reaches
+// `out`.
 //
-// Within a partition the positions are taken a tile of kCpuAttentionTile at a time, in three
-// passes, as the CUDA kernel does (kernels/cuda/model_kernels.cu): the tile's scores; the
-// online-softmax recurrence over them in position order (max, rescale, p, sum); then each
-// position's rescale and p * v applied to the accumulator in position order. Every value is
-// computed by the same operations in the same order as a one-pass loop over the positions
-// would; the passes only take the exp and the dot products off the recurrence's critical
-// path, so a tile's scores and exps can run side by side.
+// Within a partition the positions are taken a tile of kCpuAttentionTile at a time: the
+// tile's slots are located once for all the heads, each KV head's rows (converted, for
+// fp16/bf16 pools) once for its group; then each query head runs three passes, as the CUDA
+// kernel does (kernels/cuda/model_kernels.cu): the tile's scores; the online-softmax
+// recurrence over them in position order (max, rescale, p, sum); then each position's
+// rescale and p * v applied to the accumulator in position order. Every value is computed by
+// the same operations in the same order as a one-pass loop over the positions of one head
+// would: a head's result does not depend on kv_count or `group` (paged_attention_head is
+// this function for one head), and the passes only take the exp and the dot products off the
+// recurrence's critical path. What the grouping buys is memory traffic: a slot's record
+// holds every KV head's row side by side, so a tile's records are read once, in order, for
+// all the heads, and stay in L1 while they work.
 //
-// q: [head_dim]. k_pool, v_pool: the layer's pools, of element type KvT (float, F16Bits or
-// BF16Bits: each K/V element is converted to fp32 as it is read). block_table: the sequence's
-// block ids, at least blocks_for_tokens(position + 1, block_size) of them. scratch:
-// attention_scratch_size<KvT>(head_dim) floats. out: [head_dim]; must not alias q or scratch.
-// REQUIRES: position >= 0, partition > 0, every slot read lies inside the pools.
+// q: [kv_count * group, head_dim], the heads in order (query heads kv_begin * group .. of a
+// token's [num_heads, head_dim] row). k_pool, v_pool: the layer's pools, of element type
+// KvT (float, F16Bits or BF16Bits: each K/V element is converted to fp32 as it is read).
+// block_table: the sequence's block ids, at least blocks_for_tokens(position + 1, block_size)
+// of them. scratch: attention_scratch_size<KvT>(head_dim, kv_count * group) floats. out:
+// [kv_count * group, head_dim]; must not alias q or scratch.
+// REQUIRES: position >= 0, partition > 0, group > 0, 0 <= kv_begin < kv_begin + kv_count <=
+// num_kv_heads, every slot read lies inside the pools.
 inline constexpr int64_t kCpuAttentionTile = 32;
 template <typename KvT>
-inline constexpr int64_t kAttentionRows = 2 + kCpuAttentionTile;  // accumulator, a K row, a tile of V rows in fp32
+inline constexpr int64_t kAttentionTileRows = 2 * kCpuAttentionTile;  // a tile of K and of V rows in fp32
 template <>
-inline constexpr int64_t kAttentionRows<float> = 1;  // accumulator; rows are read in place
-// Floats of scratch paged_attention_head needs: its rows of head_dim, then a tile's scores
-// (later its p values) and rescale factors.
+inline constexpr int64_t kAttentionTileRows<float> = 0;  // rows are read in place
+// Floats of scratch paged_attention_kv_heads needs for `heads` query heads: their
+// accumulators, one KV head's converted K/V rows of a tile, each head's tile of scores (later
+// p values) and rescale factors, and each head's four recurrence values.
 template <typename KvT>
-KVP_HOST_DEVICE constexpr int64_t attention_scratch_size(int64_t head_dim) {
-  return kAttentionRows<KvT> * head_dim + 2 * kCpuAttentionTile;
+KVP_HOST_DEVICE constexpr int64_t attention_scratch_size(int64_t head_dim, int64_t heads = 1) {
+  return (heads + kAttentionTileRows<KvT>)*head_dim + 2 * heads * kCpuAttentionTile + 4 * heads;
 }
 
 // A K or V row of the pool as fp32: the pool itself for fp32, else converted into `buffer`.
@@ -280,60 +329,104 @@ KVP_HOST_DEVICE inline void accumulate_tile(float* acc, const float* const* v_ro
 }
 
 template <typename BlockId, typename KvT>
+KVP_HOST_DEVICE inline void paged_attention_kv_heads(const float* q, const KvT* k_pool, const KvT* v_pool,
+                                                     const BlockId* block_table, int64_t block_size,
+                                                     int64_t num_kv_heads, int64_t kv_begin, int64_t kv_count,
+                                                     int64_t group, int64_t head_dim, int64_t position, float scale,
+                                                     int64_t partition, float* scratch, float* out) {
+  const int64_t heads = kv_count * group;
+  float* acc = scratch;  // [heads][head_dim]
+  // One KV head's converted rows of a tile, [tile][head_dim] each (fp16/bf16 pools; none for fp32).
+  constexpr bool kConverted = kAttentionTileRows < KvT >> 0;
+  float* k_buffer = kConverted ? acc + heads * head_dim : nullptr;
+  float* v_buffer = kConverted ? k_buffer + kCpuAttentionTile * head_dim : nullptr;
+  float* p_tile = acc + (heads + kAttentionTileRows<KvT>)*head_dim;  // [heads][tile]: score, then p
+  float* rescale = p_tile + heads * kCpuAttentionTile;               // [heads][tile]
+  float* part_max = rescale + heads * kCpuAttentionTile;             // [heads] each
+  float* part_sum = part_max + heads;
+  float* running_max = part_sum + heads;
+  float* running_sum = running_max + heads;
+  int64_t record[kCpuAttentionTile];  // offset of each position's row of KV head kv_begin
+  const float* k_rows[kCpuAttentionTile];
+  const float* v_rows[kCpuAttentionTile];
+  for (int64_t begin = 0; begin <= position; begin += partition) {
+    const int64_t end = (position + 1 - begin < partition) ? position + 1 : begin + partition;
+    // This partition's state; the first position's score initialises each head's max so
+    // that a NaN score cannot be skipped by a comparison.
+    for (int64_t h = 0; h < heads; ++h) {
+      part_max[h] = 0.0f;
+      part_sum[h] = 0.0f;
+    }
+    for (int64_t e = 0; e < heads * head_dim; ++e) acc[e] = 0.0f;
+    for (int64_t tile = begin; tile < end; tile += kCpuAttentionTile) {
+      const int64_t count = end - tile < kCpuAttentionTile ? end - tile : kCpuAttentionTile;
+      // The tile's slots: slot_of(block_table, tile + j, block_size), walked block by block.
+      int64_t block = block_index_of(tile, block_size);
+      int64_t offset = offset_in_block(tile, block_size);
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t slot = slot_of_block(static_cast<int64_t>(block_table[block]), offset, block_size);
+        record[j] = kv_pool_offset(slot, kv_begin, num_kv_heads, head_dim);
+        if (++offset == block_size) {
+          offset = 0;
+          ++block;
+        }
+      }
+      for (int64_t g = 0; g < kv_count; ++g) {
+        for (int64_t j = 0; j < count; ++j) {
+          const int64_t at = record[j] + g * head_dim;  // kv_pool_offset(slot, kv_begin + g, ...)
+          k_rows[j] = kv_row_as_float(k_pool + at, kConverted ? k_buffer + j * head_dim : nullptr, head_dim);
+          v_rows[j] = kv_row_as_float(v_pool + at, kConverted ? v_buffer + j * head_dim : nullptr, head_dim);
+        }
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+          float* p = p_tile + h * kCpuAttentionTile;
+          float* r = rescale + h * kCpuAttentionTile;
+          const float* q_h = q + h * head_dim;
+          int64_t j = 0;
+#if defined(KVP_CPU_SCORES8)
+          if (head_dim % 16 == 0) {
+            for (; j + 8 <= count; j += 8) scores8(q_h, k_rows + j, head_dim, scale, p + j);
+          }
+#endif
+          for (; j < count; ++j) p[j] = dot(q_h, k_rows[j], head_dim) * scale;
+          for (j = 0; j < count; ++j)
+            p[j] = online_softmax_step(p[j], tile + j == begin, part_max[h], part_sum[h], r[j]);
+          accumulate_tile(acc + h * head_dim, v_rows, p, r, count, head_dim);
+        }
+      }
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      float* o = out + h * head_dim;
+      const float* a_h = acc + h * head_dim;
+      if (begin == 0) {
+        running_max[h] = part_max[h];
+        running_sum[h] = part_sum[h];
+        for (int64_t d = 0; d < head_dim; ++d) o[d] = a_h[d];
+      } else {
+        const float new_max = part_max[h] > running_max[h] ? part_max[h] : running_max[h];
+        const float a = std::exp(running_max[h] - new_max);
+        const float b = std::exp(part_max[h] - new_max);
+        running_sum[h] = running_sum[h] * a + part_sum[h] * b;
+        scale_add(o, a, a_h, b, head_dim);
+        running_max[h] = new_max;
+      }
+    }
+  }
+  for (int64_t h = 0; h < heads; ++h) scale_in_place(out + h * head_dim, 1.0f / running_sum[h], head_dim);
+}
+
+// paged_attention_kv_heads for one query head, which reads KV head `kv_head`: q and out are
+// [head_dim]; scratch is attention_scratch_size<KvT>(head_dim) floats.
+template <typename BlockId, typename KvT>
 KVP_HOST_DEVICE inline void paged_attention_head(const float* q, const KvT* k_pool, const KvT* v_pool,
                                                  const BlockId* block_table, int64_t block_size, int64_t num_kv_heads,
                                                  int64_t kv_head, int64_t head_dim, int64_t position, float scale,
                                                  int64_t partition, float* scratch, float* out) {
-  float* acc = scratch;
-  float* k_buffer = kAttentionRows<KvT> > 1 ? scratch + head_dim : nullptr;
-  float* v_buffer = kAttentionRows<KvT> > 1 ? scratch + 2 * head_dim : nullptr;
-  float* p_tile = scratch + kAttentionRows<KvT> * head_dim;  // [kCpuAttentionTile]: score, then p
-  float* rescale = p_tile + kCpuAttentionTile;               // [kCpuAttentionTile]
-  float running_max = 0.0f;
-  float running_sum = 0.0f;
-  for (int64_t begin = 0; begin <= position; begin += partition) {
-    const int64_t end = (position + 1 - begin < partition) ? position + 1 : begin + partition;
-    // This partition's state; the first position's score initialises its max so that a
-    // NaN score cannot be skipped by a comparison.
-    float part_max = 0.0f;
-    float part_sum = 0.0f;
-    for (int64_t d = 0; d < head_dim; ++d) acc[d] = 0.0f;
-    for (int64_t tile = begin; tile < end; tile += kCpuAttentionTile) {
-      const int64_t count = end - tile < kCpuAttentionTile ? end - tile : kCpuAttentionTile;
-      for (int64_t j = 0; j < count; ++j) {
-        const int64_t slot = slot_of(block_table, tile + j, block_size);
-        const float* k =
-            kv_row_as_float(k_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim), k_buffer, head_dim);
-        p_tile[j] = dot(q, k, head_dim) * scale;
-      }
-      for (int64_t j = 0; j < count; ++j)
-        p_tile[j] = online_softmax_step(p_tile[j], tile + j == begin, part_max, part_sum, rescale[j]);
-      const float* v_rows[kCpuAttentionTile];
-      for (int64_t j = 0; j < count; ++j) {
-        const int64_t slot = slot_of(block_table, tile + j, block_size);
-        v_rows[j] = kv_row_as_float(v_pool + kv_pool_offset(slot, kv_head, num_kv_heads, head_dim),
-                                    v_buffer + (v_buffer != nullptr ? j * head_dim : 0), head_dim);
-      }
-      accumulate_tile(acc, v_rows, p_tile, rescale, count, head_dim);
-    }
-    if (begin == 0) {
-      running_max = part_max;
-      running_sum = part_sum;
-      for (int64_t d = 0; d < head_dim; ++d) out[d] = acc[d];
-    } else {
-      const float new_max = part_max > running_max ? part_max : running_max;
-      const float a = std::exp(running_max - new_max);
-      const float b = std::exp(part_max - new_max);
-      running_sum = running_sum * a + part_sum * b;
-      scale_add(out, a, acc, b, head_dim);
-      running_max = new_max;
-    }
-  }
-  const float inv_sum = 1.0f / running_sum;
-  scale_in_place(out, inv_sum, head_dim);
+  paged_attention_kv_heads(q, k_pool, v_pool, block_table, block_size, num_kv_heads, kv_head, 1, 1, head_dim, position,
+                           scale, partition, scratch, out);
 }
 
 }  // inline namespace
 }  // namespace kvp::kernels
 
 #undef KVP_CPU_VEC4
+#undef KVP_CPU_SCORES8

@@ -111,5 +111,54 @@ TEST(CpuBackend, CreateRejectsAnIsaTheCpuLacks) {
   }
 }
 
+// Attention long enough to run on the threads (kMinParallelMacs), split by work, not by
+// count: a 600-token prefill chunk (each thread a run of whole tokens), then decode steps of
+// two sequences (too few tokens: items of one KV head each). Every logit has the same bits
+// at 1, 2, 3 and 5 threads.
+std::vector<std::vector<float>> run_long_context_logits(int threads) {
+  static const Model model = *make_preset("small", 3);
+  EngineConfig c;
+  c.kv.pool = pool_shape_for(model.config, 16, 2 * 80, 0);
+  c.scheduler.max_num_batched_tokens = 1200;
+  c.scheduler.prefill_chunk_size = 600;
+  c.scheduler.max_model_len = 4096;
+  c.vocab_size = model.config.vocab_size;
+  CpuBackendConfig bc;
+  bc.pool = c.kv.pool;
+  bc.num_threads = threads;
+  CpuBackend backend(model, bc);
+  Engine engine(c, backend);
+  Rng rng(9);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 2; ++i) {
+    RequestSpec s;
+    for (int j = 0; j < 1100 + 60 * i; ++j)
+      s.prompt.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(model.config.vocab_size))));
+    s.max_tokens = 4;
+    s.capture_logits = true;
+    ids.push_back(engine.add_request(s));
+  }
+  while (engine.has_unfinished()) EXPECT_TRUE(engine.step().is_ok());
+  std::vector<std::vector<float>> rows;
+  for (RequestId id : ids) {
+    for (const auto& row : engine.request(id).logits) rows.push_back(row);
+  }
+  return rows;
+}
+
+TEST(CpuBackend, ThreadedAttentionGivesTheSameLogitBitsAtEveryThreadCount) {
+  const auto want = run_long_context_logits(1);
+  ASSERT_GE(want.size(), 8u);
+  for (int threads : {2, 3, 5}) {
+    const auto got = run_long_context_logits(threads);
+    ASSERT_EQ(got.size(), want.size()) << threads << " threads";
+    for (std::size_t r = 0; r < want.size(); ++r) {
+      ASSERT_EQ(got[r].size(), want[r].size());
+      EXPECT_EQ(0, std::memcmp(got[r].data(), want[r].data(), want[r].size() * sizeof(float)))
+          << threads << " threads, row " << r;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvp

@@ -1,7 +1,8 @@
 // kernels/cpu_attention.h: the vector loops of a host build give the bits of the scalar
 // loops (what a device build and any non-GCC/Clang compiler run), for dot, rms_norm and
 // paged attention over fp32 and fp16 pools, at head sizes that exercise every vector width
-// and the scalar tails, with scores that rise (rescales) and fall, over several partitions.
+// and the scalar tails, with scores that rise (rescales) and fall, over several partitions;
+// and a run of KV heads computed together gives each head its bits alone.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -106,6 +107,59 @@ TEST(CpuKernels, VectorPagedAttentionGivesTheScalarBits) {
           ks::attention(c.q.data(), k16.data(), v16.data(), c.table.data(), c.block_size, c.num_kv_heads, kv_head,
                         head_dim, positions - 1, scale, partition, so.data());
           expect_same_bits(vo, so, "fp16 " + what + " kv_head " + std::to_string(kv_head));
+        }
+      }
+    }
+  }
+}
+
+// paged_attention_kv_heads over a run of KV heads, with their groups of query heads, gives
+// each head the bits paged_attention_head gives it alone (the engine calls the former, the
+// plug-in and the CUDA kernel's tests the latter), for fp32 and fp16 pools.
+template <typename KvT>
+void expect_kv_heads_match_single_heads(const AttentionCase& c, const std::vector<KvT>& k, const std::vector<KvT>& v,
+                                        int64_t group, int64_t partition, const std::string& what) {
+  const int64_t d = c.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const auto q = random_floats(static_cast<std::size_t>(c.num_kv_heads * group * d), 77);
+  for (int64_t kv_begin = 0; kv_begin < c.num_kv_heads; ++kv_begin) {
+    for (int64_t kv_count = 1; kv_begin + kv_count <= c.num_kv_heads; ++kv_count) {
+      const int64_t heads = kv_count * group;
+      const float* q_run = q.data() + kv_begin * group * d;
+      std::vector<float> run(static_cast<std::size_t>(heads * d), -7.0f);
+      std::vector<float> scratch(static_cast<std::size_t>(kv::attention_scratch_size<KvT>(d, heads)));
+      kv::paged_attention_kv_heads(q_run, k.data(), v.data(), c.table.data(), c.block_size, c.num_kv_heads, kv_begin,
+                                   kv_count, group, d, c.positions - 1, scale, partition, scratch.data(), run.data());
+      std::vector<float> alone(run.size());
+      std::vector<float> scratch1(static_cast<std::size_t>(kv::attention_scratch_size<KvT>(d)));
+      for (int64_t h = 0; h < heads; ++h) {
+        kv::paged_attention_head(q_run + h * d, k.data(), v.data(), c.table.data(), c.block_size, c.num_kv_heads,
+                                 kv_begin + h / group, d, c.positions - 1, scale, partition, scratch1.data(),
+                                 alone.data() + h * d);
+      }
+      expect_same_bits(run, alone, what + " kv heads " + std::to_string(kv_begin) + " +" + std::to_string(kv_count));
+    }
+  }
+}
+
+TEST(CpuKernels, ARunOfKvHeadsGivesEachHeadItsBitsAlone) {
+  for (const int64_t head_dim : {8, 20, 32, 64}) {
+    for (const int64_t positions : {1, 13, 40, 300}) {
+      for (const int64_t group : {1, 3}) {
+        for (const int64_t partition : {int64_t{7}, kernels::kDefaultAttentionPartition}) {
+          AttentionCase c(head_dim, positions, static_cast<uint64_t>(head_dim * 100 + positions));
+          // Three KV heads: re-draw the pools at that width (AttentionCase leans head 1's keys).
+          c.num_kv_heads = 3;
+          const auto rows = c.table.size() * static_cast<std::size_t>(c.block_size * 3 * head_dim);
+          c.k = random_floats(rows, 11 + static_cast<uint64_t>(positions));
+          c.v = random_floats(rows, 12 + static_cast<uint64_t>(positions));
+          const std::string what = "head_dim " + std::to_string(head_dim) + " positions " + std::to_string(positions) +
+                                   " group " + std::to_string(group) + " partition " + std::to_string(partition);
+          expect_kv_heads_match_single_heads(c, c.k, c.v, group, partition, "fp32 " + what);
+          std::vector<kernels::F16Bits> k16(c.k.size()), v16(c.v.size());
+          for (std::size_t i = 0; i < c.k.size(); ++i) kernels::kv_store(&k16[i], c.k[i]);
+          for (std::size_t i = 0; i < c.v.size(); ++i) kernels::kv_store(&v16[i], c.v[i]);
+          expect_kv_heads_match_single_heads(c, k16, v16, group, partition, "fp16 " + what);
         }
       }
     }

@@ -39,6 +39,8 @@ class CpuBackend::ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
+  int num_threads() const { return num_threads_; }
+
   void parallel_for(int64_t n, const RangeFn& fn) {
     if (n <= 0) return;
     if (num_threads_ == 1 || n == 1) {
@@ -284,28 +286,54 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
     if (attention_status_.is_ok() && !s.is_ok()) attention_status_ = s;
     return;
   }
-  const auto heads = [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(static_cast<std::size_t>(kernels::attention_scratch_size<float>(d)));
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / c.num_heads;
-      const int64_t head = item % c.num_heads;
-      const auto seq = static_cast<std::size_t>(seq_of_token[static_cast<std::size_t>(t)]);
-      const int32_t* table = plan.block_tables.data() + seq * static_cast<std::size_t>(plan.max_blocks_per_seq);
-      // GQA: query head `head` reads KV head head / group_size.
-      kernels::paged_attention_head(q + t * c.q_dim() + head * d, k_pool, v_pool, table, config_.pool.block_size,
-                                    c.num_kv_heads, head / c.group_size(), d,
-                                    plan.positions[static_cast<std::size_t>(t)], scale, config_.attention_partition,
-                                    scratch.data(), out + t * c.q_dim() + head * d);
-    }
-  };
   // Each head of each token reads its context once for the scores and once for the values.
   int64_t macs = 0;
   for (int32_t p : plan.positions) macs += (static_cast<int64_t>(p) + 1) * 2 * d * c.num_heads;
-  if (macs < kMinParallelMacs) {
-    heads(0, n * c.num_heads);
-  } else {
-    pool_->parallel_for(n * c.num_heads, heads);
+  const bool parallel = macs >= kMinParallelMacs;
+  // An item is a token's run of `kv_per_item` KV heads with the query heads that read them
+  // (kernels::paged_attention_kv_heads): all of them, so that each slot's record is read
+  // once, in order, unless that leaves the threads too few items (a short batch), then one.
+  // The split changes no bit.
+  const int64_t group = c.group_size();
+  const int64_t kv_per_item = parallel && n < 4 * static_cast<int64_t>(pool_->num_threads()) ? 1 : c.num_kv_heads;
+  const int64_t items_per_token = c.num_kv_heads / kv_per_item;
+  const auto items = [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(
+        static_cast<std::size_t>(kernels::attention_scratch_size<float>(d, kv_per_item * group)));
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / items_per_token;
+      const int64_t kv_begin = item % items_per_token * kv_per_item;
+      const auto seq = static_cast<std::size_t>(seq_of_token[static_cast<std::size_t>(t)]);
+      const int32_t* table = plan.block_tables.data() + seq * static_cast<std::size_t>(plan.max_blocks_per_seq);
+      const int64_t row = t * c.q_dim() + kv_begin * group * d;
+      kernels::paged_attention_kv_heads(q + row, k_pool, v_pool, table, config_.pool.block_size, c.num_kv_heads,
+                                        kv_begin, kv_per_item, group, d, plan.positions[static_cast<std::size_t>(t)],
+                                        scale, config_.attention_partition, scratch.data(), out + row);
+    }
+  };
+  const int64_t num_items = n * items_per_token;
+  if (!parallel) {
+    items(0, num_items);
+    return;
   }
+  // Each thread takes a run of items of about equal work, not of equal count: an item's work
+  // grows with its token's context (in a causal prefill the last tokens cost many times the
+  // first ones).
+  const int threads = pool_->num_threads();
+  std::vector<int64_t> split(static_cast<std::size_t>(threads) + 1, num_items);
+  split[0] = 0;
+  int64_t total = 0;
+  for (int32_t p : plan.positions) total += (static_cast<int64_t>(p) + 1) * items_per_token;
+  int64_t done = 0;
+  int next = 1;
+  for (int64_t i = 0; i < num_items && next < threads; ++i) {
+    done += static_cast<int64_t>(plan.positions[static_cast<std::size_t>(i / items_per_token)]) + 1;
+    while (next < threads && done * threads >= total * next) split[static_cast<std::size_t>(next++)] = i + 1;
+  }
+  pool_->parallel_for(threads, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      items(split[static_cast<std::size_t>(i)], split[static_cast<std::size_t>(i) + 1]);
+  });
 }
 
 void CpuBackend::write_new_kv(const BatchPlan& plan, int64_t layer) {
