@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -23,13 +25,39 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(best);
 }
 
+namespace {
+
+// A key whose ascending order is the logits' descending order: +0 and -0 the same key (they
+// compare equal), NaN after every number (a NaN logit is never preferred).
+uint32_t descending_key(float x) {
+  if (std::isnan(x)) return 0xffffffffu;
+  if (x == 0.0f) x = 0.0f;
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  const uint32_t ascending = (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
+  return ~ascending;
+}
+
+}  // namespace
+
 TruncatedDistribution truncated_distribution(std::span<const float> logits, const SamplingParams& params) {
+  KVP_CHECK(logits.size() <= 0xffffffffu);
   TruncatedDistribution d;
-  d.order.resize(logits.size());
-  std::iota(d.order.begin(), d.order.end(), 0);
-  std::stable_sort(d.order.begin(), d.order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  d.keep = d.order.size();
-  if (params.top_k > 0) d.keep = std::min(d.keep, static_cast<std::size_t>(params.top_k));
+  // The order as one integer per token, sorted: descending logit in the high half, the id in
+  // the low half (ties by id). A vocabulary of 150k tokens sorts this way several times
+  // faster than by comparing logits through the ids, and top-k needs only its first k.
+  std::vector<uint64_t> keys(logits.size());
+  for (std::size_t i = 0; i < logits.size(); ++i) keys[i] = (uint64_t{descending_key(logits[i])} << 32) | i;
+  std::size_t sorted = keys.size();
+  if (params.top_k > 0 && static_cast<std::size_t>(params.top_k) < keys.size()) {
+    sorted = static_cast<std::size_t>(params.top_k);
+    std::partial_sort(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(sorted), keys.end());
+  } else {
+    std::sort(keys.begin(), keys.end());
+  }
+  d.order.resize(sorted);
+  for (std::size_t i = 0; i < sorted; ++i) d.order[i] = static_cast<int32_t>(keys[i] & 0xffffffffu);
+  d.keep = sorted;
 
   const double inv_t = 1.0 / static_cast<double>(params.temperature);
   const double max_logit = static_cast<double>(logits[d.order[0]]) * inv_t;

@@ -32,8 +32,9 @@ struct SamplingParams {
 // Arg-max; lowest index on ties. REQUIRES: !logits.empty().
 int32_t argmax(std::span<const float> logits);
 
-// The sampling distribution before the draw: tokens by descending logit (ties by id), the
-// first `keep` of them kept by top-k and top-p, with unnormalised weights p (softmax of
+// The sampling distribution before the draw: tokens by descending logit (ties by id; a NaN
+// logit after every number), the first `keep` of them kept by top-k and top-p (`order` holds
+// at least those: every token, or the first top_k), with unnormalised weights p (softmax of
 // logits / temperature) summing to `total`. sample_token draws from it; speculative
 // acceptance (optimized/engine/acceptance.h) uses it as a distribution.
 // REQUIRES: !params.greedy(), !logits.empty().
