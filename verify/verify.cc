@@ -185,14 +185,37 @@ struct FinishedSnapshot {
   bool released = false;                      // the engine dropped its logits after the check
 };
 
+// A row's digest, to tell whether two runs gave a row the same bits. Four lanes, each an
+// FNV-style chain over every fourth 32-bit word (h = (h ^ word) * prime), finished by
+// MurmurHash3's fmix64 and combined by rotation and xor: every step and the finish are
+// bijections of a lane's state, so rows that differ in one word (one logit's bits) always
+// get different digests. It runs on the engine's thread, per captured row (49,152 words for
+// SmolLM2): four independent chains over words instead of byte-wise FNV-1a's one chain of
+// four steps per word.
 uint64_t hash_row(const std::vector<float>& row) {
-  uint64_t h = 1469598103934665603ull;
-  for (float x : row) {
+  constexpr uint64_t kPrime = 1099511628211ull;
+  uint64_t lane[4] = {1469598103934665603ull ^ row.size(), 0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full,
+                      0x165667b19e3779f9ull};
+  std::size_t i = 0;
+  const auto word = [&row](std::size_t at) {
     uint32_t u = 0;
-    std::memcpy(&u, &x, sizeof u);
-    for (int b = 0; b < 4; ++b) h = (h ^ ((u >> (8 * b)) & 0xff)) * 1099511628211ull;
+    std::memcpy(&u, &row[at], sizeof u);
+    return uint64_t{u};
+  };
+  for (; i + 4 <= row.size(); i += 4) {
+    for (std::size_t l = 0; l < 4; ++l) lane[l] = (lane[l] ^ word(i + l)) * kPrime;
   }
-  return h;
+  for (std::size_t l = 0; i < row.size(); ++i, ++l) lane[l] = (lane[l] ^ word(i)) * kPrime;
+  const auto fmix = [](uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    k ^= k >> 33;
+    return k;
+  };
+  const auto rotl = [](uint64_t x, int r) { return r == 0 ? x : (x << r) | (x >> (64 - r)); };
+  return fmix(lane[0]) ^ rotl(fmix(lane[1]), 16) ^ rotl(fmix(lane[2]), 32) ^ rotl(fmix(lane[3]), 48);
 }
 
 std::vector<std::optional<uint64_t>> row_digests(const Request& r) {
