@@ -114,7 +114,7 @@ TEST(CpuBackend, CreateRejectsAnIsaTheCpuLacks) {
 // Attention long enough to run on the threads (kMinParallelMacs), split by work, not by
 // count: a 600-token prefill chunk (each thread a run of whole tokens), then decode steps of
 // two sequences (too few tokens: items of one KV head each). Every logit has the same bits
-// at 1, 2, 3 and 5 threads.
+// at 1, 2 and 5 threads.
 std::vector<std::vector<float>> run_long_context_logits(int threads) {
   static const Model model = *make_preset("small", 3);
   EngineConfig c;
@@ -149,7 +149,7 @@ std::vector<std::vector<float>> run_long_context_logits(int threads) {
 TEST(CpuBackend, ThreadedAttentionGivesTheSameLogitBitsAtEveryThreadCount) {
   const auto want = run_long_context_logits(1);
   ASSERT_GE(want.size(), 8u);
-  for (int threads : {2, 3, 5}) {
+  for (int threads : {2, 5}) {
     const auto got = run_long_context_logits(threads);
     ASSERT_EQ(got.size(), want.size()) << threads << " threads";
     for (std::size_t r = 0; r < want.size(); ++r) {
