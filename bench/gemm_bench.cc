@@ -198,6 +198,29 @@ void BM_Gemm(benchmark::State& state) {
 }
 BENCHMARK(BM_Gemm)->Arg(1)->Arg(16)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond);
 
+// The small preset's MLP up projection (256 -> 768) at batch 32, engine_bench's decode shape:
+// a short in_dim, so each output's final reduction weighs more against its multiply-adds.
+void BM_GemmShortInDim(benchmark::State& state) {
+  const int64_t tokens = state.range(0);
+  const int64_t in_dim = 256;
+  const int64_t out_dim = 768;
+  const auto w = random_floats(out_dim * in_dim, 1);
+  const auto x = random_floats(tokens * in_dim, 2);
+  std::vector<float> y(static_cast<std::size_t>(tokens * out_dim));
+  const GemmIsa isa = kernels::gemm_isa();
+  const double peak = measured_fma_peak();
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    kernels::gemm_rows(isa, w.data(), nullptr, out_dim, in_dim, x.data(), tokens, y.data(), 0, out_dim);
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double fmas = static_cast<double>(state.iterations()) * static_cast<double>(tokens * out_dim * in_dim);
+  state.counters["fma_peak_ratio"] = fmas / s / peak;
+  state.SetLabel(std::string(kernels::gemm_isa_name(isa)));
+}
+BENCHMARK(BM_GemmShortInDim)->Arg(32);
+
 }  // namespace
 }  // namespace kvp
 
