@@ -23,13 +23,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#if defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(KVP_NO_VECTOR_EXTENSIONS) && defined(__AVX__)
-#include <immintrin.h>
-#endif
 
 #include "common/host_device.h"
 #include "kernels/kv_element.h"
 #include "kernels/kv_index.h"
+#include "kernels/lane_trees.h"
 
 namespace kvp::kernels {
 // The vector and the scalar loops live in different inline namespaces, so that a program may
@@ -147,13 +145,12 @@ KVP_HOST_DEVICE inline float dot(const float* a, const float* b, int64_t n) {
   return total + tail;
 }
 
-#if defined(KVP_CPU_VEC4) && defined(__AVX__)
+#if defined(KVP_CPU_VEC4) && defined(__AVX__) && defined(KVP_HAS_LANE_TREES)
 #define KVP_CPU_SCORES8 1
 // dot(q, rows[j], n) * scale for the 8 rows j < 8, into out[j]; n a multiple of 16. Each
 // row's two 8-lane partial sums (lanes 0 .. 7 and 8 .. 15) are dot()'s own chains; the
-// halving tree (reduce_lanes) then runs for the 8 rows at once: its same additions of the
-// same lane pairs, with shuffles gathering the pairs of different rows into one vector, in
-// place of a horizontal reduction per row.
+// halving tree (reduce_lanes) then runs for the 8 rows at once (tree8_many), then each
+// total + the empty tail (0) and * scale, as dot() and its caller do.
 inline void scores8(const float* q, const float* const* rows, int64_t n, float scale, float* out) {
   __m256 u[8];
   for (int j = 0; j < 8; ++j) {
@@ -165,20 +162,9 @@ inline void scores8(const float* q, const float* const* rows, int64_t n, float s
     }
     u[j] = _mm256_add_ps(lo, hi);  // width 8
   }
-  __m256 w[4];  // width 4: the low 128 bits hold row 2i's four lanes, the high ones row 2i + 1's
-  for (int i = 0; i < 4; ++i)
-    w[i] = _mm256_add_ps(_mm256_permute2f128_ps(u[2 * i], u[2 * i + 1], 0x20),
-                         _mm256_permute2f128_ps(u[2 * i], u[2 * i + 1], 0x31));
-  __m256 x[2];  // width 2 (w0 = w[0] + w[2], w1 = w[1] + w[3]): rows 4i, 4i + 2 low; 4i + 1, 4i + 3 high
-  for (int i = 0; i < 2; ++i)
-    x[i] =
-        _mm256_add_ps(_mm256_shuffle_ps(w[2 * i], w[2 * i + 1], 0x44), _mm256_shuffle_ps(w[2 * i], w[2 * i + 1], 0xEE));
-  // width 1 (w0 + w1), then + the empty tail (0) and * scale: rows 0, 2, 4, 6, 1, 3, 5, 7.
-  const __m256 total = _mm256_add_ps(_mm256_shuffle_ps(x[0], x[1], 0x88), _mm256_shuffle_ps(x[0], x[1], 0xDD));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, _mm256_mul_ps(_mm256_add_ps(total, _mm256_setzero_ps()), _mm256_set1_ps(scale)));
-  constexpr int kRowOfLane[8] = {0, 2, 4, 6, 1, 3, 5, 7};
-  for (int l = 0; l < 8; ++l) out[kRowOfLane[l]] = lanes[l];
+  float total[8];
+  tree8_many(u, total);
+  for (int j = 0; j < 8; ++j) out[j] = (total[j] + 0.0f) * scale;
 }
 #endif
 

@@ -26,6 +26,8 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KVP_GEMM_X86 1
 #include <immintrin.h>
+
+#include "kernels/lane_trees.h"
 #endif
 
 namespace kvp::kernels {
@@ -59,16 +61,6 @@ KVP_AVX2 inline float finish(float tree, const float* a, const float* b, int64_t
   return tree + _mm_cvtss_f32(tail);
 }
 
-// The halving tree over lanes 0..7 (already lane l + lane l + 8): widths 4, 2, 1.
-KVP_AVX2 inline float tree8(__m256 v) {
-  const __m128 w = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  alignas(16) float lanes[4];
-  _mm_store_ps(lanes, w);
-  const float w0 = lanes[0] + lanes[2];
-  const float w1 = lanes[1] + lanes[3];
-  return w0 + w1;
-}
-
 template <int R, int T>
 KVP_AVX2 void avx2_block(const float* w, int64_t in_dim, const float* x, float* y, int64_t ldy, const float* bias) {
   __m256 lo[R][T];
@@ -98,12 +90,18 @@ KVP_AVX2 void avx2_block(const float* w, int64_t in_dim, const float* x, float* 
       for (int r = 0; r < R; ++r) hi[r][t] = _mm256_fmadd_ps(wv[r], xv, hi[r][t]);
     }
   }
+  static_assert(R * T <= 8);
+  __m256 u[8];  // width 8 (lane l + lane l + 8 is lo + hi) of element (r, t) at r * T + t
+#pragma GCC unroll 8
+  for (int e = 0; e < 8; ++e)
+    u[e] = e < R * T ? _mm256_add_ps(lo[e / T][e % T], hi[e / T][e % T]) : _mm256_setzero_ps();
+  float tree[8];
+  tree8_many(u, tree);
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 12
     for (int t = 0; t < T; ++t) {
-      // Width 8: lane l + lane l + 8 is lo + hi.
-      float v = finish(tree8(_mm256_add_ps(lo[r][t], hi[r][t])), w + r * in_dim, x + t * in_dim, k, in_dim);
+      float v = finish(tree[r * T + t], w + r * in_dim, x + t * in_dim, k, in_dim);
       if (bias != nullptr) v += bias[r];
       y[t * ldy + r] = v;
     }
