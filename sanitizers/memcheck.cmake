@@ -27,10 +27,10 @@ ctest_start(Experimental)
 # fiber stack, switched by hand; Valgrind does not follow those switches and reports every
 # fiber's stack accesses as invalid. ASan (fiber-annotated) and TSan cover them instead.
 # The tests whose point is that the thread count changes no bit (the GEMM over every ISA and
-# thread count, the CPU backend's and the oracle's thread sweeps; the first three took 110 of
-# memcheck's 760 test-seconds; the backend's long-context sweep, threaded attention, takes 20 s
-# under TSan) cost the most there, because Valgrind runs a process's threads one at a time. Their code runs under
-# memcheck single-threaded in every other test, and threaded under ASan and TSan. The oracle's
+# thread count, the CPU backend's and the oracle's thread sweeps) cost the most there, because
+# Valgrind runs a process's threads one at a time: the first three took 110 of memcheck's 760
+# test-seconds. Their code runs under memcheck single-threaded in every other test, and
+# threaded under ASan and TSan. The oracle's
 # 600-position bitwise test runs the same code as its shorter ones, at Valgrind's cost for
 # every fused multiply-add (emulated): ASan runs it.
 ctest_memcheck(INCLUDE_LABEL "${LABELS}"
