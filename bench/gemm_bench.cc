@@ -170,6 +170,17 @@ std::vector<float> random_floats(int64_t n, uint64_t seed) {
   return v;
 }
 
+// Runs the benchmark's iterations of y = W x; returns their wall time in seconds.
+double time_gemm(benchmark::State& state, GemmIsa isa, const std::vector<float>& w, int64_t out_dim, int64_t in_dim,
+                 const std::vector<float>& x, int64_t tokens, std::vector<float>& y) {
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    kernels::gemm_rows(isa, w.data(), nullptr, out_dim, in_dim, x.data(), tokens, y.data(), 0, out_dim);
+    benchmark::DoNotOptimize(y.data());
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 void BM_Gemm(benchmark::State& state) {
   const int64_t tokens = state.range(0);
   const int64_t in_dim = 576;
@@ -180,12 +191,7 @@ void BM_Gemm(benchmark::State& state) {
   const GemmIsa isa = kernels::gemm_isa();
   const double peak = measured_fma_peak();
   const double bandwidth = measured_bandwidth();
-  const auto start = std::chrono::steady_clock::now();
-  for (auto _ : state) {
-    kernels::gemm_rows(isa, w.data(), nullptr, out_dim, in_dim, x.data(), tokens, y.data(), 0, out_dim);
-    benchmark::DoNotOptimize(y.data());
-  }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double s = time_gemm(state, isa, w, out_dim, in_dim, x, tokens, y);
   const double fmas = static_cast<double>(state.iterations()) * static_cast<double>(tokens * out_dim * in_dim);
   state.counters["gflops"] = benchmark::Counter(2 * fmas / 1e9, benchmark::Counter::kIsRate);
   if (tokens == 1) {
@@ -209,12 +215,7 @@ void BM_GemmShortInDim(benchmark::State& state) {
   std::vector<float> y(static_cast<std::size_t>(tokens * out_dim));
   const GemmIsa isa = kernels::gemm_isa();
   const double peak = measured_fma_peak();
-  const auto start = std::chrono::steady_clock::now();
-  for (auto _ : state) {
-    kernels::gemm_rows(isa, w.data(), nullptr, out_dim, in_dim, x.data(), tokens, y.data(), 0, out_dim);
-    benchmark::DoNotOptimize(y.data());
-  }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double s = time_gemm(state, isa, w, out_dim, in_dim, x, tokens, y);
   const double fmas = static_cast<double>(state.iterations()) * static_cast<double>(tokens * out_dim * in_dim);
   state.counters["fma_peak_ratio"] = fmas / s / peak;
   state.SetLabel(std::string(kernels::gemm_isa_name(isa)));

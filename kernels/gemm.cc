@@ -14,8 +14,8 @@
 // with shuffles in place of a horizontal reduction per element, 1.25-1.35x faster on the
 // small preset's 256-wide projections (gemm_bench BM_GemmShortInDim, medians of 5, old and
 // new interleaved) and about 1.1x at in_dim 576.
-// gemm_bench measures it: 78-83% of one core's FMA peak at 16-64 tokens, about 0.6-0.75 of
-// the measured read bandwidth at one token (a noisy figure on this machine).
+// gemm_bench measures it against one core's measured FMA peak and read bandwidth (the
+// ratios it prints; this machine's figures vary run to run, see the issue notes).
 #include "kernels/gemm.h"
 
 #include <cstdlib>

@@ -47,6 +47,26 @@ TEST(CpuBackend, CreateRejectsBadConfigs) {
   EXPECT_STREQ((*ok)->name(), "cpu");
 }
 
+// Runs the engine to the end; every captured logit row of `ids`, request by request.
+std::vector<std::vector<float>> run_and_collect(Engine& engine, const std::vector<RequestId>& ids) {
+  while (engine.has_unfinished()) EXPECT_TRUE(engine.step().is_ok());
+  std::vector<std::vector<float>> rows;
+  for (RequestId id : ids) {
+    for (const auto& row : engine.request(id).logits) rows.push_back(row);
+  }
+  return rows;
+}
+
+// The same rows, bit for bit.
+void expect_same_rows(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want,
+                      const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t r = 0; r < want.size(); ++r) {
+    ASSERT_EQ(got[r].size(), want[r].size()) << what;
+    EXPECT_EQ(0, std::memcmp(got[r].data(), want[r].data(), want[r].size() * sizeof(float))) << what << ", row " << r;
+  }
+}
+
 // Every logit of a few requests (prefill chunks and decode steps), run on the tiny model with
 // the given projection ISA and thread count.
 std::vector<std::vector<float>> run_logits(kernels::GemmIsa isa, int threads) {
@@ -71,12 +91,7 @@ std::vector<std::vector<float>> run_logits(kernels::GemmIsa isa, int threads) {
     s.capture_logits = true;
     ids.push_back(engine.add_request(s));
   }
-  while (engine.has_unfinished()) EXPECT_TRUE(engine.step().is_ok());
-  std::vector<std::vector<float>> rows;
-  for (RequestId id : ids) {
-    for (const auto& row : engine.request(id).logits) rows.push_back(row);
-  }
-  return rows;
+  return run_and_collect(engine, ids);
 }
 
 TEST(CpuBackend, EveryGemmIsaAndThreadCountGivesTheSameLogitBits) {
@@ -86,13 +101,8 @@ TEST(CpuBackend, EveryGemmIsaAndThreadCountGivesTheSameLogitBits) {
   for (kernels::GemmIsa isa : {kernels::GemmIsa::kScalar, kernels::GemmIsa::kAvx2, kernels::GemmIsa::kAvx512}) {
     if (!kernels::gemm_isa_supported(isa)) continue;
     for (int threads : {1, 2}) {
-      const auto got = run_logits(isa, threads);
-      ASSERT_EQ(got.size(), want.size());
-      for (std::size_t r = 0; r < want.size(); ++r) {
-        ASSERT_EQ(got[r].size(), want[r].size());
-        EXPECT_EQ(0, std::memcmp(got[r].data(), want[r].data(), want[r].size() * sizeof(float)))
-            << kernels::gemm_isa_name(isa) << " threads " << threads << " row " << r;
-      }
+      expect_same_rows(run_logits(isa, threads), want,
+                       std::string(kernels::gemm_isa_name(isa)) + " threads " + std::to_string(threads));
       ++compared;
     }
   }
@@ -147,25 +157,14 @@ std::vector<std::vector<float>> run_long_context_logits(int threads) {
     s.capture_logits = true;
     ids.push_back(engine.add_request(s));
   }
-  while (engine.has_unfinished()) EXPECT_TRUE(engine.step().is_ok());
-  std::vector<std::vector<float>> rows;
-  for (RequestId id : ids) {
-    for (const auto& row : engine.request(id).logits) rows.push_back(row);
-  }
-  return rows;
+  return run_and_collect(engine, ids);
 }
 
 TEST(CpuBackend, ThreadedAttentionGivesTheSameLogitBitsAtEveryThreadCount) {
   const auto want = run_long_context_logits(1);
   ASSERT_GE(want.size(), 8u);
   for (int threads : {2, 5}) {
-    const auto got = run_long_context_logits(threads);
-    ASSERT_EQ(got.size(), want.size()) << threads << " threads";
-    for (std::size_t r = 0; r < want.size(); ++r) {
-      ASSERT_EQ(got[r].size(), want[r].size());
-      EXPECT_EQ(0, std::memcmp(got[r].data(), want[r].data(), want[r].size() * sizeof(float)))
-          << threads << " threads, row " << r;
-    }
+    expect_same_rows(run_long_context_logits(threads), want, std::to_string(threads) + " threads");
   }
 }
 
