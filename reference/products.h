@@ -25,8 +25,10 @@ enum class ProductIsa { kHost, kAvx512 };
 std::string_view product_isa_name(ProductIsa isa);
 // Whether this build has the ISA's products and this CPU (and OS) can run them.
 bool product_isa_supported(ProductIsa isa);
-// The widest supported ISA, or the one named by the environment variable KVP_ORACLE_ISA
-// (host, avx512) where supported; chosen once per process.
+// The widest supported ISA (but host on AMD Zen 4, whose AVX-512 runs at half width and
+// Eigen's AVX-512 kernel slower than its AVX2 one: products.cc), or the one named by the
+// environment variable KVP_ORACLE_ISA (host, avx512) where supported; chosen once per
+// process, from the CPU alone.
 ProductIsa default_product_isa();
 
 // Row-major operands, each with its leading dimension (elements between rows).
