@@ -12,9 +12,13 @@ namespace kvp {
 class Rng {
  public:
   explicit Rng(uint64_t seed) : state_(seed) {}
+  // The stream of `seed` from its draw `k` on: the next next_u64() is the k-th draw of
+  // Rng(seed) (the state is a counter, seed + k * gamma), so threads can fill parts of one
+  // stream with the same bits.
+  static Rng from_draw(uint64_t seed, uint64_t k) { return Rng(seed + k * kGamma); }
 
   uint64_t next_u64() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    uint64_t z = (state_ += kGamma);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
@@ -30,6 +34,7 @@ class Rng {
   }
 
  private:
+  static constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ull;
   uint64_t state_;
 };
 

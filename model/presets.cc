@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
+#include <vector>
 
 #include "common/rng.h"
 
@@ -92,11 +94,27 @@ ModelConfig tinyllama_11b_config() {
   return real_config(Architecture::kLlama, 32000, 2048, 5632, 22, 32, 4, 2048, 10000.0, 1e-5, false, {2});
 }
 
-// Uniform in [-a, a] has variance a^2 / 3.
-void fill_uniform(float* data, std::size_t n, double stddev, uint64_t seed) {
-  Rng rng(seed);
+// Uniform in [-a, a] has variance a^2 / 3. Element i is draw i of the stream `seed`: one
+// thread draws the stream in order (the plain definition), more draw chunks of it
+// (Rng::from_draw), the same bits; the threads also share the first touch of the fresh
+// pages, which costs about as much as the draws.
+void fill_uniform(float* data, std::size_t n, double stddev, uint64_t seed, int threads) {
   const double a = stddev * std::sqrt(3.0);
-  for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<float>(rng.uniform(-a, a));
+  const std::size_t chunk = threads > 1 ? std::size_t{1} << 18 : std::max<std::size_t>(n, 1);
+  const std::size_t chunks = (n + chunk - 1) / chunk;
+  const auto fill = [&](std::size_t c) {
+    Rng rng = Rng::from_draw(seed, c * chunk);
+    for (std::size_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i)
+      data[i] = static_cast<float>(rng.uniform(-a, a));
+  };
+  const auto workers = std::min<std::size_t>(static_cast<std::size_t>(std::max(threads, 1)), chunks);
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < workers; ++t)
+    pool.emplace_back([&fill, t, workers, chunks] {
+      for (std::size_t c = t; c < chunks; c += workers) fill(c);
+    });
+  for (std::size_t c = 0; c < chunks; c += std::max<std::size_t>(workers, 1)) fill(c);
+  for (std::thread& th : pool) th.join();
 }
 
 }  // namespace
@@ -123,18 +141,18 @@ Result<ModelConfig> preset_config(std::string_view name) {
   return Status::error("unknown preset '" + std::string(name) + "' (known: " + known + ")");
 }
 
-Result<Model> make_preset(std::string_view name, uint64_t seed) {
+Result<Model> make_preset(std::string_view name, uint64_t seed, int threads) {
   if (name == "tiny-draft" || name == "small-draft") {
     const ModelConfig target = name == "tiny-draft" ? tiny_config() : small_config();
-    return make_draft_model(make_random_model(target, seed), default_draft_layers(target));
+    return make_draft_model(make_random_model(target, seed, threads), default_draft_layers(target));
   }
   auto c = preset_config(name);
   if (!c) return c.status();
-  return make_random_model(*c, seed);
+  return make_random_model(*c, seed, threads);
 }
 
-Model make_random_model(const ModelConfig& config, uint64_t seed) {
-  Model m{config, allocate_weights(config)};
+Model make_random_model(const ModelConfig& config, uint64_t seed, int threads) {
+  Model m{config, allocate_weights(config, /*zeroed=*/false)};  // every tensor is drawn below
   uint64_t stream = 0;
   for (const NamedTensor& t : named_tensors(m.config, m.weights)) {
     std::size_t n = 1;
@@ -143,7 +161,7 @@ Model make_random_model(const ModelConfig& config, uint64_t seed) {
     if (t.name.ends_with(".bias")) {
       // Biases of the size Qwen2's q/k/v biases have relative to the projections' outputs
       // (unit variance): large enough that dropping one changes every logit.
-      fill_uniform(t.data, n, 0.5, s);
+      fill_uniform(t.data, n, 0.5, s, threads);
       continue;
     }
     if (t.shape.size() == 1) {
@@ -161,7 +179,7 @@ Model make_random_model(const ModelConfig& config, uint64_t seed) {
     } else if (t.name == "lm_head.weight") {
       stddev = kLogitStd / std::sqrt(fan_in);
     }
-    fill_uniform(t.data, n, stddev, s);
+    fill_uniform(t.data, n, stddev, s, threads);
   }
   return m;
 }

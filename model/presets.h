@@ -30,11 +30,12 @@ namespace kvp {
 
 std::vector<std::string> preset_names();
 Result<ModelConfig> preset_config(std::string_view name);
-Result<Model> make_preset(std::string_view name, uint64_t seed = 0);
+// The weights are drawn on `threads` threads: the same bits at any count.
+Result<Model> make_preset(std::string_view name, uint64_t seed = 0, int threads = 1);
 
 // Fills a model of any valid config with seeded random weights (the presets' recipe).
 // REQUIRES: config.validate().is_ok().
-Model make_random_model(const ModelConfig& config, uint64_t seed);
+Model make_random_model(const ModelConfig& config, uint64_t seed, int threads = 1);
 
 // A draft model for `target`: its first `num_layers` layers, with its embedding, final norm
 // and LM head (a layer-skipping draft: same vocabulary, a fraction of the cost).

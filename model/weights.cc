@@ -2,40 +2,44 @@
 
 namespace kvp {
 
-ModelWeights allocate_weights(const ModelConfig& c) {
+ModelWeights allocate_weights(const ModelConfig& c, bool zeroed) {
   KVP_CHECK(c.validate().is_ok());
   const auto h = static_cast<Eigen::Index>(c.hidden_size);
   const auto q = static_cast<Eigen::Index>(c.q_dim());
   const auto kv = static_cast<Eigen::Index>(c.kv_dim());
   const auto inter = static_cast<Eigen::Index>(c.intermediate_size);
   const auto vocab = static_cast<Eigen::Index>(c.vocab_size);
+  const auto mat = [zeroed](Eigen::Index rows, Eigen::Index cols) {
+    return zeroed ? MatrixF(MatrixF::Zero(rows, cols)) : MatrixF(rows, cols);
+  };
+  const auto vec = [zeroed](Eigen::Index n) { return zeroed ? VectorF(VectorF::Zero(n)) : VectorF(n); };
   ModelWeights w;
-  w.embed_tokens = MatrixF::Zero(vocab, h);
+  w.embed_tokens = mat(vocab, h);
   w.layers.resize(static_cast<std::size_t>(c.num_layers));
   for (auto& l : w.layers) {
-    l.input_layernorm = VectorF::Zero(h);
-    l.q_proj = MatrixF::Zero(q, h);
-    l.k_proj = MatrixF::Zero(kv, h);
-    l.v_proj = MatrixF::Zero(kv, h);
-    l.o_proj = MatrixF::Zero(h, q);
-    l.post_attention_layernorm = VectorF::Zero(h);
-    l.gate_proj = MatrixF::Zero(inter, h);
-    l.up_proj = MatrixF::Zero(inter, h);
-    l.down_proj = MatrixF::Zero(h, inter);
+    l.input_layernorm = vec(h);
+    l.q_proj = mat(q, h);
+    l.k_proj = mat(kv, h);
+    l.v_proj = mat(kv, h);
+    l.o_proj = mat(h, q);
+    l.post_attention_layernorm = vec(h);
+    l.gate_proj = mat(inter, h);
+    l.up_proj = mat(inter, h);
+    l.down_proj = mat(h, inter);
     if (c.qkv_bias) {
-      l.q_bias = VectorF::Zero(q);
-      l.k_bias = VectorF::Zero(kv);
-      l.v_bias = VectorF::Zero(kv);
+      l.q_bias = vec(q);
+      l.k_bias = vec(kv);
+      l.v_bias = vec(kv);
     }
-    if (c.o_bias) l.o_bias = VectorF::Zero(h);
+    if (c.o_bias) l.o_bias = vec(h);
     if (c.mlp_bias) {
-      l.gate_bias = VectorF::Zero(inter);
-      l.up_bias = VectorF::Zero(inter);
-      l.down_bias = VectorF::Zero(h);
+      l.gate_bias = vec(inter);
+      l.up_bias = vec(inter);
+      l.down_bias = vec(h);
     }
   }
-  w.norm = VectorF::Zero(h);
-  if (!c.tie_word_embeddings) w.lm_head = MatrixF::Zero(vocab, h);
+  w.norm = vec(h);
+  if (!c.tie_word_embeddings) w.lm_head = mat(vocab, h);
   return w;
 }
 

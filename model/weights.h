@@ -55,8 +55,10 @@ struct NamedTensor {
   float* data;                 // shape-product floats, row-major
 };
 
-// Allocates every tensor the config calls for, zero-filled. REQUIRES: c.validate().is_ok().
-ModelWeights allocate_weights(const ModelConfig& c);
+// Allocates every tensor the config calls for, zero-filled; with !zeroed, left unwritten for
+// a caller that writes every tensor of named_tensors() (the pages are first touched there,
+// by its threads). REQUIRES: c.validate().is_ok().
+ModelWeights allocate_weights(const ModelConfig& c, bool zeroed = true);
 
 // Every tensor of the model in a fixed order (embed, layers 0..n-1 with their biases where
 // the config has them, norm, lm_head unless tied), named as in Hugging Face Llama and Qwen2

@@ -1,6 +1,7 @@
 #include "reference/reference_model.h"
 
 #include <algorithm>
+#include <limits>
 #include <thread>
 
 #include "common/sampling.h"
@@ -9,15 +10,6 @@
 namespace kvp {
 
 namespace {
-
-template <typename T>
-ref::Matrix<T> to(const MatrixF& m) {
-  return m.template cast<T>();
-}
-template <typename T>
-ref::Vector<T> to(const VectorF& v) {
-  return v.template cast<T>();
-}
 
 // y = W x + b: a projection with its bias, if it has one.
 template <typename T>
@@ -106,23 +98,75 @@ ref::Matrix<T> rms_norm_rows(const ref::Matrix<T>& x, const ref::Vector<T>& weig
   return y;
 }
 
+// The weights' conversions to T, listed (each destination sized) and then run in chunks of
+// elements over threads.
+template <typename T>
+class Conversions {
+ public:
+  template <typename Dst, typename Src>
+  void add(Dst& dst, const Src& src) {
+    dst.resize(src.rows(), src.cols());
+    if (src.size() > 0) parts_.push_back({src.data(), dst.data(), static_cast<std::size_t>(src.size())});
+  }
+  // One thread converts each tensor whole (the plain definition the chunks are tested
+  // against).
+  void run(int threads) {
+    const std::size_t chunk = threads > 1 ? std::size_t{1} << 18 : std::numeric_limits<std::size_t>::max();
+    std::vector<Part> chunks;
+    for (const Part& p : parts_)
+      for (std::size_t i = 0; i < p.n; i += std::min(chunk, p.n - i))
+        chunks.push_back({p.src + i, p.dst + i, std::min(chunk, p.n - i)});
+    double total = 0;
+    for (const Part& p : parts_) total += static_cast<double>(p.n);
+    parallel_slices(static_cast<Eigen::Index>(chunks.size()), threads, total, [&](Eigen::Index c) {
+      const Part& p = chunks[static_cast<std::size_t>(c)];
+      for (std::size_t i = 0; i < p.n; ++i) p.dst[i] = static_cast<T>(p.src[i]);
+    });
+  }
+
+ private:
+  struct Part {
+    const float* src;
+    T* dst;
+    std::size_t n;
+  };
+  std::vector<Part> parts_;
+};
+
 }  // namespace
 
 template <typename T>
-ReferenceModel<T>::ReferenceModel(const Model& model) : config_(model.config) {
+ReferenceModel<T>::ReferenceModel(const Model& model, int threads) : config_(model.config) {
   KVP_CHECK(config_.validate().is_ok());
   Eigen::initParallel();  // products may run on several threads (set_threads)
   const ModelWeights& w = model.weights;
-  embed_tokens_ = to<T>(w.embed_tokens);
-  for (const LayerWeights& l : w.layers) {
-    layers_.push_back(Layer{to<T>(l.input_layernorm), to<T>(l.post_attention_layernorm), to<T>(l.q_proj),
-                            to<T>(l.k_proj), to<T>(l.v_proj), to<T>(l.o_proj), to<T>(l.gate_proj), to<T>(l.up_proj),
-                            to<T>(l.down_proj), to<T>(l.q_bias), to<T>(l.k_bias), to<T>(l.v_bias), to<T>(l.o_bias),
-                            to<T>(l.gate_bias), to<T>(l.up_bias), to<T>(l.down_bias)});
+  Conversions<T> convert;
+  convert.add(embed_tokens_, w.embed_tokens);
+  layers_.resize(w.layers.size());
+  for (std::size_t i = 0; i < w.layers.size(); ++i) {
+    const LayerWeights& l = w.layers[i];
+    Layer& d = layers_[i];
+    convert.add(d.input_layernorm, l.input_layernorm);
+    convert.add(d.post_attention_layernorm, l.post_attention_layernorm);
+    convert.add(d.q_proj, l.q_proj);
+    convert.add(d.k_proj, l.k_proj);
+    convert.add(d.v_proj, l.v_proj);
+    convert.add(d.o_proj, l.o_proj);
+    convert.add(d.gate_proj, l.gate_proj);
+    convert.add(d.up_proj, l.up_proj);
+    convert.add(d.down_proj, l.down_proj);
+    convert.add(d.q_bias, l.q_bias);
+    convert.add(d.k_bias, l.k_bias);
+    convert.add(d.v_bias, l.v_bias);
+    convert.add(d.o_bias, l.o_bias);
+    convert.add(d.gate_bias, l.gate_bias);
+    convert.add(d.up_bias, l.up_bias);
+    convert.add(d.down_bias, l.down_bias);
   }
+  convert.add(norm_, w.norm);
+  if (!config_.tie_word_embeddings) convert.add(lm_head_, w.lm_head);
+  convert.run(threads);
   inv_freq_ = rope_inv_freq<T>(config_);
-  norm_ = to<T>(w.norm);
-  if (!config_.tie_word_embeddings) lm_head_ = to<T>(w.lm_head);
 }
 
 template <typename T>

@@ -38,7 +38,9 @@ class ReferenceModel {
   using Vector = ref::Vector<T>;
 
   // Copies the weights, converted to T. REQUIRES: model.config.validate().is_ok().
-  explicit ReferenceModel(const Model& model);
+  // Converts the weights to T on `threads` threads (chunks of elements: the same bits at any
+  // count; the first touch of a fresh page costs about as much as the conversion itself).
+  explicit ReferenceModel(const Model& model, int threads = 1);
 
   const ModelConfig& config() const { return config_; }
 
@@ -62,8 +64,8 @@ class ReferenceModel {
   void set_threads(int n) { threads_ = std::max(n, 1); }
   int threads() const { return threads_; }
 
-  // The ISA of forward()'s matrix products (reference/products.h): the widest this CPU
-  // runs unless KVP_ORACLE_ISA says otherwise. The bits depend on it (by rounding), so it
+  // The ISA of forward()'s matrix products (reference/products.h): default_product_isa()
+  // unless set here. The bits depend on it (by rounding), so it
   // is set before the first forward(). REQUIRES: ref::product_isa_supported(isa).
   void set_product_isa(ref::ProductIsa isa) {
     KVP_CHECK(ref::product_isa_supported(isa));

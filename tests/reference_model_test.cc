@@ -1,6 +1,7 @@
 #include "reference/reference_model.h"
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -276,6 +277,47 @@ TEST(ReferenceModel, PresetWeightsAreSeededAndDeterministic) {
   ASSERT_TRUE(small.is_ok());
   EXPECT_GT(small->num_parameters(), 2'000'000);
   EXPECT_LT(small->num_parameters(), 10'000'000);
+}
+
+// Rng::from_draw(seed, k) continues the stream of Rng(seed) at its k-th draw: what lets
+// threads draw parts of one tensor.
+TEST(ReferenceModel, RngFromDrawIsTheStreamItContinues) {
+  for (uint64_t seed : {0ull, 7ull, 0xffffffffffffffffull}) {
+    Rng serial(seed);
+    for (uint64_t k = 0; k < 300; ++k) {
+      const uint64_t expected = serial.next_u64();
+      ASSERT_EQ(Rng::from_draw(seed, k).next_u64(), expected) << "seed " << seed << ", draw " << k;
+    }
+  }
+}
+
+// A preset's weights are drawn in chunks of each tensor's stream over the threads, and the
+// oracle converts them in chunks over its threads: the same bits as one thread, which draws
+// and converts each tensor whole (tensors of several chunks, their tails short, and
+// Qwen2-style biases).
+TEST(ReferenceModel, WeightsAndTheirConversionAreTheSameBitsAtEveryThreadCount) {
+  ModelConfig c = *preset_config("tiny");
+  c.num_layers = 2;
+  c.vocab_size = 5001;  // the embedding and the LM head: 3 chunks of 2^18, the last one short
+  c.architecture = Architecture::kQwen2;
+  c.qkv_bias = true;
+  Model one = make_random_model(c, 9, 1);
+  for (int threads : {2, 3}) {
+    Model many = make_random_model(c, 9, threads);
+    const auto a = named_tensors(one.config, one.weights);
+    const auto b = named_tensors(many.config, many.weights);
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      std::size_t n = 1;
+      for (int64_t d : a[i].shape) n *= static_cast<std::size_t>(d);
+      EXPECT_EQ(std::memcmp(a[i].data, b[i].data, n * sizeof(float)), 0) << a[i].name << ", " << threads << " threads";
+    }
+  }
+  const auto t = tokens_for(20, c.vocab_size, 3);
+  const auto expected = run(ReferenceModel<double>(one, 1), {t}, 20);
+  for (int threads : {2, 3})
+    EXPECT_TRUE((run(ReferenceModel<double>(one, threads), {t}, 20).array() == expected.array()).all())
+        << threads << " threads converting";
 }
 
 TEST(ReferenceModel, BadInputIsRejectedAndLeavesTheCacheUnchanged) {

@@ -73,7 +73,7 @@ Result<int> audit_stream(const AuditFlags& f) {
 
 // kvproof's own engine, audited.
 Result<int> audit_engine(const AuditFlags& f) {
-  auto loaded = f.inputs.load();
+  auto loaded = f.inputs.load(f.backend.threads);
   if (!loaded) return loaded.status();
   const Model& model = loaded->first;
   const Workload& workload = loaded->second;

@@ -92,7 +92,7 @@ Result<verify::VerifyOptions> options_from(const VerifyFlags& f, const Model& mo
 }
 
 Result<int> run_verify_command(const VerifyFlags& f) {
-  auto loaded = f.inputs.load();
+  auto loaded = f.inputs.load(f.backend.threads);
   if (!loaded) return loaded.status();
   const Model& model = loaded->first;
   const Workload& workload = loaded->second;

@@ -17,9 +17,9 @@ void ModelSource::add_options(CLI::App& cmd) {
   cmd.add_option("--weight-seed", weight_seed, "seed of a preset's random weights")->needs(p);
 }
 
-Result<Model> ModelSource::load() const {
+Result<Model> ModelSource::load(int threads) const {
   if (preset.empty() && checkpoint.empty()) return Status::error("one of --preset or --checkpoint is required");
-  if (!preset.empty()) return make_preset(preset, weight_seed);
+  if (!preset.empty()) return make_preset(preset, weight_seed, threads);
   return load_checkpoint(checkpoint);
 }
 

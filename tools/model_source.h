@@ -17,8 +17,9 @@ struct ModelSource {
 
   // Adds the two mutually exclusive options (one of them required) to `cmd`.
   void add_options(CLI::App& cmd);
-  // Loads the model; errors name the preset or the checkpoint file.
-  Result<Model> load() const;
+  // Loads the model (a preset's weights drawn on `threads` threads); errors name the preset
+  // or the checkpoint file.
+  Result<Model> load(int threads = 1) const;
   std::string describe() const { return preset.empty() ? "checkpoint " + checkpoint : "preset " + preset; }
 };
 

@@ -15,10 +15,10 @@ void RunInputs::add_options(CLI::App& cmd, const std::string& default_shape) {
   cmd.add_option("--seed", seed, "seed of the workload's generated tokens");
 }
 
-Result<std::pair<Model, Workload>> RunInputs::load() const {
+Result<std::pair<Model, Workload>> RunInputs::load(int threads) const {
   ModelSource s = source;
   if (!s.checkpoint.empty()) s.preset.clear();
-  auto model = s.load();
+  auto model = s.load(threads);
   if (!model) return model.status();
   auto workload = workload_file.empty() ? builtin_workload(shape, model->config.vocab_size, seed)
                                         : load_workload(workload_file, model->config.vocab_size, seed);

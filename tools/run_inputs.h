@@ -26,7 +26,7 @@ struct RunInputs {
   // Adds the model and workload options; the model defaults to the tiny preset.
   void add_options(CLI::App& cmd, const std::string& default_shape);
   // Loads both; errors name the preset, checkpoint or workload file.
-  Result<std::pair<Model, Workload>> load() const;
+  Result<std::pair<Model, Workload>> load(int threads = 1) const;
   std::string describe(const Workload& w) const;
 };
 

@@ -166,7 +166,7 @@ Status run_audited(const Model& model, const VerifyOptions& o, const Workload& w
 // greedy tokens against the oracle.
 void check_outputs(const Model& model, const VerifyOptions& o, const AuditRun& a, AuditChecks& c, AuditReport& report) {
   if (!a.run) return;
-  const ReferenceModel<double> oracle(model);
+  const ReferenceModel<double> oracle(model, o.num_threads);
   for (const auto& [i, owned] : a.engine().requests()) {
     const Request& r = *owned;
     ++c.terminal.count;

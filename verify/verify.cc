@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -745,43 +746,56 @@ struct ModeOutcome {
   std::string m;
   bool ran = false;
   std::unique_ptr<ModeChecks> c;   // the oracle's jobs point into it
+  std::unique_ptr<ModeRun> r;      // the run, until its checks are done
   std::vector<CheckResult> after;  // the KV-event stream's and speculation's checks
   EngineMetrics metrics;
 };
 
-// One mode: the run, then each check of it in turn but the oracle's, whose jobs are queued
-// on `oracle` as requests finish.
-Status verify_mode(const Model& model, const VerifyOptions& o, const Workload& workload, OracleChecks& oracle,
-                   PreemptionMode mode, ModeOutcome& out) {
-  auto r = std::make_unique<ModeRun>();
-  r->mode = mode;
-  r->m = mode_name(mode);
-  out.m = r->m;
-  out.c = std::make_unique<ModeChecks>(r->m);
-  ModeChecks& c = *out.c;
-  KVP_RETURN_IF_ERROR(run_mode(model, o, workload, oracle, *r, c));
-  out.ran = r->ran();
-  check_terminal_states(*r, c.terminal);
-  check_latency_timeline(*r, c.timeline);
-  check_leaks(*r, c.leak);
-  check_recompute(*r, c.recompute);
-  const IsolationSample sample = pick_isolation_sample(*r, o);
-  KVP_RETURN_IF_ERROR(check_non_interference(model, o, *r, sample.rerun, c.isolation));
-  if (o.speculation.enabled())
-    KVP_RETURN_IF_ERROR(check_determinism(model, o, workload, *r, sample.sampled_under_speculation, c.determinism));
-  check_cancellation(*r, workload, c.cancellation);
-  mark_what_applies(*r, sample.any_eligible, c);
-  if (r->kv_stream) {
-    r->kv_stream->end_step();
-    out.after.push_back(kv_events::check_engine_stream("kv-event-stream[" + r->m + "]", r->kv_log.events(),
-                                                       r->kv_stream->batches(), /*published=*/true));
+// One mode's run; its logits and greedy checks are queued on `oracle` as requests finish.
+// The leak check (the last to change the engine) and the KV-event stream's are made here,
+// before another mode's engine publishes.
+Status run_and_close_mode(const Model& model, const VerifyOptions& o, const Workload& workload, OracleChecks& oracle,
+                          PreemptionMode mode, ModeOutcome& out) {
+  out.r = std::make_unique<ModeRun>();
+  ModeRun& r = *out.r;
+  r.mode = mode;
+  r.m = mode_name(mode);
+  out.m = r.m;
+  out.c = std::make_unique<ModeChecks>(r.m);
+  KVP_RETURN_IF_ERROR(run_mode(model, o, workload, oracle, r, *out.c));
+  out.ran = r.ran();
+  check_leaks(r, out.c->leak);  // flushes the prefix cache: its removals are in the stream
+  if (r.kv_stream) {
+    r.kv_stream->end_step();
+    out.after.push_back(kv_events::check_engine_stream("kv-event-stream[" + r.m + "]", r.kv_log.events(),
+                                                       r.kv_stream->batches(), /*published=*/true));
   }
+  out.metrics = r.engine().metrics();
+  return Status::ok();
+}
+
+// The checks of a finished mode run but the oracle's, in turn; some re-run engines of their
+// own (non-interference, determinism, speculation against plain decoding). They read the
+// run (none changes its engine) and no other state of verify, so they may overlap the next
+// mode's run. The run is freed at the end.
+Status check_mode(const Model& model, const VerifyOptions& o, const Workload& workload, ModeOutcome& out) {
+  ModeRun& r = *out.r;
+  ModeChecks& c = *out.c;
+  check_terminal_states(r, c.terminal);
+  check_latency_timeline(r, c.timeline);
+  check_recompute(r, c.recompute);
+  const IsolationSample sample = pick_isolation_sample(r, o);
+  KVP_RETURN_IF_ERROR(check_non_interference(model, o, r, sample.rerun, c.isolation));
+  if (o.speculation.enabled())
+    KVP_RETURN_IF_ERROR(check_determinism(model, o, workload, r, sample.sampled_under_speculation, c.determinism));
+  check_cancellation(r, workload, c.cancellation);
+  mark_what_applies(r, sample.any_eligible, c);
   if (o.speculation.enabled()) {
-    CheckResult same("speculative-vs-plain[" + r->m + "]");
-    KVP_RETURN_IF_ERROR(check_speculative_vs_plain(model, o, workload, *r, same));
+    CheckResult same("speculative-vs-plain[" + r.m + "]");
+    KVP_RETURN_IF_ERROR(check_speculative_vs_plain(model, o, workload, r, same));
     out.after.push_back(same);
   }
-  out.metrics = r->engine().metrics();
+  out.r.reset();
   return Status::ok();
 }
 
@@ -813,7 +827,7 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
   report.allow_empty = o.allow_empty;
   Workload workload = workload_in;
   for (WorkloadRequest& r : workload.requests) r.spec.capture_logits = true;
-  ReferenceModel<double> oracle(model);
+  ReferenceModel<double> oracle(model, o.num_threads);
   // With more than one thread, the oracle compares each finished request on a thread of its
   // own while the engine runs on; with one, at once. Its products take all the threads: the
   // engine's small products leave them idle most of the time (on SmolLM2-135M here, 43.6 s
@@ -828,8 +842,32 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
   // preemption mode runs the same sequences, and a bitwise-equal row needs no new oracle run.
   OracleChecks checks(oracle, oo);
   std::vector<ModeOutcome> modes(o.modes.size());
-  for (std::size_t i = 0; i < o.modes.size(); ++i)
-    KVP_RETURN_IF_ERROR(verify_mode(model, o, workload, checks, o.modes[i], modes[i]));
+  // With more than one thread, a mode's own checks (above all its non-interference re-runs)
+  // run while the next mode's engine runs: on SmolLM2-135M with two threads, ... With one,
+  // each in turn. Either way each check reads only its own mode's run: the same verdicts.
+  std::vector<std::future<Status>> mode_checks(o.modes.size());
+  const auto wait_for_checks = [&]() -> Status {
+    Status first = Status::ok();
+    for (std::future<Status>& f : mode_checks) {
+      if (!f.valid()) continue;
+      Status s = f.get();
+      if (first.is_ok() && !s.is_ok()) first = std::move(s);
+    }
+    return first;
+  };
+  for (std::size_t i = 0; i < o.modes.size(); ++i) {
+    if (Status s = run_and_close_mode(model, o, workload, checks, o.modes[i], modes[i]); !s.is_ok()) {
+      (void)wait_for_checks();
+      return s;
+    }
+    ModeOutcome& out = modes[i];
+    if (o.num_threads > 1) {
+      mode_checks[i] = std::async(std::launch::async, [&] { return check_mode(model, o, workload, out); });
+    } else {
+      KVP_RETURN_IF_ERROR(check_mode(model, o, workload, out));
+    }
+  }
+  KVP_RETURN_IF_ERROR(wait_for_checks());
   checks.finish();
   for (ModeOutcome& m : modes) report_mode(o, m, report);
   report.oracle = checks.stats();
