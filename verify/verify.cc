@@ -842,9 +842,11 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
   // preemption mode runs the same sequences, and a bitwise-equal row needs no new oracle run.
   OracleChecks checks(oracle, oo);
   std::vector<ModeOutcome> modes(o.modes.size());
-  // With more than one thread, a mode's own checks (above all its non-interference re-runs)
-  // run while the next mode's engine runs: on SmolLM2-135M with two threads, ... With one,
-  // each in turn. Either way each check reads only its own mode's run: the same verdicts.
+  // With more than one thread, a mode's own checks (above all its non-interference re-runs,
+  // whose engines run a request alone: steps of one token that leave the second core idle)
+  // run while the next mode's engine runs; with one, each in turn. Either way each check
+  // reads only its own mode's run: the same verdicts (tests/differential_test.cc, under
+  // ThreadSanitizer in CI).
   std::vector<std::future<Status>> mode_checks(o.modes.size());
   const auto wait_for_checks = [&]() -> Status {
     Status first = Status::ok();
