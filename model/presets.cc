@@ -2,9 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <thread>
-#include <vector>
 
+#include "common/parallel.h"
 #include "common/rng.h"
 
 namespace kvp {
@@ -107,14 +106,7 @@ void fill_uniform(float* data, std::size_t n, double stddev, uint64_t seed, int 
     for (std::size_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i)
       data[i] = static_cast<float>(rng.uniform(-a, a));
   };
-  const auto workers = std::min<std::size_t>(static_cast<std::size_t>(std::max(threads, 1)), chunks);
-  std::vector<std::thread> pool;
-  for (std::size_t t = 1; t < workers; ++t)
-    pool.emplace_back([&fill, t, workers, chunks] {
-      for (std::size_t c = t; c < chunks; c += workers) fill(c);
-    });
-  for (std::size_t c = 0; c < chunks; c += std::max<std::size_t>(workers, 1)) fill(c);
-  for (std::thread& th : pool) th.join();
+  for_each_slice(static_cast<int64_t>(chunks), threads, [&](int64_t c) { fill(static_cast<std::size_t>(c)); });
 }
 
 }  // namespace

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <limits>
-#include <thread>
 
+#include "common/parallel.h"
 #include "common/sampling.h"
 #include "model/rope.h"
 
@@ -25,16 +25,7 @@ constexpr double kMinThreadedWork = 1 << 22;
 
 template <typename Fn>
 void parallel_slices(Eigen::Index n, int threads, double work, const Fn& fn) {
-  if (work < kMinThreadedWork) threads = 1;
-  const auto workers = static_cast<Eigen::Index>(std::min<Eigen::Index>(std::max(threads, 1), n));
-  std::vector<std::thread> pool;
-  for (Eigen::Index t = 1; t < workers; ++t) {
-    pool.emplace_back([&fn, n, t, workers] {
-      for (Eigen::Index i = t; i < n; i += workers) fn(i);
-    });
-  }
-  for (Eigen::Index i = 0; i < n; i += workers) fn(i);
-  for (std::thread& th : pool) th.join();
+  for_each_slice(n, work < kMinThreadedWork ? 1 : threads, fn);
 }
 
 // Y = X W^T (+ b) for the rows of X (tokens): one matrix product per slice of kSliceRows
