@@ -38,6 +38,7 @@ std::vector<int32_t> prompt(int64_t n, uint64_t seed, int64_t vocab) {
 
 void BM_EngineDecode(benchmark::State& state) {
   const auto batch = static_cast<int32_t>(state.range(0));
+  const auto threads = static_cast<int>(state.range(1));
   const Model& model = small_model();
   EngineConfig c;
   // Room for every sequence's whole life (128 + 400 tokens): no preemption while timing.
@@ -49,6 +50,7 @@ void BM_EngineDecode(benchmark::State& state) {
   c.vocab_size = model.config.vocab_size;
   CpuBackendConfig bc;
   bc.pool = c.kv.pool;
+  bc.num_threads = threads;
   CpuBackend backend(model, bc);
   Engine engine(c, backend);
   for (int32_t i = 0; i < batch; ++i) {
@@ -64,7 +66,18 @@ void BM_EngineDecode(benchmark::State& state) {
   state.counters["tokens_per_s"] =
       benchmark::Counter(static_cast<double>(state.iterations()) * batch, benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_EngineDecode)->Arg(1)->Arg(8)->Arg(32)->Iterations(200)->Unit(benchmark::kMillisecond);
+// Args: batch, threads.
+BENCHMARK(BM_EngineDecode)
+    ->ArgNames({"batch", "threads"})
+    ->Args({1, 1})
+    ->Args({8, 1})
+    ->Args({32, 1})
+    ->Args({1, 2})
+    ->Args({8, 2})
+    ->Args({32, 2})
+    ->Iterations(200)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_ReferenceDenseDecode(benchmark::State& state) {
   const ReferenceModel<float> model(small_model());

@@ -27,15 +27,26 @@ template <typename Fn>
 void parallel_slices(Eigen::Index n, int threads, double work, const Fn& fn) {
   for_each_slice(n, work < kMinThreadedWork ? 1 : threads, fn);
 }
+// The same on the model's kept workers (none: the calling thread alone).
+template <typename Fn>
+void parallel_slices(Eigen::Index n, SliceWorkers* workers, double work, const Fn& fn) {
+  if (workers == nullptr || work < kMinThreadedWork) {
+    for (Eigen::Index i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  workers->run(n, [&fn](int64_t i) { fn(static_cast<Eigen::Index>(i)); });
+}
 
 // Y = X W^T (+ b) for the rows of X (tokens): one matrix product per slice of kSliceRows
-// output features, the slices spread over `threads` threads. The slicing is fixed (it does
-// not depend on the thread count), and each output element is one dot product over the
-// input summed by Eigen's matrix-matrix kernel, so the bits do not depend on the threads
-// either (tests/reference_model_test.cc). Each product is evaluated into its own matrix
-// first: a block of a product expression is evaluated coefficient by coefficient, in
-// another order.
-constexpr Eigen::Index kSliceRows = 512;
+// output features, the slices spread over the workers. The slicing is fixed (it does not
+// depend on the thread count), and each output element is one dot product over the input
+// summed by Eigen's matrix-matrix kernel, so the bits do not depend on the threads either
+// (tests/reference_model_test.cc). Each product is evaluated into its own matrix first: a
+// block of a product expression is evaluated coefficient by coefficient, in another order.
+// 64 rows, so that two threads share each projection of the SmolLM2 shape about evenly (576
+// rows: 9 slices, where 512-row slices gave one thread 512 of them and the other 64; k and v,
+// 192 rows, were one slice); repacking X for each slice costs ~2% of the slice's product.
+constexpr Eigen::Index kSliceRows = 64;
 // Every product's token count is padded to a multiple of this (zero rows, results dropped).
 // Eigen evaluates X W^T for a row-major X as W X^T, the tokens being the right-hand columns,
 // and runs them through its kernel in panels of nr = 4 columns; the last n mod 4 columns
@@ -50,10 +61,10 @@ constexpr Eigen::Index kRowMultiple = 8;
 // `rows`.
 template <typename T>
 void rows_times_into(ref::ProductIsa isa, const ref::Matrix<T>& x, const ref::Matrix<T>& w, Eigen::Index rows,
-                     int threads, T* y, Eigen::Index ldy) {
+                     SliceWorkers* workers, T* y, Eigen::Index ldy) {
   const Eigen::Index slices = (w.rows() + kSliceRows - 1) / kSliceRows;
   const double work = static_cast<double>(rows) * static_cast<double>(w.rows()) * static_cast<double>(w.cols());
-  parallel_slices(slices, threads, work, [&](Eigen::Index s) {
+  parallel_slices(slices, workers, work, [&](Eigen::Index s) {
     const Eigen::Index r0 = s * kSliceRows, r = std::min(kSliceRows, w.rows() - r0);
     ref::Matrix<T> part(x.rows(), r);
     ref::product_abt<T>(isa, x.data(), x.cols(), w.row(r0).data(), w.cols(), x.rows(), r, x.cols(), part.data(), r);
@@ -63,16 +74,16 @@ void rows_times_into(ref::ProductIsa isa, const ref::Matrix<T>& x, const ref::Ma
 
 template <typename T>
 ref::Matrix<T> rows_times(ref::ProductIsa isa, const ref::Matrix<T>& x, const ref::Matrix<T>& w, Eigen::Index rows,
-                          int threads) {
+                          SliceWorkers* workers) {
   ref::Matrix<T> y(rows, w.rows());
-  rows_times_into<T>(isa, x, w, rows, threads, y.data(), y.cols());
+  rows_times_into<T>(isa, x, w, rows, workers, y.data(), y.cols());
   return y;
 }
 
 template <typename T>
 ref::Matrix<T> linear_rows(ref::ProductIsa isa, const ref::Matrix<T>& w, const ref::Vector<T>& b,
-                           const ref::Matrix<T>& x, int threads) {
-  ref::Matrix<T> y = rows_times<T>(isa, x, w, x.rows(), threads);
+                           const ref::Matrix<T>& x, SliceWorkers* workers) {
+  ref::Matrix<T> y = rows_times<T>(isa, x, w, x.rows(), workers);
   if (b.size() != 0) y.rowwise() += b.transpose();
   return y;
 }
@@ -228,7 +239,7 @@ typename ReferenceModel<T>::Matrix ReferenceModel<T>::attend_block(const Matrix&
   // Heads are independent (each writes its own columns of out): spread over the threads.
   const double work = static_cast<double>(config_.num_heads) * static_cast<double>(rows) *
                       static_cast<double>(panels * kAttentionPanel) * static_cast<double>(2 * d);
-  parallel_slices(config_.num_heads, threads_, work, [&](Eigen::Index head) {
+  parallel_slices(config_.num_heads, workers_.get(), work, [&](Eigen::Index head) {
     // Query head `head` reads KV head head / group_size (GQA; MQA when there is one).
     const int64_t kvh = head / config_.group_size();
     const Matrix& k = cache.keys(layer, kvh);
@@ -287,9 +298,9 @@ void ReferenceModel<T>::forward_block(std::span<const int32_t> tokens, DenseKVCa
 
     // Attention block: H = RMSNorm(X); Q, K, V = H Wq, H Wk, H Wv; RoPE on each row of Q and K.
     const Matrix h = rms_norm_rows<T>(x, layer.input_layernorm, eps);
-    Matrix q = linear_rows<T>(isa_, layer.q_proj, layer.q_bias, h, threads_);
-    Matrix k = linear_rows<T>(isa_, layer.k_proj, layer.k_bias, h, threads_);
-    const Matrix v = linear_rows<T>(isa_, layer.v_proj, layer.v_bias, h, threads_);
+    Matrix q = linear_rows<T>(isa_, layer.q_proj, layer.q_bias, h, workers_.get());
+    Matrix k = linear_rows<T>(isa_, layer.k_proj, layer.k_bias, h, workers_.get());
+    const Matrix v = linear_rows<T>(isa_, layer.v_proj, layer.v_bias, h, workers_.get());
     for (Eigen::Index i = 0; i < n; ++i) {  // the padding row (if any) has no position
       const int64_t position = start + i;
       for (int64_t head = 0; head < config_.num_heads; ++head)
@@ -301,22 +312,22 @@ void ReferenceModel<T>::forward_block(std::span<const int32_t> tokens, DenseKVCa
         cache.values(l, kvh).row(position) = v.row(i).segment(kvh * d, d);
       }
     }
-    x += linear_rows<T>(isa_, layer.o_proj, layer.o_bias, attend_block(q, n, l, start, cache), threads_);
+    x += linear_rows<T>(isa_, layer.o_proj, layer.o_bias, attend_block(q, n, l, start, cache), workers_.get());
 
     // MLP block (SwiGLU): X += (silu(H2 W_gate) * (H2 W_up)) W_down.
     const Matrix h2 = rms_norm_rows<T>(x, layer.post_attention_layernorm, eps);
-    const Matrix gate = linear_rows<T>(isa_, layer.gate_proj, layer.gate_bias, h2, threads_).unaryExpr([](T z) {
+    const Matrix gate = linear_rows<T>(isa_, layer.gate_proj, layer.gate_bias, h2, workers_.get()).unaryExpr([](T z) {
       return ref::silu<T>(z);
     });
-    const Matrix up = linear_rows<T>(isa_, layer.up_proj, layer.up_bias, h2, threads_);
-    x += linear_rows<T>(isa_, layer.down_proj, layer.down_bias, gate.cwiseProduct(up), threads_);
+    const Matrix up = linear_rows<T>(isa_, layer.up_proj, layer.up_bias, h2, workers_.get());
+    x += linear_rows<T>(isa_, layer.down_proj, layer.down_bias, gate.cwiseProduct(up), workers_.get());
   }
   // Tied embeddings: the LM head is the embedding matrix itself (one fp64 copy, not two).
   const Matrix& lm_head = config_.tie_word_embeddings ? embed_tokens_ : lm_head_;
   // The LM head a slice of the vocabulary at a time (rows_times): Eigen packs the left
   // operand of a product a panel at a time, sized by the cache sizes, and the whole 49k-row
   // head in one product grew verify's peak by ~100 MB.
-  rows_times_into<T>(isa_, rms_norm_rows<T>(x, norm_, eps), lm_head, n, threads_, logits.row(row).data(),
+  rows_times_into<T>(isa_, rms_norm_rows<T>(x, norm_, eps), lm_head, n, workers_.get(), logits.row(row).data(),
                      logits.cols());
 }
 

@@ -19,9 +19,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
+#include "common/parallel.h"
 #include "common/sampling.h"
 #include "common/status.h"
 #include "model/weights.h"
@@ -60,8 +62,13 @@ class ReferenceModel {
   static constexpr int64_t kBlockTokens = 64;
 
   // forward() spreads its products over up to n threads (fixed slices of output features:
-  // the logits are the same bits for any n). Default 1.
-  void set_threads(int n) { threads_ = std::max(n, 1); }
+  // the logits are the same bits for any n), n - 1 of them workers kept from here on
+  // (common/parallel.h SliceWorkers: forward() may still be called from several threads at
+  // once). Default 1. Not while a forward() runs.
+  void set_threads(int n) {
+    threads_ = std::max(n, 1);
+    workers_ = threads_ > 1 ? std::make_unique<SliceWorkers>(threads_) : nullptr;
+  }
   int threads() const { return threads_; }
 
   // The ISA of forward()'s matrix products (reference/products.h): default_product_isa()
@@ -100,6 +107,7 @@ class ReferenceModel {
   Vector norm_;
   Matrix lm_head_;  // empty when tied: embed_tokens_ is the LM head
   int threads_ = 1;
+  std::unique_ptr<SliceWorkers> workers_;  // threads_ - 1 workers; none for one thread
   ref::ProductIsa isa_ = ref::default_product_isa();
 };
 

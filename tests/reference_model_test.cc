@@ -122,7 +122,7 @@ TEST(ReferenceModel, LongContextPrefillEqualsDecodesBitwise) {
 TEST(ReferenceModel, ThreadsDoNotChangeABit) {
   ModelConfig c = *preset_config("tiny");
   c.num_layers = 2;
-  c.intermediate_size = 1100;  // three slices of the MLP's products, the last one short
+  c.intermediate_size = 1100;  // 18 slices of the MLP's products, the last one short
   c.vocab_size = 1300;
   const Model m = make_random_model(c, 31);
   const auto t = tokens_for(70, c.vocab_size, 6);
