@@ -1,8 +1,9 @@
 // Engine benchmarks. Build in Release (cmake --preset release) and run
 //   build-release/bin/engine_bench
 // Numbers are meant as ratios within one run (these machines are noisy):
-//   - decode tokens/s of the paged engine at batch 1, 8, 32 (small preset, context ~128)
-//     against the reference's one-sequence dense decode loop;
+//   - decode tokens/s of the paged engine at batch 1, 8, 32 on 1 and 2 threads (small preset,
+//     context 128 to 328; and batch 1, 32 on the SmolLM2-135M shape) against the reference's
+//     one-sequence dense decode loop;
 //   - paged attention (one head, block size 16, scrambled block table) against a dense
 //     attention over contiguous K/V of the same length: the goal is a flat ratio;
 //   - scheduler + engine step overhead with 256 running sequences on a model-free backend.
@@ -36,13 +37,15 @@ std::vector<int32_t> prompt(int64_t n, uint64_t seed, int64_t vocab) {
   return t;
 }
 
-void BM_EngineDecode(benchmark::State& state) {
+// Decode steps of `batch` sequences (state.range(0)) on state.range(1) threads, after one
+// prefill step of their prompts.
+void decode(benchmark::State& state, const Model& model, int64_t prompt_len, int32_t max_tokens) {
   const auto batch = static_cast<int32_t>(state.range(0));
   const auto threads = static_cast<int>(state.range(1));
-  const Model& model = small_model();
   EngineConfig c;
-  // Room for every sequence's whole life (128 + 400 tokens): no preemption while timing.
-  c.kv.pool = pool_shape_for(model.config, 16, batch * 34, 0);
+  // Room for every sequence's whole life: no preemption while timing.
+  const auto blocks_per_seq = static_cast<int32_t>((prompt_len + max_tokens + 15) / 16 + 1);
+  c.kv.pool = pool_shape_for(model.config, 16, batch * blocks_per_seq, 0);
   c.scheduler.max_num_batched_tokens = 4096;
   c.scheduler.max_num_seqs = batch;
   c.scheduler.prefill_chunk_size = 4096;
@@ -55,8 +58,8 @@ void BM_EngineDecode(benchmark::State& state) {
   Engine engine(c, backend);
   for (int32_t i = 0; i < batch; ++i) {
     RequestSpec s;
-    s.prompt = prompt(128, static_cast<uint64_t>(i), model.config.vocab_size);
-    s.max_tokens = 400;
+    s.prompt = prompt(prompt_len, static_cast<uint64_t>(i), model.config.vocab_size);
+    s.max_tokens = max_tokens;
     engine.add_request(s);
   }
   if (!engine.step().is_ok()) state.SkipWithError("prefill failed");  // the prefill step
@@ -66,7 +69,10 @@ void BM_EngineDecode(benchmark::State& state) {
   state.counters["tokens_per_s"] =
       benchmark::Counter(static_cast<double>(state.iterations()) * batch, benchmark::Counter::kIsRate);
 }
-// Args: batch, threads.
+
+// The small preset (21 MB of fp32 weights: they stay in this machine's L3 cache), context
+// 128 to 328.
+void BM_EngineDecode(benchmark::State& state) { decode(state, small_model(), 128, 400); }
 BENCHMARK(BM_EngineDecode)
     ->ArgNames({"batch", "threads"})
     ->Args({1, 1})
@@ -76,6 +82,23 @@ BENCHMARK(BM_EngineDecode)
     ->Args({8, 2})
     ->Args({32, 2})
     ->Iterations(200)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The SmolLM2-135M shape (540 MB of fp32 weights, read from memory once per step): the
+// regime where a batch pays for its weight reads once. Context 32 to 62.
+void BM_EngineDecodeSmolLM2(benchmark::State& state) {
+  static const Model m = *make_preset("smollm2-135m", 1, 2);
+  decode(state, m, 32, 64);
+}
+// Args: batch, threads.
+BENCHMARK(BM_EngineDecodeSmolLM2)
+    ->ArgNames({"batch", "threads"})
+    ->Args({1, 1})
+    ->Args({32, 1})
+    ->Args({1, 2})
+    ->Args({32, 2})
+    ->Iterations(30)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
