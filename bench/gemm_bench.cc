@@ -206,12 +206,9 @@ void BM_Gemm(benchmark::State& state) {
 }
 BENCHMARK(BM_Gemm)->Arg(1)->Arg(16)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond);
 
-// The small preset's MLP up projection (256 -> 768) at batch 32, engine_bench's decode shape:
-// a short in_dim, so each output's final reduction weighs more against its multiply-adds.
-void BM_GemmShortInDim(benchmark::State& state) {
+// state.range(0) tokens times a random [out_dim, in_dim] weight matrix, as fma_peak_ratio.
+void run_fma_peak_ratio(benchmark::State& state, int64_t out_dim, int64_t in_dim) {
   const int64_t tokens = state.range(0);
-  const int64_t in_dim = 256;
-  const int64_t out_dim = 768;
   const auto w = random_floats(out_dim * in_dim, 1);
   const auto x = random_floats(tokens * in_dim, 2);
   std::vector<float> y(static_cast<std::size_t>(tokens * out_dim));
@@ -222,25 +219,16 @@ void BM_GemmShortInDim(benchmark::State& state) {
   state.counters["fma_peak_ratio"] = fmas / s / peak;
   state.SetLabel(std::string(kernels::gemm_isa_name(isa)));
 }
+
+// The small preset's MLP up projection (256 -> 768) at batch 32, engine_bench's decode shape:
+// a short in_dim, so each output's final reduction weighs more against its multiply-adds.
+void BM_GemmShortInDim(benchmark::State& state) { run_fma_peak_ratio(state, 768, 256); }
 BENCHMARK(BM_GemmShortInDim)->Arg(32);
 
 // T tokens times the LM head's 576 -> 49152 weights (113 MB, streamed from memory on every
 // call): decode at batch T on a real model size, where the weight reads must overlap the
 // multiply-adds.
-void BM_GemmFromMemory(benchmark::State& state) {
-  const int64_t tokens = state.range(0);
-  const int64_t in_dim = 576;
-  const int64_t out_dim = 49152;
-  const auto w = random_floats(out_dim * in_dim, 1);
-  const auto x = random_floats(tokens * in_dim, 2);
-  std::vector<float> y(static_cast<std::size_t>(tokens * out_dim));
-  const GemmIsa isa = kernels::gemm_isa();
-  const double peak = measured_fma_peak();
-  const double s = time_gemm(state, isa, w, out_dim, in_dim, x, tokens, y);
-  const double fmas = static_cast<double>(state.iterations()) * static_cast<double>(tokens * out_dim * in_dim);
-  state.counters["fma_peak_ratio"] = fmas / s / peak;
-  state.SetLabel(std::string(kernels::gemm_isa_name(isa)));
-}
+void BM_GemmFromMemory(benchmark::State& state) { run_fma_peak_ratio(state, 49152, 576); }
 BENCHMARK(BM_GemmFromMemory)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond);
 
 }  // namespace
