@@ -7,9 +7,10 @@
 // R * T fused multiply-adds (one per lane vector). AVX-512 has 32 registers: R = 6, T = 4 (24
 // accumulators, 4 token vectors, 1 weight row). AVX2 has 16: R = 2, T = 3 (per half of the
 // lanes 6 accumulators live, 2 weight rows, 1 token vector). One token (a GEMV: decode at
-// batch 1) takes 8 rows per block (4 with AVX2) so that more weight loads are in flight; 12
-// ran slower, its row pointers spilling. Edge blocks use smaller R and T. None of this
-// changes any element's chain, only which elements share loads. The AVX-512 block ends with
+// batch 1) has nothing to share, and only streams: its blocks of 8 rows read each row start
+// to end before the next (avx512_gemv, avx2_gemv), so the loads go in address order. Edge
+// blocks use smaller R and T. None of this changes any element's chain, only which elements
+// share loads and in which order they are read. The AVX-512 block ends with
 // the halving trees of its 24 elements run 16 at a time (tree16_many): the same additions,
 // with shuffles in place of a horizontal reduction per element, 1.25-1.35x faster on the
 // small preset's 256-wide projections (gemm_bench BM_GemmShortInDim, medians of 5, old and
@@ -186,6 +187,67 @@ KVP_AVX512 void avx512_block(const float* w, int64_t in_dim, const float* x, flo
   }
 }
 
+// One token (a GEMV): the same chains as avx2_block<R, 1> and avx512_block<R, 1>, but each
+// weight row is read start to end before the next, so the block's loads go in address order
+// (rows are contiguous). The row-interleaved order (all R rows at k, then at k + 16) reads R
+// streams 4 * in_dim bytes apart, which this machine's prefetchers kept at ~60% of one
+// core's read bandwidth; in address order, ~95% (gemm_bench BM_Gemm/1, see the issue
+// notes; 4.9-6.0 ms against 8.0-10.0 for the LM head's 113 MB, interleaved runs). The rows'
+// chains do not depend on each other, so the core still overlaps the next rows' loads with
+// this row's multiply-adds.
+template <int R, int T>
+KVP_AVX2 void avx2_gemv(const float* w, int64_t in_dim, const float* x, float* y, int64_t ldy, const float* bias) {
+  static_assert(T == 1 && R <= 8);
+  (void)ldy;
+  const int64_t k_end = in_dim / 16 * 16;
+  __m256 u[8];  // width 8 (lane l + lane l + 8 is lo + hi) of row r
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r) {
+    if (r >= R) {
+      u[r] = _mm256_setzero_ps();
+      continue;
+    }
+    const float* row = w + r * in_dim;
+    __m256 lo = _mm256_setzero_ps(), hi = lo;
+    for (int64_t k = 0; k < k_end; k += 16) {
+      lo = _mm256_fmadd_ps(_mm256_loadu_ps(row + k), _mm256_loadu_ps(x + k), lo);
+      hi = _mm256_fmadd_ps(_mm256_loadu_ps(row + k + 8), _mm256_loadu_ps(x + k + 8), hi);
+    }
+    u[r] = _mm256_add_ps(lo, hi);
+  }
+  float tree[8];
+  tree8_many(u, tree);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    float v = finish(tree[r], w + r * in_dim, x, k_end, in_dim);
+    if (bias != nullptr) v += bias[r];
+    y[r] = v;
+  }
+}
+
+template <int R, int T>
+KVP_AVX512 void avx512_gemv(const float* w, int64_t in_dim, const float* x, float* y, int64_t ldy, const float* bias) {
+  static_assert(T == 1 && R <= 16);
+  (void)ldy;
+  const int64_t k_end = in_dim / 16 * 16;
+  __m512 acc[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    const float* row = w + r * in_dim;
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t k = 0; k < k_end; k += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(row + k), _mm512_loadu_ps(x + k), a);
+    acc[r] = a;
+  }
+  float tree[R];
+  tree16_many<R>(acc, tree);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    float v = finish(tree[r], w + r * in_dim, x, k_end, in_dim);
+    if (bias != nullptr) v += bias[r];
+    y[r] = v;
+  }
+}
+
 // table[r - 1][t - 1] = Block<r, t>, for r <= R, t <= T.
 template <template <int, int> class, int R, int T>
 struct BlockTable;
@@ -197,6 +259,15 @@ struct Avx2Block {
 template <int R, int T>
 struct Avx512Block {
   static constexpr BlockFn fn = &avx512_block<R, T>;
+};
+
+template <int R, int T>
+struct Avx2Gemv {
+  static constexpr BlockFn fn = &avx2_gemv<R, T>;
+};
+template <int R, int T>
+struct Avx512Gemv {
+  static constexpr BlockFn fn = &avx512_gemv<R, T>;
 };
 
 template <template <int, int> class Block, int R, int T>
@@ -215,8 +286,8 @@ constexpr BlockTable<Avx2Block, kAvx2Rows, kAvx2Tokens> kAvx2Table{};
 constexpr BlockTable<Avx512Block, kAvx512Rows, kAvx512Tokens> kAvx512Table{};
 // One token (decode at batch 1, the LM head of one row).
 constexpr int kGemvRows = 8;
-constexpr BlockTable<Avx2Block, kGemvRows / 2, 1> kAvx2Gemv{};
-constexpr BlockTable<Avx512Block, kGemvRows, 1> kAvx512Gemv{};
+constexpr BlockTable<Avx2Gemv, kGemvRows, 1> kAvx2GemvTable{};
+constexpr BlockTable<Avx512Gemv, kGemvRows, 1> kAvx512GemvTable{};
 
 template <int R, int T, template <int, int> class Block>
 void blocked_rows(const BlockTable<Block, R, T>& blocks, const float* w, const float* bias, int64_t out_dim,
@@ -300,14 +371,14 @@ void gemm_rows(GemmIsa isa, const float* w, const float* bias, int64_t out_dim, 
 #if defined(KVP_GEMM_X86)
     case GemmIsa::kAvx512:
       if (n == 1) {
-        blocked_rows(kAvx512Gemv, w, bias, out_dim, in_dim, x, n, y, row_begin, row_end);
+        blocked_rows(kAvx512GemvTable, w, bias, out_dim, in_dim, x, n, y, row_begin, row_end);
       } else {
         blocked_rows(kAvx512Table, w, bias, out_dim, in_dim, x, n, y, row_begin, row_end);
       }
       return;
     case GemmIsa::kAvx2:
       if (n == 1) {
-        blocked_rows(kAvx2Gemv, w, bias, out_dim, in_dim, x, n, y, row_begin, row_end);
+        blocked_rows(kAvx2GemvTable, w, bias, out_dim, in_dim, x, n, y, row_begin, row_end);
       } else {
         blocked_rows(kAvx2Table, w, bias, out_dim, in_dim, x, n, y, row_begin, row_end);
       }
