@@ -191,7 +191,7 @@ KVP_AVX512 void avx512_block(const float* w, int64_t in_dim, const float* x, flo
 // weight row is read start to end before the next, so the block's loads go in address order
 // (rows are contiguous). The row-interleaved order (all R rows at k, then at k + 16) reads R
 // streams 4 * in_dim bytes apart, which this machine's prefetchers kept at ~60% of one
-// core's read bandwidth; in address order, ~95% (gemm_bench BM_Gemm/1, see the issue
+// core's read bandwidth; in address order, ~87-100% (gemm_bench BM_Gemv, see the issue
 // notes; 4.9-6.0 ms against 8.0-10.0 for the LM head's 113 MB, interleaved runs). The rows'
 // chains do not depend on each other, so the core still overlaps the next rows' loads with
 // this row's multiply-adds.
