@@ -14,19 +14,23 @@
 
 namespace kvp {
 
-// Runs fn(0..n-1) on up to `threads` threads, slice i on thread i mod the thread count (the
-// caller's thread is one of them). Callers whose slices write disjoint outputs get the same
-// bits whichever thread runs a slice.
+// Runs fn(0..n-1) on up to `threads` threads (the caller's thread is one of them), each
+// claiming the next unclaimed slice until none is left: slices of unequal cost (the last,
+// short chunk of each tensor) or a thread the OS runs late leave no thread idle while
+// another still has a queue of its own. Callers whose slices write disjoint outputs get the
+// same bits whichever thread runs a slice.
 template <typename Fn>
 void for_each_slice(int64_t n, int threads, const Fn& fn) {
   const int64_t workers = std::min<int64_t>(std::max(threads, 1), std::max<int64_t>(n, 1));
+  std::atomic<int64_t> next{0};
+  const auto claim = [&fn, &next, n] {
+    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
+         i = next.fetch_add(1, std::memory_order_relaxed))
+      fn(i);
+  };
   std::vector<std::thread> pool;
-  for (int64_t t = 1; t < workers; ++t) {
-    pool.emplace_back([&fn, n, t, workers] {
-      for (int64_t i = t; i < n; i += workers) fn(i);
-    });
-  }
-  for (int64_t i = 0; i < n; i += workers) fn(i);
+  for (int64_t t = 1; t < workers; ++t) pool.emplace_back(claim);
+  claim();
   for (std::thread& th : pool) th.join();
 }
 

@@ -113,6 +113,8 @@ namespace {
 // about 50 us of work at the GEMM's speed, several times a worker's wake-up.
 constexpr int64_t kMinParallelMacs = int64_t{1} << 20;
 
+const float* bias_or_null(const VectorF& bias) { return bias.size() != 0 ? bias.data() : nullptr; }
+
 }  // namespace
 
 Status CpuBackendConfig::validate() const {
@@ -248,18 +250,31 @@ Status CpuBackend::execute(const BatchPlan& plan, StepOutput& out) {
 
 void CpuBackend::project(const float* w, const VectorF& bias, int64_t out_dim, int64_t in_dim, const float* x,
                          int64_t n, float* y) {
+  const Projection p[] = {{w, &bias, out_dim, y}};
+  project_all(p, in_dim, x, n);
+}
+
+void CpuBackend::project_all(std::span<const Projection> ps, int64_t in_dim, const float* x, int64_t n) {
   // kernels/gemm.h: each output element's arithmetic depends only on in_dim, so a token's row
   // is the same bits whatever its neighbours, the split of rows over threads or the ISA.
   const kernels::GemmIsa isa = config_.gemm_isa;
-  const float* b = bias.size() != 0 ? bias.data() : nullptr;
-  const auto rows = [&](int64_t row_begin, int64_t row_end) {
-    kernels::gemm_rows(isa, w, b, out_dim, in_dim, x, n, y, row_begin, row_end);
+  int64_t total = 0;
+  for (const Projection& p : ps) total += p.out_dim;
+  // Thread range [begin, end) of the projections' rows laid end to end.
+  const auto rows = [&](int64_t begin, int64_t end) {
+    int64_t base = 0;
+    for (const Projection& p : ps) {
+      const int64_t lo = std::max(begin, base) - base;
+      const int64_t hi = std::min(end, base + p.out_dim) - base;
+      if (lo < hi) kernels::gemm_rows(isa, p.w, bias_or_null(*p.bias), p.out_dim, in_dim, x, n, p.y, lo, hi);
+      base += p.out_dim;
+    }
   };
   // Waking the workers costs more than a small product saves.
-  if (out_dim * in_dim * n < kMinParallelMacs) {
-    rows(0, out_dim);
+  if (total * in_dim * n < kMinParallelMacs) {
+    rows(0, total);
   } else {
-    pool_->parallel_for(out_dim, rows);
+    pool_->parallel_for(total, rows);
   }
 }
 
@@ -358,11 +373,25 @@ void CpuBackend::mlp(const LayerWeights& w, int64_t n) {
   Scratch& s = *scratch_;
   for (int64_t t = 0; t < n; ++t)
     kernels::rms_norm(s.x.data() + t * hidden, w.post_attention_layernorm.data(), hidden, eps, s.h.data() + t * hidden);
-  project(w.gate_proj.data(), w.gate_bias, c.intermediate_size, hidden, s.h.data(), n, s.gate.data());
-  project(w.up_proj.data(), w.up_bias, c.intermediate_size, hidden, s.h.data(), n, s.up.data());
-  for (int64_t i = 0; i < n * c.intermediate_size; ++i) {
-    const auto u = static_cast<std::size_t>(i);
-    s.gate[u] = kernels::silu(s.gate[u]) * s.up[u];
+  // gate = silu(W_gate h) * (W_up h) in one pass over the threads: each thread's rows of both
+  // products, then the same columns' elementwise products (which run on the threads too).
+  const int64_t inter = c.intermediate_size;
+  const kernels::GemmIsa isa = config_.gemm_isa;
+  const auto gate_up = [&](int64_t begin, int64_t end) {
+    kernels::gemm_rows(isa, w.gate_proj.data(), bias_or_null(w.gate_bias), inter, hidden, s.h.data(), n, s.gate.data(),
+                       begin, end);
+    kernels::gemm_rows(isa, w.up_proj.data(), bias_or_null(w.up_bias), inter, hidden, s.h.data(), n, s.up.data(), begin,
+                       end);
+    for (int64_t t = 0; t < n; ++t) {
+      float* g = s.gate.data() + t * inter;
+      const float* u = s.up.data() + t * inter;
+      for (int64_t j = begin; j < end; ++j) g[j] = kernels::silu(g[j]) * u[j];
+    }
+  };
+  if (2 * inter * hidden * n < kMinParallelMacs) {
+    gate_up(0, inter);
+  } else {
+    pool_->parallel_for(inter, gate_up);
   }
   project(w.down_proj.data(), w.down_bias, hidden, c.intermediate_size, s.gate.data(), n, s.proj.data());
   for (int64_t i = 0; i < n * hidden; ++i) s.x[static_cast<std::size_t>(i)] += s.proj[static_cast<std::size_t>(i)];
@@ -407,9 +436,10 @@ void CpuBackend::run_model(const BatchPlan& plan, StepOutput& out) {
     const LayerWeights& w = model_->weights.layers[static_cast<std::size_t>(l)];
     for (int64_t t = 0; t < n; ++t)
       kernels::rms_norm(s.x.data() + t * hidden, w.input_layernorm.data(), hidden, eps, s.h.data() + t * hidden);
-    project(w.q_proj.data(), w.q_bias, c.q_dim(), hidden, s.h.data(), n, s.q.data());
-    project(w.k_proj.data(), w.k_bias, c.kv_dim(), hidden, s.h.data(), n, s.k.data());
-    project(w.v_proj.data(), w.v_bias, c.kv_dim(), hidden, s.h.data(), n, s.v.data());
+    const Projection qkv[] = {{w.q_proj.data(), &w.q_bias, c.q_dim(), s.q.data()},
+                              {w.k_proj.data(), &w.k_bias, c.kv_dim(), s.k.data()},
+                              {w.v_proj.data(), &w.v_bias, c.kv_dim(), s.v.data()}};
+    project_all(qkv, hidden, s.h.data(), n);
     for (int64_t t = 0; t < n; ++t) {
       const float* cs = cos_table.data() + t * half;
       const float* sn = sin_table.data() + t * half;

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "common/status.h"
@@ -111,6 +112,15 @@ class CpuBackend final : public Backend {
   // the dot, as the CUDA kernel does) for t < n, r < out_dim, split over rows r.
   void project(const float* w, const VectorF& bias, int64_t out_dim, int64_t in_dim, const float* x, int64_t n,
                float* y);
+  // Several projections of the same X in one pass over the threads (one wake-up instead of
+  // one each): their rows laid end to end and split as one range.
+  struct Projection {
+    const float* w;
+    const VectorF* bias;
+    int64_t out_dim;
+    float* y;
+  };
+  void project_all(std::span<const Projection> ps, int64_t in_dim, const float* x, int64_t n);
   void attention(const BatchPlan& plan, int64_t layer, const float* q, float* out);
 
   int64_t floats_per_block() const;
