@@ -273,9 +273,20 @@ struct GridCase {
   DType dtype;
 };
 
+// Appended piece by piece: GCC 12 at -O3 (the release preset) reports a false -Wrestrict
+// overlap in std::string's insert behind `"literal" + std::string`.
 std::string case_name(const GridCase& c) {
-  return "d" + std::to_string(c.head_dim) + "_b" + std::to_string(c.block_size) + "_h" + std::to_string(c.num_heads) +
-         "kv" + std::to_string(c.num_kv_heads) + "_" + dtype_flag(c.dtype);
+  std::string name = "d";
+  name += std::to_string(c.head_dim);
+  name += "_b";
+  name += std::to_string(c.block_size);
+  name += "_h";
+  name += std::to_string(c.num_heads);
+  name += "kv";
+  name += std::to_string(c.num_kv_heads);
+  name += "_";
+  name += dtype_flag(c.dtype);
+  return name;
 }
 
 // Positions per partition in the grid: small, so that "several partitions long" stays short
