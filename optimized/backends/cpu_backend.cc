@@ -270,11 +270,15 @@ void CpuBackend::project_all(std::span<const Projection> ps, int64_t in_dim, con
       base += p.out_dim;
     }
   };
+  split_rows(total, total * in_dim * n, rows);
+}
+
+void CpuBackend::split_rows(int64_t rows, int64_t macs, const std::function<void(int64_t, int64_t)>& fn) {
   // Waking the workers costs more than a small product saves.
-  if (total * in_dim * n < kMinParallelMacs) {
-    rows(0, total);
+  if (macs < kMinParallelMacs) {
+    fn(0, rows);
   } else {
-    pool_->parallel_for(total, rows);
+    pool_->parallel_for(rows, fn);
   }
 }
 
@@ -388,11 +392,7 @@ void CpuBackend::mlp(const LayerWeights& w, int64_t n) {
       for (int64_t j = begin; j < end; ++j) g[j] = kernels::silu(g[j]) * u[j];
     }
   };
-  if (2 * inter * hidden * n < kMinParallelMacs) {
-    gate_up(0, inter);
-  } else {
-    pool_->parallel_for(inter, gate_up);
-  }
+  split_rows(inter, 2 * inter * hidden * n, gate_up);
   project(w.down_proj.data(), w.down_bias, hidden, c.intermediate_size, s.gate.data(), n, s.proj.data());
   for (int64_t i = 0; i < n * hidden; ++i) s.x[static_cast<std::size_t>(i)] += s.proj[static_cast<std::size_t>(i)];
 }

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -121,6 +122,9 @@ class CpuBackend final : public Backend {
     float* y;
   };
   void project_all(std::span<const Projection> ps, int64_t in_dim, const float* x, int64_t n);
+  // fn(begin, end) over [0, rows): on the calling thread alone when the pass is under
+  // kMinParallelMacs multiply-adds, else split over the pool's threads.
+  void split_rows(int64_t rows, int64_t macs, const std::function<void(int64_t, int64_t)>& fn);
   void attention(const BatchPlan& plan, int64_t layer, const float* q, float* out);
 
   int64_t floats_per_block() const;
