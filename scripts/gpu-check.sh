@@ -32,12 +32,35 @@
 #   bash scripts/gpu-bundle.sh                                # here: build, stage, measure
 #   bash scripts/gpu-check.sh --prebuilt build/gpu-bundle     # on the GPU machine
 #
-# Exit status: 0 when every step passed, 1 otherwise (2: bad arguments).
+# --only PATTERN: run only the steps whose name matches PATTERN (grep -E; the names are those of
+# the summary table), e.g. a rerun of what failed. --deadline SECONDS: a lease's budget; a step
+# runs under what is left of it (its own limit when that is less) and steps left with under 10 s
+# are skipped. Skipped steps are listed as SKIP and do not fail the run.
+#
+# Exit status: 0 when every step that ran passed, 1 otherwise (2: bad arguments).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 PREBUILT=""
+ONLY=""
+DEADLINE=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    --only)
+      if [ $# -lt 2 ]; then
+        echo "gpu-check: --only needs a pattern" >&2
+        exit 2
+      fi
+      ONLY=$2
+      shift 2
+      ;;
+    --deadline)
+      if [ $# -lt 2 ] || ! [[ $2 =~ ^[0-9]+$ ]]; then
+        echo "gpu-check: --deadline needs a number of seconds" >&2
+        exit 2
+      fi
+      DEADLINE=$(($(date +%s) + $2))
+      shift 2
+      ;;
     --prebuilt)
       if [ $# -lt 2 ] || [ ! -d "$2/bin" ]; then
         echo "gpu-check: --prebuilt DIR needs DIR/bin" >&2
@@ -47,7 +70,7 @@ while [ $# -gt 0 ]; do
       shift 2
       ;;
     *)
-      echo "usage: scripts/gpu-check.sh [--prebuilt DIR]" >&2
+      echo "usage: scripts/gpu-check.sh [--prebuilt DIR] [--only PATTERN] [--deadline SECONDS]" >&2
       exit 2
       ;;
   esac
@@ -59,12 +82,25 @@ JOBS=$(nproc 2>/dev/null || echo 8)
 SUMMARY=()
 FAILED=0
 
-# step NAME TIMEOUT_S COMMAND...: runs COMMAND with its output in $OUT/NAME.log.
+# step NAME TIMEOUT_S COMMAND...: runs COMMAND with its output in $OUT/NAME.log (unless --only
+# or --deadline skips it).
 step() {
   local name=$1 limit=$2
   shift 2
   local start end rc verdict
   start=$(date +%s)
+  if [ -n "$ONLY" ] && ! grep -qE -- "$ONLY" <<<"$name"; then
+    SUMMARY+=("$(printf '%-40s %-8s %5ss  %s' "$name" SKIP 0 '(--only)')")
+    return 0
+  fi
+  if [ -n "$DEADLINE" ]; then
+    if [ $((DEADLINE - start)) -lt 10 ]; then
+      SUMMARY+=("$(printf '%-40s %-8s %5ss  %s' "$name" SKIP 0 '(--deadline)')")
+      echo "[SKIP] $name (deadline)"
+      return 0
+    fi
+    [ $((DEADLINE - start)) -ge "$limit" ] || limit=$((DEADLINE - start))
+  fi
   # bash -c so that COMMAND may be one of the functions exported below.
   timeout "$limit" bash -c '"$@"' step "$@" >"$OUT/$name.log" 2>&1
   rc=$?
@@ -207,6 +243,12 @@ if [ -n "${BUILT:-}" ]; then
   for dtype in f16 bf16; do
     step "verify-cuda-mixed-$dtype" 60 "$BUILD/bin/kvproof" verify --backend cuda --kv-dtype "$dtype" \
       --json "$OUT/verify-cuda-mixed-$dtype.json"
+  done
+
+  # The 135M shape through verify (issue 17's workload), CUDA and CPU backends, every core.
+  for backend in cuda cpu; do
+    step "verify-$backend-smollm2-135m" 180 "$BUILD/bin/kvproof" verify --preset smollm2-135m \
+      --backend "$backend" --threads "$JOBS" --json "$OUT/verify-$backend-smollm2-135m.json"
   done
 
   step bench-attention 120 "$BUILD/bin/cuda_attention_bench" --benchmark_min_time=0.05 \

@@ -20,6 +20,7 @@ import json
 import sys
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM
 
 
@@ -40,8 +41,18 @@ def main() -> int:
     tokens = prompt + [s["token"] for s in steps]
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(args.checkpoint, torch_dtype=torch.float32)
+    # transformers 4.56 renamed torch_dtype to dtype, and v5 loads a checkpoint in its stored dtype
+    # (bf16 for the sharded exports) unless told otherwise: ask for fp32 under the name this
+    # version reads, and check that it was honoured.
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    dtype_key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+    model = AutoModelForCausalLM.from_pretrained(args.checkpoint, **{dtype_key: torch.float32})
     arch = type(model).__name__
+    dtypes = {p.dtype for p in model.parameters()}
+    if dtypes != {torch.float32}:
+        print(f"hf-crosscheck: FAIL: {arch} loaded with parameter dtypes {sorted(map(str, dtypes))}, not float32 "
+              f"(transformers {transformers.__version__})")
+        return 1
     model.eval()
     with torch.no_grad():
         # Step i's logits are the prediction after prompt + the first i generated tokens.
@@ -69,7 +80,7 @@ def main() -> int:
         print("  " + line)
     verdict = "PASS" if not failures else "FAIL"
     print(f"hf-crosscheck: {verdict}: {arch}, {len(steps)} steps, worst relative logit difference {worst:.3g} "
-          f"(tolerance {args.tolerance:g})")
+          f"(tolerance {args.tolerance:g}; transformers {transformers.__version__}, torch {torch.__version__})")
     return 0 if not failures else 1
 
 
