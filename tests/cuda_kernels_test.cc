@@ -249,9 +249,12 @@ void cpu_attention_typed(const std::vector<float>& q, const HostPool& k, const H
                              position, scale, partition, scratch.data(), out + h * head_dim);
 }
 
-void cpu_attention(const std::vector<float>& q, const HostPool& k, const HostPool& v, const int32_t* table,
-                   int64_t block_size, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t position,
-                   float scale, int64_t partition, float* out) {
+// Not inlined: GCC 12 at -O3 (the release preset) propagated the long-context test's constants
+// into the kernels' vector-loop tails and reported a false -Waggressive-loop-optimizations
+// ("iteration 4611686018427387903 invokes undefined behavior") in kernels/cpu_attention.h.
+[[gnu::noinline]] void cpu_attention(const std::vector<float>& q, const HostPool& k, const HostPool& v,
+                                     const int32_t* table, int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
+                                     int64_t head_dim, int64_t position, float scale, int64_t partition, float* out) {
   switch (k.dtype) {
     case DType::kF32:
       return cpu_attention_typed<float>(q, k, v, table, block_size, num_heads, num_kv_heads, head_dim, position, scale,
