@@ -55,6 +55,12 @@ void scalar_block(int64_t rows, int64_t tokens, const float* w, int64_t in_dim, 
 #define KVP_AVX2 __attribute__((target("avx2,fma")))
 #define KVP_AVX512 __attribute__((target("avx512f,avx2,fma")))
 
+// The GEMVs prefetch the weights this many rows ahead of the row they read: one token's
+// product only streams, and a core's hardware prefetchers alone left BM_Gemv at 0.65-0.69 of a
+// plain read's bandwidth on AVX-512 (Zen 4, 2 vCPUs) against 0.82-0.83 with it (gemm_bench,
+// old and new alternated). A prefetch past the matrix's end is harmless (it never faults).
+constexpr int64_t kGemvPrefetchRows = 4;
+
 // The tail of an element (dot_fma_scalar's last n mod 16 terms) and the final sum.
 KVP_AVX2 inline float finish(float tree, const float* a, const float* b, int64_t from, int64_t n) {
   __m128 tail = _mm_setzero_ps();
@@ -210,6 +216,7 @@ KVP_AVX2 void avx2_gemv(const float* w, int64_t in_dim, const float* x, float* y
     const float* row = w + r * in_dim;
     __m256 lo = _mm256_setzero_ps(), hi = lo;
     for (int64_t k = 0; k < k_end; k += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(row + k + kGemvPrefetchRows * in_dim), _MM_HINT_T0);
       lo = _mm256_fmadd_ps(_mm256_loadu_ps(row + k), _mm256_loadu_ps(x + k), lo);
       hi = _mm256_fmadd_ps(_mm256_loadu_ps(row + k + 8), _mm256_loadu_ps(x + k + 8), hi);
     }
@@ -235,7 +242,10 @@ KVP_AVX512 void avx512_gemv(const float* w, int64_t in_dim, const float* x, floa
   for (int r = 0; r < R; ++r) {
     const float* row = w + r * in_dim;
     __m512 a = _mm512_setzero_ps();
-    for (int64_t k = 0; k < k_end; k += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(row + k), _mm512_loadu_ps(x + k), a);
+    for (int64_t k = 0; k < k_end; k += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(row + k + kGemvPrefetchRows * in_dim), _MM_HINT_T0);
+      a = _mm512_fmadd_ps(_mm512_loadu_ps(row + k), _mm512_loadu_ps(x + k), a);
+    }
     acc[r] = a;
   }
   float tree[R];
