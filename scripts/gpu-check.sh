@@ -10,7 +10,8 @@
 #      a pool over 2^31 elements), the backend conformance suite against the nvcc-built
 #      CUDA backend (backend_conformance_gpu_test), and kernel-check: the in-tree plug-ins, and
 #      kvproof's CUDA attention as a CUDA plug-in on the quick grid (kernel_check.cli.kvproof_cuda)
-#   3. the gpu tests under compute-sanitizer memcheck, racecheck, synccheck, initcheck
+#   3. the gpu tests under compute-sanitizer memcheck, racecheck, synccheck, initcheck, in $JOBS
+#      shards at once
 #   4. kvproof verify --backend cuda on every built-in workload shape (f32 KV), and on
 #      the default shape with f16 and bf16 KV
 #   4b. benchmarks: decode attention bandwidth against copy bandwidth, engine decode tokens/s
@@ -230,7 +231,10 @@ if [ -n "${BUILT:-}" ]; then
       if [ "$t" = cuda_kernels_gpu_test ]; then
         extra=(--gtest_filter='CudaGpuKernels.*:*_b16_*-*LongContext*')
       fi
-      step "sanitizer-$tool-$t" 90 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      # In $JOBS shards at once (each its own compute-sanitizer process on the one GPU): on the
+      # H200 (2026-12-04) racecheck took 88 s over cuda_kernels_gpu_test's subset unsharded, at a
+      # 90 s limit, and over 59 s on the conformance suite, 41 s in 8 shards.
+      step "sanitizer-$tool-$t" 180 shards compute-sanitizer --tool "$tool" --error-exitcode 1 \
         "$BUILD/bin/$t" --gtest_brief=1 "${extra[@]}"
     done
   done
