@@ -83,6 +83,9 @@ JOBS=$(nproc 2>/dev/null || echo 8)
 SUMMARY=()
 FAILED=0
 
+# summarize NAME VERDICT SECONDS LOG: one row of the summary table.
+summarize() { SUMMARY+=("$(printf '%-40s %-8s %5ss  %s' "$1" "$2" "$3" "$4")"); }
+
 # step NAME TIMEOUT_S COMMAND...: runs COMMAND with its output in $OUT/NAME.log (unless --only
 # or --deadline skips it).
 step() {
@@ -91,12 +94,12 @@ step() {
   local start end rc verdict
   start=$(date +%s)
   if [ -n "$ONLY" ] && ! grep -qE -- "$ONLY" <<<"$name"; then
-    SUMMARY+=("$(printf '%-40s %-8s %5ss  %s' "$name" SKIP 0 '(--only)')")
+    summarize "$name" SKIP 0 '(--only)'
     return 0
   fi
   if [ -n "$DEADLINE" ]; then
     if [ $((DEADLINE - start)) -lt 10 ]; then
-      SUMMARY+=("$(printf '%-40s %-8s %5ss  %s' "$name" SKIP 0 '(--deadline)')")
+      summarize "$name" SKIP 0 '(--deadline)'
       echo "[SKIP] $name (deadline)"
       return 0
     fi
@@ -108,7 +111,7 @@ step() {
   end=$(date +%s)
   if [ "$rc" -eq 0 ]; then verdict=PASS; elif [ "$rc" -eq 124 ]; then verdict=TIMEOUT; else verdict=FAIL; fi
   [ "$verdict" = PASS ] || FAILED=1
-  SUMMARY+=("$(printf '%-40s %-8s %5ss  %s' "$name" "$verdict" "$((end - start))" "$OUT/$name.log")")
+  summarize "$name" "$verdict" "$((end - start))" "$OUT/$name.log"
   echo "[$verdict] $name ($((end - start)) s)"
   return "$rc"
 }
