@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 #include "common/parallel.h"
 #include "common/sampling.h"
@@ -11,11 +13,29 @@ namespace kvp {
 
 namespace {
 
-// y = W x + b: a projection with its bias, if it has one.
+// The oracle's weight matrices are held as fp32 (ReferenceModel::Weights) and widened to T
+// where a product reads them, kWidenRows rows at a time: the operands are the same values
+// as a whole T copy's (fp32 -> fp64 is exact), at half its memory and half the bytes each
+// product streams.
+constexpr Eigen::Index kWidenRows = 64;
+
+// y = W x + b: a projection with its bias, if it has one (W widened kWidenRows rows at a
+// time for T = double).
 template <typename T>
-ref::Vector<T> linear(const ref::Matrix<T>& w, const ref::Vector<T>& b, const ref::Vector<T>& x) {
-  if (b.size() == 0) return w * x;
-  return w * x + b;
+ref::Vector<T> linear(const ref::Matrix<float>& w, const ref::Vector<T>& b, const ref::Vector<T>& x) {
+  ref::Vector<T> y(w.rows());
+  if constexpr (std::is_same_v<T, float>) {
+    y.noalias() = w * x;
+  } else {
+    ref::Matrix<T> part;
+    for (Eigen::Index r0 = 0; r0 < w.rows(); r0 += kWidenRows) {
+      const Eigen::Index r = std::min(kWidenRows, w.rows() - r0);
+      part = w.middleRows(r0, r).template cast<T>();
+      y.segment(r0, r).noalias() = part * x;
+    }
+  }
+  if (b.size() != 0) y += b;
+  return y;
 }
 
 // Runs fn(0..n-1) on up to `threads` threads (slice i on thread i % threads); on one when
@@ -59,21 +79,34 @@ constexpr Eigen::Index kRowMultiple = 8;
 // y[rows x w.rows()] (leading dimension ldy) = the first `rows` rows of X W^T. Each slice's
 // product covers all of X's rows (the padding too, see kRowMultiple) and keeps the first
 // `rows`.
+// The fp32 weights' slice is widened to T first (a kSliceRows-row buffer per thread): the product
+// then has the same operands and shapes as with a T copy of the weights, so the same bits.
 template <typename T>
-void rows_times_into(ref::ProductIsa isa, const ref::Matrix<T>& x, const ref::Matrix<T>& w, Eigen::Index rows,
+void rows_times_into(ref::ProductIsa isa, const ref::Matrix<T>& x, const ref::Matrix<float>& w, Eigen::Index rows,
                      SliceWorkers* workers, T* y, Eigen::Index ldy) {
   const Eigen::Index slices = (w.rows() + kSliceRows - 1) / kSliceRows;
   const double work = static_cast<double>(rows) * static_cast<double>(w.rows()) * static_cast<double>(w.cols());
   parallel_slices(slices, workers, work, [&](Eigen::Index s) {
     const Eigen::Index r0 = s * kSliceRows, r = std::min(kSliceRows, w.rows() - r0);
+    const T* ws = nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      ws = w.row(r0).data();
+    } else {
+      // One buffer per thread, reused slice after slice (no allocation per slice).
+      thread_local std::vector<T> widened;
+      widened.resize(static_cast<std::size_t>(r * w.cols()));
+      const float* src = w.row(r0).data();
+      for (std::size_t i = 0; i < widened.size(); ++i) widened[i] = static_cast<T>(src[i]);
+      ws = widened.data();
+    }
     ref::Matrix<T> part(x.rows(), r);
-    ref::product_abt<T>(isa, x.data(), x.cols(), w.row(r0).data(), w.cols(), x.rows(), r, x.cols(), part.data(), r);
+    ref::product_abt<T>(isa, x.data(), x.cols(), ws, w.cols(), x.rows(), r, x.cols(), part.data(), r);
     for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(part.row(i).data(), r, y + i * ldy + r0);
   });
 }
 
 template <typename T>
-ref::Matrix<T> rows_times(ref::ProductIsa isa, const ref::Matrix<T>& x, const ref::Matrix<T>& w, Eigen::Index rows,
+ref::Matrix<T> rows_times(ref::ProductIsa isa, const ref::Matrix<T>& x, const ref::Matrix<float>& w, Eigen::Index rows,
                           SliceWorkers* workers) {
   ref::Matrix<T> y(rows, w.rows());
   rows_times_into<T>(isa, x, w, rows, workers, y.data(), y.cols());
@@ -81,7 +114,7 @@ ref::Matrix<T> rows_times(ref::ProductIsa isa, const ref::Matrix<T>& x, const re
 }
 
 template <typename T>
-ref::Matrix<T> linear_rows(ref::ProductIsa isa, const ref::Matrix<T>& w, const ref::Vector<T>& b,
+ref::Matrix<T> linear_rows(ref::ProductIsa isa, const ref::Matrix<float>& w, const ref::Vector<T>& b,
                            const ref::Matrix<T>& x, SliceWorkers* workers) {
   ref::Matrix<T> y = rows_times<T>(isa, x, w, x.rows(), workers);
   if (b.size() != 0) y.rowwise() += b.transpose();
@@ -110,29 +143,48 @@ class Conversions {
     dst.resize(src.rows(), src.cols());
     if (src.size() > 0) parts_.push_back({src.data(), dst.data(), static_cast<std::size_t>(src.size())});
   }
+  // A weight matrix, copied as fp32 (ReferenceModel::Weights).
+  void add_weights(ref::Matrix<float>& dst, const ref::Matrix<float>& src) {
+    dst.resize(src.rows(), src.cols());
+    if (src.size() > 0) copies_.push_back({src.data(), dst.data(), static_cast<std::size_t>(src.size())});
+  }
   // One thread converts each tensor whole (the plain definition the chunks are tested
   // against).
   void run(int threads) {
     const std::size_t chunk = threads > 1 ? std::size_t{1} << 18 : std::numeric_limits<std::size_t>::max();
-    std::vector<Part> chunks;
-    for (const Part& p : parts_)
-      for (std::size_t i = 0; i < p.n; i += std::min(chunk, p.n - i))
-        chunks.push_back({p.src + i, p.dst + i, std::min(chunk, p.n - i)});
+    std::vector<Part<T>> chunks;
+    std::vector<Part<float>> copy_chunks;
     double total = 0;
-    for (const Part& p : parts_) total += static_cast<double>(p.n);
-    parallel_slices(static_cast<Eigen::Index>(chunks.size()), threads, total, [&](Eigen::Index c) {
-      const Part& p = chunks[static_cast<std::size_t>(c)];
-      for (std::size_t i = 0; i < p.n; ++i) p.dst[i] = static_cast<T>(p.src[i]);
+    const auto split = [&](const auto& parts, auto& into) {
+      for (const auto& p : parts) {
+        total += static_cast<double>(p.n);
+        for (std::size_t i = 0; i < p.n; i += std::min(chunk, p.n - i))
+          into.push_back({p.src + i, p.dst + i, std::min(chunk, p.n - i)});
+      }
+    };
+    split(parts_, chunks);
+    split(copies_, copy_chunks);
+    const auto n = static_cast<Eigen::Index>(chunks.size() + copy_chunks.size());
+    parallel_slices(n, threads, total, [&](Eigen::Index c) {
+      if (static_cast<std::size_t>(c) < chunks.size()) {
+        const Part<T>& p = chunks[static_cast<std::size_t>(c)];
+        for (std::size_t i = 0; i < p.n; ++i) p.dst[i] = static_cast<T>(p.src[i]);
+      } else {
+        const Part<float>& p = copy_chunks[static_cast<std::size_t>(c) - chunks.size()];
+        std::copy_n(p.src, p.n, p.dst);
+      }
     });
   }
 
  private:
+  template <typename D>
   struct Part {
     const float* src;
-    T* dst;
+    D* dst;
     std::size_t n;
   };
-  std::vector<Part> parts_;
+  std::vector<Part<T>> parts_;
+  std::vector<Part<float>> copies_;
 };
 
 }  // namespace
@@ -143,20 +195,20 @@ ReferenceModel<T>::ReferenceModel(const Model& model, int threads) : config_(mod
   Eigen::initParallel();  // products may run on several threads (set_threads)
   const ModelWeights& w = model.weights;
   Conversions<T> convert;
-  convert.add(embed_tokens_, w.embed_tokens);
+  convert.add_weights(embed_tokens_, w.embed_tokens);
   layers_.resize(w.layers.size());
   for (std::size_t i = 0; i < w.layers.size(); ++i) {
     const LayerWeights& l = w.layers[i];
     Layer& d = layers_[i];
     convert.add(d.input_layernorm, l.input_layernorm);
     convert.add(d.post_attention_layernorm, l.post_attention_layernorm);
-    convert.add(d.q_proj, l.q_proj);
-    convert.add(d.k_proj, l.k_proj);
-    convert.add(d.v_proj, l.v_proj);
-    convert.add(d.o_proj, l.o_proj);
-    convert.add(d.gate_proj, l.gate_proj);
-    convert.add(d.up_proj, l.up_proj);
-    convert.add(d.down_proj, l.down_proj);
+    convert.add_weights(d.q_proj, l.q_proj);
+    convert.add_weights(d.k_proj, l.k_proj);
+    convert.add_weights(d.v_proj, l.v_proj);
+    convert.add_weights(d.o_proj, l.o_proj);
+    convert.add_weights(d.gate_proj, l.gate_proj);
+    convert.add_weights(d.up_proj, l.up_proj);
+    convert.add_weights(d.down_proj, l.down_proj);
     convert.add(d.q_bias, l.q_bias);
     convert.add(d.k_bias, l.k_bias);
     convert.add(d.v_bias, l.v_bias);
@@ -166,7 +218,7 @@ ReferenceModel<T>::ReferenceModel(const Model& model, int threads) : config_(mod
     convert.add(d.down_bias, l.down_bias);
   }
   convert.add(norm_, w.norm);
-  if (!config_.tie_word_embeddings) convert.add(lm_head_, w.lm_head);
+  if (!config_.tie_word_embeddings) convert.add_weights(lm_head_, w.lm_head);
   convert.run(threads);
   inv_freq_ = rope_inv_freq<T>(config_);
 }
@@ -292,7 +344,8 @@ void ReferenceModel<T>::forward_block(std::span<const int32_t> tokens, DenseKVCa
   // have no position; their results are dropped.
   const Eigen::Index rows = (n + kRowMultiple - 1) / kRowMultiple * kRowMultiple;
   Matrix x = Matrix::Zero(rows, config_.hidden_size);
-  for (Eigen::Index i = 0; i < n; ++i) x.row(i) = embed_tokens_.row(tokens[static_cast<std::size_t>(i)]);
+  for (Eigen::Index i = 0; i < n; ++i)
+    x.row(i) = embed_tokens_.row(tokens[static_cast<std::size_t>(i)]).template cast<T>();
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     const Layer& layer = layers_[static_cast<std::size_t>(l)];
 
@@ -322,8 +375,8 @@ void ReferenceModel<T>::forward_block(std::span<const int32_t> tokens, DenseKVCa
     const Matrix up = linear_rows<T>(isa_, layer.up_proj, layer.up_bias, h2, workers_.get());
     x += linear_rows<T>(isa_, layer.down_proj, layer.down_bias, gate.cwiseProduct(up), workers_.get());
   }
-  // Tied embeddings: the LM head is the embedding matrix itself (one fp64 copy, not two).
-  const Matrix& lm_head = config_.tie_word_embeddings ? embed_tokens_ : lm_head_;
+  // Tied embeddings: the LM head is the embedding matrix itself (one copy, not two).
+  const Weights& lm_head = config_.tie_word_embeddings ? embed_tokens_ : lm_head_;
   // The LM head a slice of the vocabulary at a time (rows_times): Eigen packs the left
   // operand of a product a panel at a time, sized by the cache sizes, and the whole 49k-row
   // head in one product grew verify's peak by ~100 MB.
@@ -337,7 +390,7 @@ typename ReferenceModel<T>::Vector ReferenceModel<T>::forward_one(int32_t token,
   const int64_t d = config_.head_dim;
   const T eps = static_cast<T>(config_.rms_norm_eps);
 
-  Vector x = embed_tokens_.row(token).transpose();
+  Vector x = embed_tokens_.row(token).transpose().template cast<T>();
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     const Layer& layer = layers_[static_cast<std::size_t>(l)];
 
@@ -369,9 +422,9 @@ typename ReferenceModel<T>::Vector ReferenceModel<T>::forward_one(int32_t token,
     const Vector up = linear<T>(layer.up_proj, layer.up_bias, h2);
     x += linear<T>(layer.down_proj, layer.down_bias, gate.cwiseProduct(up));
   }
-  // Tied embeddings: the LM head is the embedding matrix itself (one fp64 copy, not two).
-  const Matrix& lm_head = config_.tie_word_embeddings ? embed_tokens_ : lm_head_;
-  return lm_head * ref::rms_norm<T>(x, norm_, eps);
+  // Tied embeddings: the LM head is the embedding matrix itself (one copy, not two).
+  const Weights& lm_head = config_.tie_word_embeddings ? embed_tokens_ : lm_head_;
+  return linear<T>(lm_head, Vector(), ref::rms_norm<T>(x, norm_, eps));
 }
 
 template class ReferenceModel<float>;

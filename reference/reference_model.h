@@ -39,9 +39,12 @@ class ReferenceModel {
   using Matrix = ref::Matrix<T>;
   using Vector = ref::Vector<T>;
 
-  // Copies the weights, converted to T. REQUIRES: model.config.validate().is_ok().
-  // Converts the weights to T on `threads` threads (chunks of elements: the same bits at any
-  // count; the first touch of a fresh page costs about as much as the conversion itself).
+  // Copies the weights: the matrices (embeddings, projections, LM head) as fp32, the
+  // model's own values, widened to T a slice at a time where a product reads them (fp32 ->
+  // fp64 is exact: the products see the same operands as with a T copy, the same bits, at
+  // half the memory for T = double); the norms and biases converted to T. On `threads`
+  // threads (chunks of elements: the same bits at any count; the first touch of a fresh page
+  // costs about as much as the copy itself). REQUIRES: model.config.validate().is_ok().
   explicit ReferenceModel(const Model& model, int threads = 1);
 
   const ModelConfig& config() const { return config_; }
@@ -81,9 +84,11 @@ class ReferenceModel {
   ref::ProductIsa product_isa() const { return isa_; }
 
  private:
+  // A weight matrix: fp32 whatever T is (see the constructor).
+  using Weights = ref::Matrix<float>;
   struct Layer {
     Vector input_layernorm, post_attention_layernorm;
-    Matrix q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+    Weights q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
     // Empty when the model has no such bias; `linear` then adds nothing.
     Vector q_bias, k_bias, v_bias, o_bias, gate_bias, up_bias, down_bias;
   };
@@ -102,10 +107,10 @@ class ReferenceModel {
 
   ModelConfig config_;
   std::vector<T> inv_freq_;  // rope_inv_freq<T>(config_): rope_scaling applied
-  Matrix embed_tokens_;
+  Weights embed_tokens_;
   std::vector<Layer> layers_;
   Vector norm_;
-  Matrix lm_head_;  // empty when tied: embed_tokens_ is the LM head
+  Weights lm_head_;  // empty when tied: embed_tokens_ is the LM head
   int threads_ = 1;
   std::unique_ptr<SliceWorkers> workers_;  // threads_ - 1 workers; none for one thread
   ref::ProductIsa isa_ = ref::default_product_isa();
