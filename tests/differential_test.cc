@@ -2,6 +2,9 @@
 // check of `kvproof verify` (invariants after every step, terminal states, no leak, logits
 // at every position within the fp32 tolerance, greedy tokens, bitwise recompute and
 // non-interference) must pass for each configuration.
+#include <chrono>
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -367,6 +370,34 @@ TEST(OracleChecks, AFailingJobIsReportedInSubmissionOrder) {
   EXPECT_EQ(logits.count, 32);
   EXPECT_NE(logits.detail.find("request 1 position 3"), std::string::npos) << logits.detail;
   EXPECT_EQ(checks.stats().sequences_run, 4);
+}
+
+// Streams are compared in order whatever order their jobs come in: a later stream's job
+// submitted first waits until the earlier stream is closed and compared. Observable through
+// the memo: B shares A's first 12 positions and has no rows there, so it starts from A's
+// dense cache only if A ran first (12 positions restored; 0 had the worker taken B at once).
+TEST(OracleChecks, AStreamIsComparedAfterTheStreamsBeforeIt) {
+  const ReferenceModel<double> oracle(tiny());
+  const std::vector<int32_t> a = {5, 17, 300, 2, 99, 41, 7, 256, 11, 3, 8, 400, 12, 13, 14, 15};
+  std::vector<int32_t> b(a.begin(), a.begin() + 12);
+  for (int32_t t : {77, 78, 79, 80}) b.push_back(t);
+  Request ra = request_with_oracle_rows(oracle, a);
+  Request rb = request_with_oracle_rows(oracle, b, 12);
+  OracleChecks checks(oracle, OracleChecks::Options{});
+  CheckResult logits_a("logits a"), greedy_a("greedy a"), logits_b("logits b"), greedy_b("greedy b");
+  checks.submit(*OracleJob::of(rb, "b", rb.logits), 2e-5, logits_b, greedy_b, /*stream=*/1);
+  checks.close(1);
+  // Stream 1 is closed but stream 0 is still open: nothing of stream 1 is compared yet.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  checks.submit(*OracleJob::of(ra, "a", ra.logits), 2e-5, logits_a, greedy_a, /*stream=*/0);
+  checks.close(0);
+  checks.finish();
+  EXPECT_EQ(checks.stats().sequences_run, 2);
+  EXPECT_EQ(checks.stats().positions_restored, 12);
+  EXPECT_TRUE(logits_a.passed) << logits_a.detail;
+  EXPECT_TRUE(logits_b.passed) << logits_b.detail;
+  EXPECT_EQ(logits_a.count, static_cast<int64_t>(a.size()));
+  EXPECT_EQ(logits_b.count, static_cast<int64_t>(b.size() - 12));
 }
 
 TEST(Verify, CpuBackendRefusesHalfPrecisionPools) {

@@ -225,53 +225,90 @@ void OracleChecks::compare(Pending& p) {
   std::vector<std::vector<float>>().swap(p.job.rows);
 }
 
-void OracleChecks::submit(OracleJob job, double tolerance, CheckResult& logits, CheckResult& greedy) {
+OracleChecks::Stream& OracleChecks::stream(int s) {
+  KVP_CHECK(s >= 0);
+  while (streams_.size() <= static_cast<std::size_t>(s)) streams_.emplace_back();
+  return streams_[static_cast<std::size_t>(s)];
+}
+
+OracleChecks::Stream* OracleChecks::current() {
+  for (Stream& st : streams_)
+    if (st.next < st.jobs.size() || !st.closed) return &st;
+  return nullptr;
+}
+
+void OracleChecks::submit(OracleJob job, double tolerance, CheckResult& logits, CheckResult& greedy, int s) {
   const int64_t bytes = row_bytes(job);
   std::unique_lock<std::mutex> lock(mu_);
+  Stream& st = stream(s);
+  KVP_CHECK(!st.closed);
   // Back-pressure: the engine waits for the oracle rather than the rows piling up.
-  cv_.wait(lock, [&] { return next_ == jobs_.size() || pending_bytes_ + bytes <= options_.max_pending_bytes; });
-  jobs_.push_back(Pending{std::move(job), tolerance, &logits, &greedy, bytes});
-  pending_bytes_ += bytes;
+  cv_.wait(lock, [&] {
+    const int64_t budget = current() == &st ? options_.max_pending_bytes : options_.max_waiting_bytes;
+    return st.next == st.jobs.size() || st.pending_bytes + bytes <= budget;
+  });
+  st.jobs.push_back(Pending{std::move(job), tolerance, &logits, &greedy, bytes});
+  st.pending_bytes += bytes;
   if (!options_.background) {  // compared here, at once
-    Pending& p = jobs_.back();
-    ++next_;
+    KVP_CHECK(current() == &st);
+    Pending& p = st.jobs.back();
+    ++st.next;
     compare(p);
     p.done = true;
-    pending_bytes_ -= bytes;
+    st.pending_bytes -= bytes;
     return;
   }
   lock.unlock();
   cv_.notify_all();
 }
 
+void OracleChecks::close(int s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stream(s).closed = true;
+  }
+  cv_.notify_all();
+}
+
 void OracleChecks::work() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || next_ < jobs_.size(); });
+    Stream* st = nullptr;
+    cv_.wait(lock, [&] {
+      st = current();
+      return stop_ || (st != nullptr && st->next < st->jobs.size());
+    });
     if (stop_) return;
-    Pending& p = jobs_[next_++];  // a reference into the deque survives later push_backs
+    Pending& p = st->jobs[st->next++];  // a reference into the deque survives later push_backs
     lock.unlock();
     compare(p);
     lock.lock();
     p.done = true;
-    pending_bytes_ -= p.bytes;
-    cv_.notify_all();
+    st->pending_bytes -= p.bytes;
+    cv_.notify_all();  // the stream's submitter, and a later stream's (it may be current now)
   }
 }
 
 void OracleChecks::finish() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return std::all_of(jobs_.begin(), jobs_.end(), [](const Pending& p) { return p.done; }); });
-  for (Pending& p : jobs_) {
-    if (p.result) {
-      apply_comparisons(p.job, *p.result, p.tolerance, *p.logits, *p.greedy);
-    } else if (p.logits->passed) {
-      p.logits->passed = false;
-      p.logits->detail = p.job.label + ": reference failed: " + p.result.status().message();
+  for (Stream& st : streams_) st.closed = true;
+  cv_.notify_all();
+  cv_.wait(lock, [&] {
+    return std::all_of(streams_.begin(), streams_.end(), [](const Stream& st) {
+      return std::all_of(st.jobs.begin(), st.jobs.end(), [](const Pending& p) { return p.done; });
+    });
+  });
+  for (Stream& st : streams_) {
+    for (Pending& p : st.jobs) {
+      if (p.result) {
+        apply_comparisons(p.job, *p.result, p.tolerance, *p.logits, *p.greedy);
+      } else if (p.logits->passed) {
+        p.logits->passed = false;
+        p.logits->detail = p.job.label + ": reference failed: " + p.result.status().message();
+      }
     }
   }
-  jobs_.clear();
-  next_ = 0;
+  streams_.clear();
 }
 
 }  // namespace kvp::verify

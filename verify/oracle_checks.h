@@ -118,18 +118,26 @@ Result<std::vector<RowComparison>> compare_job(const ReferenceModel<double>& ora
 void apply_comparisons(const OracleJob& job, const std::vector<RowComparison>& rows, double tolerance,
                        CheckResult& logits, CheckResult& greedy);
 
-// Jobs compared with the oracle in submission order, on a worker thread when background.
-// The rows of queued jobs are held until compared: submit() waits while they would exceed
-// max_pending_bytes (and a job is in flight).
+// Jobs compared with the oracle, on a worker thread when background. Jobs come in ordered
+// streams (verify: one per preemption mode, whose engines may run at once): every job of
+// stream s is compared after every job of the streams before it, and only once those are
+// closed (close()), each stream's in submission order. The memo then sees the jobs in one
+// order, the one a single thread running the modes in turn gives, so the reuse, the work
+// counted and the verdicts do not depend on timing. The rows of queued jobs are held until
+// compared: submit() waits while its stream's would exceed max_pending_bytes (the stream
+// the worker is on, or may be next on) or max_waiting_bytes (a stream waiting for an
+// earlier one), and a job of its stream is queued.
 class OracleChecks {
  public:
   struct Options {
     bool reuse = true;       // OracleMemo reuse; off: every job runs the oracle
     bool background = true;  // a worker thread; off: submit() compares at once
     // Memory beyond the engine's and the oracle's own: verify's peak must stay within 10% of
-    // the two models' weights and the pools (SmolLM2-135M: 1.79 GB, of which 1.70 GB before
-    // the worker thread), so the queue and the caches get 40 MB between them.
-    int64_t max_pending_bytes = 24ll << 20;   // rows of jobs not yet compared
+    // the engine's fp32 and an fp64 oracle's weights, and the pools. The oracle holds fp32
+    // weights (reference_model.h), so a stream waiting for an earlier one may hold up to
+    // max_waiting_bytes (verify: half the fp32 weights, within [24 MB, 256 MB]).
+    int64_t max_pending_bytes = 24ll << 20;   // rows of a stream's jobs not yet compared
+    int64_t max_waiting_bytes = 24ll << 20;   // the same, for a stream not yet being compared
     int64_t cache_budget_bytes = 16ll << 20;  // OracleMemo's dense caches
   };
   OracleChecks(const ReferenceModel<double>& oracle, Options options);
@@ -137,10 +145,14 @@ class OracleChecks {
   OracleChecks(const OracleChecks&) = delete;
   OracleChecks& operator=(const OracleChecks&) = delete;
 
-  // Queues `job`; its verdicts go to `logits` and `greedy` when finish() runs, so both must
-  // outlive that call.
-  void submit(OracleJob job, double tolerance, CheckResult& logits, CheckResult& greedy);
-  // Waits for every queued job, then applies their verdicts in submission order.
+  // Queues `job` on `stream` (0, 1, ...; not closed); its verdicts go to `logits` and
+  // `greedy` when finish() runs, so both must outlive that call. Without a worker, compares
+  // at once (the streams must then come in turn).
+  void submit(OracleJob job, double tolerance, CheckResult& logits, CheckResult& greedy, int stream = 0);
+  // No more jobs on `stream`: later streams' jobs may be compared once its own are.
+  void close(int stream);
+  // Waits for every queued job (closing every stream), then applies their verdicts, stream by
+  // stream, each in submission order.
   void finish();
   // Valid after finish().
   const OracleStats& stats() const { return stats_; }
@@ -155,8 +167,18 @@ class OracleChecks {
     Result<std::vector<RowComparison>> result = Status::error("not compared");
     bool done = false;
   };
+  struct Stream {
+    std::deque<Pending> jobs;  // submitted, not yet applied (stable addresses)
+    std::size_t next = 0;      // index in jobs of the next job to compare
+    int64_t pending_bytes = 0;
+    bool closed = false;
+  };
   void work();
   void compare(Pending& p);
+  Stream& stream(int s);  // REQUIRES: mu_ held
+  // The stream whose jobs may be compared now: the first with jobs left or still open
+  // (nullptr: none). REQUIRES: mu_ held.
+  Stream* current();
 
   const ReferenceModel<double>& oracle_;
   Options options_;
@@ -164,9 +186,7 @@ class OracleChecks {
   OracleStats stats_;  // written by whoever compares (one at a time)
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Pending> jobs_;  // submitted, not yet applied (stable addresses)
-  std::size_t next_ = 0;      // index in jobs_ of the next job to compare
-  int64_t pending_bytes_ = 0;
+  std::deque<Stream> streams_;  // by number (stable addresses)
   bool stop_ = false;
   std::thread worker_;
 };

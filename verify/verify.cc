@@ -344,7 +344,7 @@ struct ModeChecks {
 // against the oracle as soon as it finishes. Errors: the engine could not be built (a failed
 // run is the invariants check's failure, not an error).
 Status run_mode(const Model& model, const VerifyOptions& o, const Workload& workload, OracleChecks& oracle, ModeRun& r,
-                ModeChecks& c) {
+                ModeChecks& c, int stream) {
   auto live = make_engine(model, o, options_setup(o, r.mode));
   if (!live) return live.status();
   r.live = std::move(*live);
@@ -390,7 +390,7 @@ Status run_mode(const Model& model, const VerifyOptions& o, const Workload& work
       std::vector<std::vector<float>> rows = release ? std::move(*e.take_logits(id)) : req.logits;
       snap.released = release;
       if (auto job = OracleJob::of(req, "request " + std::to_string(id), std::move(rows)))
-        oracle.submit(std::move(*job), tol, c.logits, c.greedy);
+        oracle.submit(std::move(*job), tol, c.logits, c.greedy, stream);
     }
     return Status::ok();
   };
@@ -751,18 +751,23 @@ struct ModeOutcome {
   EngineMetrics metrics;
 };
 
-// One mode's run; its logits and greedy checks are queued on `oracle` as requests finish.
-// The leak check (the last to change the engine) and the KV-event stream's are made here,
-// before another mode's engine publishes.
+// One mode's run; its logits and greedy checks are queued on `oracle`'s stream `stream` as
+// requests finish, and the stream closed. The leak check (the last to change the engine) and
+// the KV-event stream's are made here, before another mode's engine publishes.
 Status run_and_close_mode(const Model& model, const VerifyOptions& o, const Workload& workload, OracleChecks& oracle,
-                          PreemptionMode mode, ModeOutcome& out) {
+                          PreemptionMode mode, ModeOutcome& out, int stream) {
+  struct Close {
+    OracleChecks& oracle;
+    int stream;
+    ~Close() { oracle.close(stream); }  // on every path: later streams wait for it
+  } close{oracle, stream};
   out.r = std::make_unique<ModeRun>();
   ModeRun& r = *out.r;
   r.mode = mode;
   r.m = mode_name(mode);
   out.m = r.m;
   out.c = std::make_unique<ModeChecks>(r.m);
-  KVP_RETURN_IF_ERROR(run_mode(model, o, workload, oracle, r, *out.c));
+  KVP_RETURN_IF_ERROR(run_mode(model, o, workload, oracle, r, *out.c, stream));
   out.ran = r.ran();
   check_leaks(r, out.c->leak);  // flushes the prefix cache: its removals are in the stream
   if (r.kv_stream) {
@@ -837,16 +842,15 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
   OracleChecks::Options oo;
   oo.reuse = o.oracle_memo;
   oo.background = o.num_threads > 1;
+  // A mode waiting for the oracle to finish the one before it may hold half the engine's
+  // fp32 weights in rows (OracleChecks::Options), 24 to 256 MB.
+  const int64_t weight_bytes = model.config.num_parameters() * static_cast<int64_t>(sizeof(float));
+  oo.max_waiting_bytes = std::clamp<int64_t>(weight_bytes / 2, oo.max_pending_bytes, 256ll << 20);
   oracle.set_threads(o.num_threads);
   // Each (tokens, engine row) is compared with the oracle once per verify: the second
   // preemption mode runs the same sequences, and a bitwise-equal row needs no new oracle run.
   OracleChecks checks(oracle, oo);
   std::vector<ModeOutcome> modes(o.modes.size());
-  // With more than one thread, a mode's own checks (above all its non-interference re-runs,
-  // whose engines run a request alone: steps of one token that leave the second core idle)
-  // run while the next mode's engine runs; with one, each in turn. Either way each check
-  // reads only its own mode's run: the same verdicts (tests/differential_test.cc, under
-  // ThreadSanitizer in CI).
   std::vector<std::future<Status>> mode_checks(o.modes.size());
   const auto wait_for_checks = [&]() -> Status {
     Status first = Status::ok();
@@ -857,16 +861,39 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
     }
     return first;
   };
-  for (std::size_t i = 0; i < o.modes.size(); ++i) {
-    if (Status s = run_and_close_mode(model, o, workload, checks, o.modes[i], modes[i]); !s.is_ok()) {
-      (void)wait_for_checks();
-      return s;
+  // With more than one thread the modes run at once, each on its own engine with its share
+  // of the threads (an engine's bits do not depend on its threads), then its own checks
+  // (above all the non-interference re-runs). The engines' small decode products are bound
+  // by memory and leave a core idle; the oracle and the other mode's work fill it. Each
+  // mode's oracle jobs are a stream of their own, compared in mode order
+  // (OracleChecks), and each check reads only its own mode's run: the same verdicts, the
+  // same oracle work (tests/differential_test.cc, under ThreadSanitizer in CI). With one
+  // thread, or a KV-event publisher (one engine's stream at a time), the modes run in turn;
+  // with more, a mode's checks still overlap the next mode's run.
+  const bool at_once = o.num_threads > 1 && o.kv_events_publisher == nullptr && o.modes.size() > 1;
+  if (at_once) {
+    VerifyOptions each = o;
+    each.num_threads = std::max(1, o.num_threads / static_cast<int>(o.modes.size()));
+    for (std::size_t i = 0; i < o.modes.size(); ++i) {
+      mode_checks[i] = std::async(std::launch::async, [&, i, each] {
+        KVP_RETURN_IF_ERROR(
+            run_and_close_mode(model, each, workload, checks, o.modes[i], modes[i], static_cast<int>(i)));
+        return check_mode(model, o, workload, modes[i]);
+      });
     }
-    ModeOutcome& out = modes[i];
-    if (o.num_threads > 1) {
-      mode_checks[i] = std::async(std::launch::async, [&] { return check_mode(model, o, workload, out); });
-    } else {
-      KVP_RETURN_IF_ERROR(check_mode(model, o, workload, out));
+  } else {
+    for (std::size_t i = 0; i < o.modes.size(); ++i) {
+      if (Status s = run_and_close_mode(model, o, workload, checks, o.modes[i], modes[i], static_cast<int>(i));
+          !s.is_ok()) {
+        (void)wait_for_checks();
+        return s;
+      }
+      ModeOutcome& out = modes[i];
+      if (o.num_threads > 1) {
+        mode_checks[i] = std::async(std::launch::async, [&] { return check_mode(model, o, workload, out); });
+      } else {
+        KVP_RETURN_IF_ERROR(check_mode(model, o, workload, out));
+      }
     }
   }
   KVP_RETURN_IF_ERROR(wait_for_checks());
