@@ -870,7 +870,7 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
   // same oracle work (tests/differential_test.cc, under ThreadSanitizer in CI). With one
   // thread, a KV-event publisher (one engine's stream at a time), or a CUDA backend (each
   // engine uploads its own copy of the weights: two at once would hold two; on cuda-emu,
-  // SmolLM2-135M's peak went from 3.9 to 4.4 GB), the modes run in turn; with more than one
+  // SmolLM2-135M's peak went from 3.3 to 4.4 GB), the modes run in turn; with more than one
   // thread, a mode's checks still overlap the next mode's run. The cpu backend's engines
   // read the caller's weights.
   const bool at_once =
