@@ -22,6 +22,18 @@ namespace {
 // cost made a 49,152 x 576 product 1.5x slower than over an fp64 copy; with 512, 1.1-1.2x.
 constexpr Eigen::Index kWidenRows = 512;
 
+// Rows r0..r0+r-1 of the fp32 weights as T, in a buffer of the calling thread's (reused
+// call after call: no allocation per slice). Valid until the thread's next call.
+template <typename T>
+const ref::Matrix<T>& widened_rows(const ref::Matrix<float>& w, Eigen::Index r0, Eigen::Index r) {
+  thread_local ref::Matrix<T> part;
+  part.resize(r, w.cols());
+  const float* src = w.row(r0).data();
+  T* dst = part.data();
+  for (Eigen::Index i = 0; i < r * w.cols(); ++i) dst[i] = static_cast<T>(src[i]);
+  return part;
+}
+
 // y = W x + b: a projection with its bias, if it has one.
 template <typename T>
 ref::Vector<T> linear(const ref::Matrix<float>& w, const ref::Vector<T>& b, const ref::Vector<T>& x) {
@@ -29,11 +41,9 @@ ref::Vector<T> linear(const ref::Matrix<float>& w, const ref::Vector<T>& b, cons
   if constexpr (std::is_same_v<T, float>) {
     y.noalias() = w * x;
   } else {
-    thread_local ref::Matrix<T> part;  // reused call after call
     for (Eigen::Index r0 = 0; r0 < w.rows(); r0 += kWidenRows) {
       const Eigen::Index r = std::min(kWidenRows, w.rows() - r0);
-      part = w.middleRows(r0, r).template cast<T>();
-      y.segment(r0, r).noalias() = part * x;
+      y.segment(r0, r).noalias() = widened_rows<T>(w, r0, r) * x;
     }
   }
   if (b.size() != 0) y += b;
@@ -81,7 +91,7 @@ constexpr Eigen::Index kRowMultiple = 8;
 // y[rows x w.rows()] (leading dimension ldy) = the first `rows` rows of X W^T. Each slice's
 // product covers all of X's rows (the padding too, see kRowMultiple) and keeps the first
 // `rows`.
-// The fp32 weights' slice is widened to T first (a kSliceRows-row buffer per thread): the product
+// The fp32 weights' slice is widened to T first (widened_rows): the product
 // then has the same operands and shapes as with a T copy of the weights, so the same bits.
 template <typename T>
 void rows_times_into(ref::ProductIsa isa, const ref::Matrix<T>& x, const ref::Matrix<float>& w, Eigen::Index rows,
@@ -94,12 +104,7 @@ void rows_times_into(ref::ProductIsa isa, const ref::Matrix<T>& x, const ref::Ma
     if constexpr (std::is_same_v<T, float>) {
       ws = w.row(r0).data();
     } else {
-      // One buffer per thread, reused slice after slice (no allocation per slice).
-      thread_local std::vector<T> widened;
-      widened.resize(static_cast<std::size_t>(r * w.cols()));
-      const float* src = w.row(r0).data();
-      for (std::size_t i = 0; i < widened.size(); ++i) widened[i] = static_cast<T>(src[i]);
-      ws = widened.data();
+      ws = widened_rows<T>(w, r0, r).data();
     }
     ref::Matrix<T> part(x.rows(), r);
     ref::product_abt<T>(isa, x.data(), x.cols(), ws, w.cols(), x.rows(), r, x.cols(), part.data(), r);
