@@ -1,11 +1,13 @@
 #include "model/checkpoint.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/dtype.h"
 #include "model/presets.h"
 #include "model/safetensors.h"
 #include "reference/reference_model.h"
@@ -390,6 +392,14 @@ TEST(ShardIndex, ParserRejectsEachMalformedIndexWithItsReason) {
       {R"({"weight_map": {"a": 3}})", "must be a shard file name"},
       {R"({"weight_map": {"a": "../secret.safetensors"}})", "is not a file name in the checkpoint directory"},
       {R"({"weight_map": {"a": ".."}})", "is not a file name"},
+      // A shard name that escapes the directory anywhere in its path, or is absolute.
+      {R"({"weight_map": {"a": "sub/../../secret.safetensors"}})", "is not a file name"},
+      {R"({"weight_map": {"a": "shards/model.safetensors"}})", "is not a file name"},
+      {R"({"weight_map": {"a": "/etc/model.safetensors"}})", "is not a file name"},
+      {R"({"weight_map": {"a": "..\\secret.safetensors"}})", "is not a file name"},
+      {R"({"weight_map": {"a": "x.safetensors", "b": "../y.safetensors"}})", "is not a file name"},
+      {R"({"weight_map": {"a": "."}})", "is not a file name"},
+      {R"({"weight_map": {"a": ""}})", "is not a file name"},
       {R"({"weight_map": {"a": "x", "a": "y"}})", "names a tensor twice"},
       {R"({"metadata": {"total_size": -1}, "weight_map": {"a": "x"}})", "total_size"},
       {R"({"metadata": 7, "weight_map": {"a": "x"}})", "'metadata' must be an object"},
@@ -403,6 +413,38 @@ TEST(ShardIndex, ParserRejectsEachMalformedIndexWithItsReason) {
   ASSERT_TRUE(ok.is_ok());
   EXPECT_EQ(ok->weight_map.at("b"), "s2");
   EXPECT_EQ(ok->total_size, 12u);
+}
+
+// The conversion to fp32 (and the writer's from it) goes a chunk at a time (4M elements when
+// reading, 1M when writing): a tensor of a few chunks plus one element comes back whole, every
+// element in its place, in every dtype, and so does the small tensor after it.
+TEST(Safetensors, ATensorLargerThanAChunkConvertsEveryElement) {
+  constexpr std::size_t kElements = (std::size_t{2} << 22) + 1;
+  std::vector<float> big(kElements), small = {1.5f, -2.25f, 3.0f};
+  for (std::size_t i = 0; i < kElements; ++i) big[i] = static_cast<float>(i % 65521) - 32760.5f;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    TempDir dir;
+    const auto path = dir.path() / "big.safetensors";
+    ASSERT_TRUE(write_safetensors(path, {{"big", {static_cast<int64_t>(kElements)}, big}, {"small", {3}, small}}, dtype)
+                    .is_ok());
+    auto f = read_safetensors(path);
+    ASSERT_TRUE(f.is_ok()) << f.status().message();
+    for (const SafetensorsEntry& e : f->header().entries) {
+      const std::vector<float>& want = e.name == "big" ? big : small;
+      std::vector<float> got(e.num_elements(), std::nanf(""));
+      f->read_f32(e, got);
+      ASSERT_EQ(got.size(), want.size());
+      std::size_t wrong = 0, first_wrong = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        const float w = dtype == DType::kF32   ? want[i]
+                        : dtype == DType::kF16 ? f16_to_float(float_to_f16(want[i]))
+                                               : bf16_to_float(float_to_bf16(want[i]));
+        if (float_bits(got[i]) != float_bits(w) && wrong++ == 0) first_wrong = i;
+      }
+      EXPECT_EQ(wrong, 0u) << e.name << ": first wrong element " << first_wrong;
+    }
+  }
 }
 
 class MalformedShardedCheckpoint : public ::testing::Test {

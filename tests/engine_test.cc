@@ -35,6 +35,26 @@ namespace {
 
 constexpr int64_t kVocab = 64;
 
+// A PrefixHit is valid until the manager's next state change: the scheduler's methods that
+// take one refuse a stale one, as the manager's own do (KvCacheManager::is_current).
+TEST(SchedulerDeathTest, AHitFromBeforeAStateChangeIsRefused) {
+  KvCacheConfig kc;
+  kc.pool.num_device_blocks = 8;
+  kc.pool.num_host_blocks = 4;
+  kc.pool.block_size = 4;
+  KvCacheManager kv(kc);
+  Scheduler s(SchedulerConfig{}, kv);
+  RequestSpec spec;
+  spec.prompt = {1, 2, 3, 4, 5, 6};
+  Request r(1, spec);
+  s.add(&r);
+  const PrefixHit hit = kv.find_prefix(r.id);
+  EXPECT_EQ(s.tokens_to_compute(r, hit), 6);
+  ASSERT_TRUE(kv.add_sequence(99, 0, std::vector<int32_t>{7, 8}).is_ok());  // a state change
+  EXPECT_DEATH((void)s.tokens_to_compute(r, hit), "KVP_CHECK");
+  EXPECT_EQ(s.tokens_to_compute(r, kv.find_prefix(r.id)), 6);
+}
+
 EngineConfig small_config(int32_t blocks, AdmissionRule admission = AdmissionRule::kOptimistic,
                           PreemptionMode mode = PreemptionMode::kRecompute) {
   EngineConfig c;

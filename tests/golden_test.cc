@@ -232,5 +232,57 @@ TEST(Golden, MissingRequestsAndMismatchedPromptsAreErrors) {
   EXPECT_FALSE(compare_logprobs(tiny_golden(), c, 1e-3).is_ok());
 }
 
+// The tolerance is symmetric: a candidate as far below the golden fails as surely as one
+// above it, and within it either way passes.
+TEST(Golden, ToleranceIsSymmetric) {
+  for (const double delta : {0.01, -0.01}) {
+    LogprobFile c = as_candidate(tiny_golden());
+    c.requests[1].positions[2].logprob += delta;
+    c = reparse(to_jsonl(c), "candidate.jsonl");
+    auto report = compare_logprobs(tiny_golden(), c, 1e-3);
+    ASSERT_TRUE(report.is_ok()) << report.status().message();
+    EXPECT_FALSE(report->passed()) << "delta " << delta;
+    EXPECT_EQ(report->requests[1].logprob_divergence, 3) << "delta " << delta;
+    EXPECT_TRUE(compare_logprobs(tiny_golden(), c, 0.02)->passed()) << "delta " << delta;
+  }
+  // The same for a top-k entry's logprob.
+  LogprobFile c = as_candidate(tiny_golden());
+  ASSERT_FALSE(c.requests[0].positions[1].top.empty());
+  c.requests[0].positions[1].top.back().logprob -= 0.01;
+  c = reparse(to_jsonl(c), "candidate.jsonl");
+  EXPECT_FALSE(compare_logprobs(tiny_golden(), c, 1e-3)->passed());
+}
+
+// A greedy divergence is a near tie when the golden's margin between its best token and the
+// candidate's is at most the tolerance: at it, explained; one ulp under it, not.
+TEST(Golden, NearTieIsExplainedUpToTheToleranceAndNoFurther) {
+  const LogprobFile g = tie_golden(-0.6905);
+  const auto& top = g.requests[0].positions[1].top;
+  ASSERT_EQ(top[1].token, 7);
+  const double margin = top[0].logprob - top[1].logprob;
+  ASSERT_GT(margin, 0.0);
+  auto at = compare_logprobs(g, diverging_candidate(), margin);
+  ASSERT_TRUE(at.is_ok()) << at.status().message();
+  EXPECT_TRUE(at->requests[0].token_divergence_explained) << at->requests[0].token_detail;
+  EXPECT_TRUE(at->passed()) << at->table();
+  auto past = compare_logprobs(g, diverging_candidate(), std::nextafter(margin, 0.0));
+  ASSERT_TRUE(past.is_ok()) << past.status().message();
+  EXPECT_FALSE(past->requests[0].token_divergence_explained) << past->requests[0].token_detail;
+  EXPECT_FALSE(past->passed()) << past->table();
+}
+
+// A candidate request the golden file does not have is an error naming it, as a golden
+// request the candidate lacks is.
+TEST(Golden, ACandidateRequestTheGoldenLacksIsAnErrorNamingIt) {
+  LogprobFile c = as_candidate(tiny_golden());
+  ScoredRequest extra = c.requests[0];
+  extra.id = 9;
+  c.requests.push_back(extra);
+  c = reparse(to_jsonl(c), "candidate.jsonl");
+  auto r = compare_logprobs(tiny_golden(), c, 1e-3);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().message(), "candidate.jsonl:5: request 9: not in the golden file golden.jsonl");
+}
+
 }  // namespace
 }  // namespace kvp::golden

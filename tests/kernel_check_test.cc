@@ -4,6 +4,7 @@
 // libraries by name.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -259,6 +260,163 @@ TEST(AttentionPluginLoader, RefusesAFileThatIsNotALibrary) {
   auto p = AttentionPlugin::load(source_dir() + "/README.md");
   ASSERT_FALSE(p);
   EXPECT_NE(p.status().message().find("README.md: cannot load"), std::string::npos) << p.status().message();
+}
+
+// ---- each property's reach, with the naive C kernel wrapped in one defect (issue 43) ----
+
+enum class Defect { kNone, kWriteBeforeOut, kWriteAfterOut, kWriteInput, kLastRowInBatch };
+// The inputs kWriteInput can write into, in kvp_attention_args' order.
+enum class Input { kQuery, kQueryStart, kTokenSeq, kPositions, kContextLens, kBlockTables, kKCache, kVCache };
+constexpr Input kInputs[] = {Input::kQuery,       Input::kQueryStart,  Input::kTokenSeq, Input::kPositions,
+                             Input::kContextLens, Input::kBlockTables, Input::kKCache,   Input::kVCache};
+
+// The plug-in ABI passes no user pointer, so the wrapper's state is the test's one at a time.
+// kWriteInput flips one bit after the first run() of a case and flips it back at the start of
+// the next, so the later calls (repeatability, batch invariance) read valid inputs: only the
+// inputs-unchanged check, made between the two, sees the write.
+struct Wrapper {
+  const kvp_attention_plugin* inner = nullptr;
+  Defect defect = Defect::kNone;
+  Input input = Input::kQuery;
+  unsigned char* flipped = nullptr;  // reset before each case
+  bool restored = false;
+};
+Wrapper g_wrapper;
+
+// The lowest bit of the last element (its first byte: x86 is little-endian).
+template <typename T>
+unsigned char* last_element(const T* p, int64_t n) {
+  return reinterpret_cast<unsigned char*>(const_cast<T*>(p) + n - 1);
+}
+
+int wrapped_run(const kvp_attention_args* a, char* err, size_t err_len) {
+  if (g_wrapper.flipped != nullptr && !g_wrapper.restored) {
+    *g_wrapper.flipped ^= 0x01;
+    g_wrapper.restored = true;
+  }
+  const int rc = g_wrapper.inner->run(a, err, err_len);
+  if (rc != 0) return rc;
+  const kvp_attention_shape& s = a->shape;
+  const int64_t out_len = static_cast<int64_t>(s.num_tokens) * s.num_heads * s.head_dim;
+  switch (g_wrapper.defect) {
+    case Defect::kNone: break;
+    case Defect::kWriteBeforeOut: a->out[-1] = 0.0f; break;
+    case Defect::kWriteAfterOut: a->out[out_len] = 0.0f; break;
+    case Defect::kLastRowInBatch: {
+      // Batched, the last value of the batch's last row moves by one ulp: a variance only the
+      // comparison of the last sequence's last new token (a prefill chunk's) can see.
+      const int32_t last = s.num_seqs - 1;
+      if (s.num_seqs > 1 && a->query_start[last + 1] - a->query_start[last] > 1)
+        a->out[out_len - 1] = std::nextafter(a->out[out_len - 1], INFINITY);
+      break;
+    }
+    case Defect::kWriteInput: {
+      if (g_wrapper.flipped != nullptr) break;
+      unsigned char* p = nullptr;
+      switch (g_wrapper.input) {
+        case Input::kQuery: p = last_element(a->query, out_len); break;
+        case Input::kQueryStart: p = last_element(a->query_start, s.num_seqs + 1); break;
+        case Input::kTokenSeq: p = last_element(a->token_seq, s.num_tokens); break;
+        case Input::kPositions: p = last_element(a->positions, s.num_tokens); break;
+        case Input::kContextLens: p = last_element(a->context_lens, s.num_seqs); break;
+        case Input::kBlockTables:
+          p = last_element(a->block_tables, static_cast<int64_t>(s.num_seqs) * s.max_blocks_per_seq);
+          break;
+        case Input::kKCache: p = last_element(static_cast<const unsigned char*>(a->k_cache), 1); break;
+        case Input::kVCache: p = last_element(static_cast<const unsigned char*>(a->v_cache), 1); break;
+      }
+      *p ^= 0x01;
+      g_wrapper.flipped = p;
+      break;
+    }
+  }
+  return 0;
+}
+
+class WrappedNaiveKernel : public testing::Test {
+ protected:
+  void SetUp() override {
+    inner_ = load_or_die("naive_c");
+    ASSERT_NE(inner_, nullptr);
+    plugin_ = inner_->descriptor();
+    plugin_.run = wrapped_run;
+    g_wrapper = {&inner_->descriptor(), Defect::kNone, Input::kQuery, nullptr, false};
+  }
+  void TearDown() override { g_wrapper = {}; }
+  // Two sequences, the second a prefill chunk of 9 new tokens across a block boundary.
+  static KernelCase batch_case(int32_t layout, int32_t dtype = KVP_KV_F32) {
+    KernelCase c;
+    c.label = "wrapped";
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 64;
+    c.block_size = 16;
+    c.kv_dtype = dtype;
+    c.kv_layout = layout;
+    c.seqs = {{37, 1}, {50, 9}};
+    c.seed = 7;
+    return c;
+  }
+  std::unique_ptr<AttentionPlugin> inner_;
+  kvp_attention_plugin plugin_{};
+};
+
+constexpr int32_t kLayouts[] = {KVP_LAYOUT_KVPROOF, KVP_LAYOUT_FLASHINFER_NHD, KVP_LAYOUT_FLASHINFER_HND,
+                                KVP_LAYOUT_VLLM};
+
+TEST_F(WrappedNaiveKernel, WithoutADefectEveryPropertyPasses) {
+  for (int32_t layout : kLayouts) {
+    const CaseResult r = run_case(plugin_, batch_case(layout));
+    EXPECT_FALSE(r.skipped);
+    EXPECT_TRUE(r.passed()) << "layout " << layout << ": " << (r.failures.empty() ? "" : r.failures[0].message);
+  }
+}
+
+TEST_F(WrappedNaiveKernel, GuardZonesOnBothSidesOfOut) {
+  g_wrapper.defect = Defect::kWriteBeforeOut;
+  CaseResult r = run_case(plugin_, batch_case(KVP_LAYOUT_KVPROOF));
+  ASSERT_TRUE(r.failed("guard-zones"));
+  EXPECT_NE(r.failures[0].message.find("1 of the 64 floats before out and 0 of those after"), std::string::npos)
+      << r.failures[0].message;
+  g_wrapper.defect = Defect::kWriteAfterOut;
+  r = run_case(plugin_, batch_case(KVP_LAYOUT_KVPROOF));
+  ASSERT_TRUE(r.failed("guard-zones"));
+  EXPECT_NE(r.failures[0].message.find("0 of the 64 floats before out and 1 of those after"), std::string::npos)
+      << r.failures[0].message;
+}
+
+TEST_F(WrappedNaiveKernel, InputsUnchangedCoversEveryInputAndBothPoolsInEveryLayout) {
+  g_wrapper.defect = Defect::kWriteInput;
+  for (int32_t layout : kLayouts) {
+    const bool combined = layout == KVP_LAYOUT_FLASHINFER_NHD || layout == KVP_LAYOUT_FLASHINFER_HND;
+    for (Input input : kInputs) {
+      g_wrapper.input = input;
+      g_wrapper.flipped = nullptr;
+      g_wrapper.restored = false;
+      const std::string want = input == Input::kQuery         ? "query"
+                               : input == Input::kBlockTables ? "block_tables"
+                               : input == Input::kKCache      ? (combined ? "the KV pool" : "the K pool")
+                               : input == Input::kVCache      ? (combined ? "the KV pool" : "the V pool")
+                                                              : "the batch metadata";
+      SCOPED_TRACE("layout " + std::to_string(layout) + ", input " + std::to_string(static_cast<int>(input)));
+      const CaseResult r = run_case(plugin_, batch_case(layout));
+      ASSERT_TRUE(r.failed("inputs-unchanged"));
+      for (const Failure& f : r.failures) {
+        if (f.property == "inputs-unchanged") {
+          EXPECT_NE(f.message.find(want), std::string::npos) << f.message;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(WrappedNaiveKernel, BatchInvarianceComparesEveryRowOfAPrefillChunk) {
+  g_wrapper.defect = Defect::kLastRowInBatch;
+  for (int32_t dtype : {KVP_KV_F32, KVP_KV_BF16}) {
+    const CaseResult r = run_case(plugin_, batch_case(KVP_LAYOUT_KVPROOF, dtype));
+    EXPECT_TRUE(r.failed("batch-invariance")) << "dtype " << dtype;
+    EXPECT_FALSE(r.failed("accuracy")) << "dtype " << dtype;  // one ulp is within every tolerance
+  }
 }
 
 }  // namespace

@@ -361,7 +361,10 @@ TEST(KvCacheManagerDeathTest, AHitFromBeforeAStateChangeIsRefused) {
   ASSERT_EQ(hit.blocks.size(), 2u);
   ASSERT_TRUE(m.free(1).is_ok());  // the hit's blocks became evictable: its count is stale
   Slots slots;
+  EXPECT_FALSE(m.is_current(hit, 2));
   EXPECT_DEATH((void)m.allocate_slots(2, 2, hit, slots), "KVP_CHECK");
+  EXPECT_DEATH((void)m.can_allocate(2, 2, hit), "KVP_CHECK");
+  EXPECT_TRUE(m.is_current(m.find_prefix(2), 2));
   EXPECT_DEATH((void)m.can_allocate(3, 2, m.find_prefix(2)), "KVP_CHECK");  // another sequence's hit
 }
 

@@ -357,6 +357,148 @@ TEST(KvEventPlanted, BlocksNeverRemovedShowInTheMirror) {
   EXPECT_EQ(audit.to_json()["mirror"]["never_removed"].size(), 6u);
 }
 
+// ---- properties stated on both sides (issue 43) ----
+
+// Any jump but +1 is a gap: the smallest loss, one batch, is one.
+TEST(KvEventPlanted, ExactlyOneLostBatchIsAGap) {
+  auto s = clean_stream();
+  s.erase(s.begin() + 3);  // batch 3 lost
+  const auto v = check_sequence(over_the_wire(s));
+  ASSERT_EQ(reasons(v), std::vector<std::string>{kSequenceGap});
+  EXPECT_EQ(v[0].seq, 4);
+  EXPECT_NE(v[0].detail.find("1 batch lost: 3"), std::string::npos) << v[0].detail;
+  EXPECT_TRUE(check_sequence(over_the_wire(clean_stream())).empty());
+}
+
+// Older vLLM names an adapter by lora_id alone: it is a namespace of its own, exactly as one
+// named by lora_name (a chain from the base model into it crosses; one hash in both merges).
+TEST(KvEventPlanted, AnAdapterNamedOnlyByLoraIdIsItsOwnNamespace) {
+  const auto by_id = [](std::vector<BlockHash> hashes, std::optional<BlockHash> parent, int64_t id) {
+    BlockStored b = stored(std::move(hashes), std::move(parent));
+    b.lora_id = id;
+    return b;
+  };
+  // Clean: an adapter's chain continues within it; another adapter id is another namespace.
+  const std::vector<EventBatch> clean = {batch(0, {by_id({"0x1101"}, std::nullopt, 5)}),
+                                         batch(1, {by_id({"0x1102"}, BlockHash("0x1101"), 5)}),
+                                         batch(2, {by_id({"0x1201"}, std::nullopt, 6)})};
+  EXPECT_TRUE(check_namespaces(over_the_wire(clean)).empty());
+  const Mirror m = mirror_at_end(over_the_wire(clean));
+  EXPECT_EQ(m.held_per_namespace.at("lora_id=5"), 2);
+  EXPECT_EQ(m.held_per_namespace.at("lora_id=6"), 1);
+
+  auto crossing = clean_stream();
+  crossing.resize(1);                                                         // 0x0a02: a base block (salt tenant-a)
+  crossing.push_back(batch(1, {by_id({"0x1103"}, BlockHash("0x0a02"), 5)}));  // adapter 5 on a base block
+  crossing.push_back(batch(2, {by_id({"0x1104"}, std::nullopt, 5)}));
+  crossing.push_back(batch(3, {by_id({"0x1105"}, BlockHash("0x1104"), 6)}));  // adapter 6 on 5's block
+  BlockStored base_child = stored({"0x1106"}, BlockHash("0x1104"));           // the base model on 5's block
+  crossing.push_back(batch(4, {base_child}));
+  const auto v = check_namespaces(over_the_wire(crossing));
+  ASSERT_EQ(reasons(v), (std::vector<std::string>{kNamespaceCrossing, kNamespaceCrossing, kNamespaceCrossing}));
+  EXPECT_EQ(v[0].block_hash, "0x1103");
+  EXPECT_EQ(v[1].block_hash, "0x1105");
+  EXPECT_NE(v[1].detail.find("lora_id=6"), std::string::npos) << v[1].detail;
+  EXPECT_EQ(v[2].block_hash, "0x1106");
+
+  const std::vector<EventBatch> merged = {batch(0, {stored({"0x1301"}, std::nullopt)}), batch(1, {removed({"0x1301"})}),
+                                          batch(2, {by_id({"0x1301"}, std::nullopt, 5)})};
+  const auto w = check_namespaces(over_the_wire(merged));
+  ASSERT_EQ(reasons(w), std::vector<std::string>{kNamespaceMerge});
+  EXPECT_NE(w[0].detail.find("lora_id=5"), std::string::npos) << w[0].detail;
+}
+
+// A block held before the first of several AllBlocksCleared stays stale after every later one
+// (and one stored between two clears is stale after the second).
+TEST(KvEventPlanted, ABlockHeldAtTheFirstOfSeveralClearsStaysStale) {
+  std::vector<EventBatch> s = {batch(0, {stored({"0x2101"}, std::nullopt)}), batch(1, {AllBlocksCleared{}}),
+                               batch(2, {stored({"0x2201"}, std::nullopt)}), batch(3, {AllBlocksCleared{}}),
+                               batch(4, {AllBlocksCleared{}})};
+  EXPECT_TRUE(check_no_reference_after_clear(over_the_wire(s)).empty());
+  s.push_back(batch(5, {removed({"0x2101"})}));
+  s.push_back(batch(6, {stored({"0x2102"}, BlockHash("0x2101"))}));
+  s.push_back(batch(7, {removed({"0x2201"})}));
+  const auto v = check_no_reference_after_clear(over_the_wire(s));
+  ASSERT_EQ(reasons(v), (std::vector<std::string>{kStaleAfterClear, kStaleAfterClear, kStaleAfterClear}));
+  EXPECT_EQ(v[0].seq, 5);
+  EXPECT_EQ(v[0].block_hash, "0x2101");
+  EXPECT_EQ(v[1].seq, 6);
+  EXPECT_EQ(v[1].block_hash, "0x2101");
+  EXPECT_EQ(v[2].block_hash, "0x2201");
+  EXPECT_TRUE(check_removed_were_stored(over_the_wire(s)).empty());  // left to the stale checker
+  // Stored again after the clears, it is fresh: its removal is no violation.
+  std::vector<EventBatch> again(s.begin(), s.begin() + 5);
+  again.push_back(batch(5, {stored({"0x2101"}, std::nullopt)}));
+  again.push_back(batch(6, {removed({"0x2101"})}));
+  EXPECT_TRUE(check_no_reference_after_clear(over_the_wire(again)).empty());
+}
+
+// A store of one block whose extra_keys nests so that the payload is `depth` deep: the batch
+// (1), its events (2), the event (3), extra_keys (4), and one more per level inside.
+std::string payload_of_depth(std::size_t depth) {
+  nlohmann::json keys = nlohmann::json::array();
+  for (std::size_t d = 4; d < depth; ++d) keys = nlohmann::json::array({keys});
+  BlockStored b = stored({"0x3101"}, std::nullopt);
+  b.extra_keys = keys;
+  return encode_event_batch(batch(0, {b}));
+}
+
+TEST(KvEventDecoder, NestingDepthLimitAcceptsItsLimitAndRefusesOnePast) {
+  const auto at = decode_event_batch(payload_of_depth(32), 0);
+  EXPECT_TRUE(at.is_ok()) << at.status().message();
+  const auto past = decode_event_batch(payload_of_depth(33), 0);
+  ASSERT_FALSE(past.is_ok());
+  EXPECT_NE(past.status().message().find("nested deeper than 32"), std::string::npos) << past.status().message();
+}
+
+TEST(KvEventDecoder, ArrayLengthLimitAcceptsItsLimitAndRefusesOnePast) {
+  BlockStored b = stored({"0x3201"}, std::nullopt, 1);
+  b.token_ids.assign(kMaxArrayElements, 0);
+  const auto at = decode_event_batch(encode_event_batch(batch(0, {b})), 0);
+  ASSERT_TRUE(at.is_ok()) << at.status().message();
+  EXPECT_EQ(std::get<BlockStored>(at->events[0]).token_ids.size(), kMaxArrayElements);
+  b.token_ids.push_back(0);
+  const auto past = decode_event_batch(encode_event_batch(batch(0, {b})), 0);
+  ASSERT_FALSE(past.is_ok());
+  EXPECT_NE(past.status().message().find("4194305 elements, over the limit of 4194304"), std::string::npos)
+      << past.status().message();
+}
+
+// A payload of exactly `bytes` bytes: 2^21 token ids of three bytes each (6 MiB), and a
+// lora_name (a str32) that makes up the rest.
+std::string payload_of_size(std::size_t bytes) {
+  BlockStored b = stored({"0x3301"}, std::nullopt, 1);
+  b.token_ids.assign(std::size_t{1} << 21, 1000);
+  b.lora_name = std::string(std::size_t{1} << 17, 'a');
+  const std::size_t base = encode_event_batch(batch(0, {b})).size();
+  b.lora_name = std::string(bytes - base + (std::size_t{1} << 17), 'a');
+  std::string p = encode_event_batch(batch(0, {b}));
+  EXPECT_EQ(p.size(), bytes);
+  return p;
+}
+
+TEST(KvEventDecoder, PayloadSizeLimitAcceptsItsLimitAndRefusesOnePast) {
+  const std::string at = payload_of_size(kMaxPayloadBytes);
+  EXPECT_TRUE(decode_event_batch(at, 0).is_ok());
+  const auto past = decode_event_batch(payload_of_size(kMaxPayloadBytes + 1), 0);
+  ASSERT_FALSE(past.is_ok());
+  EXPECT_NE(past.status().message().find("payload of 16777217 bytes, over the 16 MiB limit"), std::string::npos)
+      << past.status().message();
+  // The recording's frame length has the same bound.
+  std::ostringstream rec;
+  write_recording_header(rec);
+  write_recording_frame(rec, {0, at});
+  auto frames = parse_recording(rec.str(), "r.kvev");
+  ASSERT_TRUE(frames.is_ok()) << frames.status().message();
+  EXPECT_EQ((*frames)[0].payload.size(), kMaxPayloadBytes);
+  const std::string one_past =
+      std::string(kRecordingMagic) + encode_seq(0) + raw("\x01\x00\x00\x01") + std::string(kMaxPayloadBytes + 1, 'x');
+  auto refused = parse_recording(one_past, "r.kvev");
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("payload length 16777217 over the 16 MiB limit"), std::string::npos)
+      << refused.status().message();
+}
+
 }  // namespace
 }  // namespace kvp::kv_events
 

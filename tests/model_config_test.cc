@@ -1,5 +1,9 @@
 #include "model/model_config.h"
 
+#include <fstream>
+#include <regex>
+#include <sstream>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -73,6 +77,91 @@ TEST(ModelConfig, KvBytesPerTokenCountsKAndVInEveryLayer) {
   // 2 (K, V) x 4 layers x 2 KV heads x 16 dims.
   EXPECT_EQ(c.kv_bytes_per_token(DType::kF32), 2 * 4 * 2 * 16 * 4);
   EXPECT_EQ(c.kv_bytes_per_token(DType::kBF16), 2 * 4 * 2 * 16 * 2);
+}
+
+// transformers v5's rope_parameters carries theta (and the scaling) inside it, with no
+// top-level rope_theta: the config loads with its own theta, never the 10000 default.
+TEST(ModelConfig, RopeParametersCarryTheirOwnTheta) {
+  auto j = good();
+  j.erase("rope_theta");
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  auto c = ModelConfig::from_json(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->rope_theta, 500000.0);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kNone);
+  j["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 500000.0},
+                          {"factor", 32.0},          {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  c = ModelConfig::from_json(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->rope_theta, 500000.0);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_EQ(c->rope_scaling.factor, 32.0);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 8192);
+}
+
+// A rope_scaling (or rope_parameters) missing a key its type requires is refused naming the
+// key, never defaulted.
+TEST(ModelConfig, RopeScalingMissingAKeyItsTypeRequiresIsRefusedByName) {
+  const nlohmann::json llama3 = {{"rope_type", "llama3"},
+                                 {"factor", 8.0},
+                                 {"low_freq_factor", 1.0},
+                                 {"high_freq_factor", 4.0},
+                                 {"original_max_position_embeddings", 8192}};
+  for (const char* spelling : {"rope_scaling", "rope_parameters"}) {
+    auto j = good();
+    j[spelling] = llama3;
+    ASSERT_TRUE(ModelConfig::from_json(j).is_ok()) << spelling;
+    for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+      auto without = j;
+      without[spelling].erase(key);
+      SCOPED_TRACE(std::string(spelling) + " without " + key);
+      expect_error(without, key);
+    }
+    j[spelling] = {{"rope_type", "linear"}};
+    expect_error(j, "factor");
+  }
+}
+
+// The keys docs/checkpoints.md lists in the paragraph that starts with `lead`.
+std::vector<std::string> documented_keys(const std::string& lead) {
+  std::ifstream in(std::string(KVPROOF_SOURCE_DIR) + "/docs/checkpoints.md");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string doc = text.str();
+  const auto at = doc.find(lead);
+  if (at == std::string::npos) return {};
+  const std::string paragraph = doc.substr(at, doc.find("\n\n", at) - at);
+  const std::string& list = paragraph;
+  std::vector<std::string> keys;
+  const std::regex key("`([a-z_]+)`");
+  for (auto it = std::sregex_iterator(list.begin(), list.end(), key); it != std::sregex_iterator(); ++it)
+    keys.push_back((*it)[1]);
+  return keys;
+}
+
+// Every key docs/checkpoints.md documents as refused is refused, naming it; null (and false,
+// for the switches) is accepted.
+TEST(ModelConfig, EveryKeyDocumentedAsRefusedIsRefused) {
+  const auto set = documented_keys("Refused whenever set to anything but null (");
+  const auto switches = documented_keys("Refused whenever set to anything but null or false:");
+  EXPECT_EQ(set.size(), 12u);
+  EXPECT_EQ(switches.size(), 4u);
+  for (const auto* keys : {&set, &switches}) {
+    for (const std::string& k : *keys) {
+      SCOPED_TRACE(k);
+      auto j = good();
+      for (const nlohmann::json& value : {nlohmann::json(true), nlohmann::json(30.0), nlohmann::json("x")}) {
+        j[k] = value;
+        expect_error(j, "key '" + k + "'");
+      }
+      j[k] = nullptr;
+      EXPECT_TRUE(ModelConfig::from_json(j).is_ok());
+      j[k] = false;
+      EXPECT_EQ(ModelConfig::from_json(j).is_ok(), keys == &switches);
+    }
+  }
 }
 
 }  // namespace

@@ -62,6 +62,7 @@ int64_t Scheduler::seats_in_use() const {
 int64_t Scheduler::tokens_to_compute(const Request& r, const PrefixHit& hit) const {
   // The manager's slots are the positions computed (or being computed in the plan that
   // reserved them); a sequence with no blocks yet will first take its cached prefix.
+  KVP_CHECK(kv_.is_current(hit, r.id));  // a stale hit's num_tokens may be wrong
   const SequenceState* s = kv_.sequence(r.id);
   int64_t done = 0;
   if (s != nullptr) done = s->num_slots > 0 ? s->num_slots : hit.num_tokens;
@@ -117,6 +118,7 @@ void Scheduler::preempt(Request* victim, ScheduleStats& stats) {
 }
 
 std::span<const int32_t> Scheduler::drafts_for(const Request& r, int64_t max_tokens, const PrefixHit& hit) const {
+  KVP_CHECK(kv_.is_current(hit, r.id));
   if (drafts_ == nullptr || r.num_drafts_ != 0) return {};
   auto it = drafts_->find(r.id);
   if (it == drafts_->end() || it->second.empty()) return {};

@@ -210,7 +210,7 @@ AllocStatus KvCacheManager::can_allocate(const SequenceState& s, int64_t n_new_t
 
 AllocStatus KvCacheManager::can_allocate(SeqId seq, int64_t n_new_tokens, const PrefixHit& hit,
                                          int64_t num_lookahead) const {
-  KVP_CHECK(hit.seq == seq && hit.version == version_);  // a hit is used before the state changes
+  KVP_CHECK(is_current(hit, seq));  // a hit is used before the state changes
   const SequenceState* s = sequence(seq);
   if (s == nullptr) return AllocStatus::kNever;
   return can_allocate(*s, n_new_tokens, hit, num_lookahead);
@@ -234,7 +234,7 @@ void KvCacheManager::take_prefix_hit(SequenceState& s, const PrefixHit& hit) {
 
 AllocStatus KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens, const PrefixHit& hit,
                                            std::vector<int64_t>& slot_mapping, std::span<const int32_t> lookahead) {
-  KVP_CHECK(hit.seq == seq && hit.version == version_);  // a hit is used before the state changes
+  KVP_CHECK(is_current(hit, seq));  // a hit is used before the state changes
   SequenceState* s = find(seq);
   if (s == nullptr) return AllocStatus::kNever;
   return allocate_slots(s, n_new_tokens, hit, slot_mapping, lookahead);

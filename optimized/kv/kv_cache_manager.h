@@ -129,6 +129,9 @@ class KvCacheManager {
   // sequence, an unknown one, or with prefix caching off. Does not change state (it may
   // memoize hashes).
   PrefixHit find_prefix(SeqId seq) const;
+  // Whether `hit` is find_prefix(seq) with no state change since: the one test every method
+  // that takes a PrefixHit makes of it (here and in the Scheduler), refusing a stale one.
+  bool is_current(const PrefixHit& hit, SeqId seq) const { return hit.seq == seq && hit.version == version_; }
   // find_prefix(seq).num_tokens: the leading tokens the sequence may skip.
   int64_t cached_prefix_tokens(SeqId seq) const { return find_prefix(seq).num_tokens; }
 
