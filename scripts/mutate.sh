@@ -6,6 +6,9 @@
 #
 #   scripts/mutate.sh SPEC [SPEC...]       e.g. scripts/mutate.sh scripts/mutants/kv_events.spec
 #
+# KVP_MUTATE_ONLY=REGEX runs only the mutants whose description matches (after a new test, to
+# see the survivor it was written for killed).
+#
 # The scratch copy is a git worktree of HEAD plus the working tree's uncommitted changes, in
 # $KVP_MUTATE_DIR (default /tmp/kvp-mutate), built with the default preset in its own build/;
 # it is kept between runs so that later runs build incrementally. Exit status: 0 when no
@@ -23,7 +26,7 @@ set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 scratch="${KVP_MUTATE_DIR:-/tmp/kvp-mutate}"
 timeout_s="${KVP_MUTATE_TIMEOUT:-600}"
-[ $# -ge 1 ] || { sed -n '2,21p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,24p' "$0" >&2; exit 2; }
 
 # ---- the scratch tree: HEAD plus uncommitted changes ----
 if [ ! -d "$scratch/.git" ] && [ ! -f "$scratch/.git" ]; then
@@ -97,6 +100,7 @@ run_spec() {
 
   local killed=0 survived=0 equivalent=0 unbuilt=0
   for i in $(seq 0 "$n"); do
+    if [ -n "${KVP_MUTATE_ONLY:-}" ] && ! grep -qE -- "$KVP_MUTATE_ONLY" <<<"${descs[i]}"; then continue; fi
     local file="${files[i]}"
     local path="$scratch/$file"
     [ -f "$path" ] || { echo "mutate: $spec: mutant $((i + 1)): no file $file" >&2; return 2; }

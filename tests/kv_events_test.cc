@@ -430,7 +430,41 @@ TEST(KvEventPlanted, ABlockHeldAtTheFirstOfSeveralClearsStaysStale) {
   std::vector<EventBatch> again(s.begin(), s.begin() + 5);
   again.push_back(batch(5, {stored({"0x2101"}, std::nullopt)}));
   again.push_back(batch(6, {removed({"0x2101"})}));
+  // ... and once removed again, naming it as a parent (it was evicted) is no stale reference.
+  again.push_back(batch(7, {stored({"0x2103"}, BlockHash("0x2101"))}));
   EXPECT_TRUE(check_no_reference_after_clear(over_the_wire(again)).empty());
+}
+
+// One block size per KV-cache group: a hybrid model's groups may differ (no violation); a
+// group that changes its own is one.
+TEST(KvEventPlanted, BlockSizesArePerKvCacheGroup) {
+  const auto in_group = [](BlockHash h, int64_t group, int64_t block_size) {
+    BlockStored b = stored({std::move(h)}, std::nullopt, block_size);
+    b.group_idx = group;
+    return b;
+  };
+  std::vector<EventBatch> s = {batch(0, {in_group("0x4101", 0, 2)}), batch(1, {in_group("0x4201", 1, 4)})};
+  EXPECT_TRUE(check_block_sizes(over_the_wire(s)).empty());
+  s.push_back(batch(2, {in_group("0x4202", 1, 2)}));
+  const auto v = check_block_sizes(over_the_wire(s));
+  ASSERT_EQ(reasons(v), std::vector<std::string>{kBlockSizeChanged});
+  EXPECT_EQ(v[0].block_hash, "0x4202");
+}
+
+// A block is held per medium: removing its CPU copy leaves the GPU copy held (storing the GPU
+// copy again is a second store) and frees the CPU one (storing it again is not).
+TEST(KvEventPlanted, StoresAndRemovalsArePerMedium) {
+  BlockStored cpu = stored({"0x5101"}, std::nullopt);
+  cpu.medium = "CPU";
+  std::vector<EventBatch> s = {batch(0, {stored({"0x5101"}, std::nullopt), cpu}),
+                               batch(1, {removed({"0x5101"}, "CPU")}), batch(2, {cpu})};
+  EXPECT_TRUE(check_stored_once(over_the_wire(s)).empty());
+  EXPECT_TRUE(check_removed_were_stored(over_the_wire(s)).empty());
+  s.push_back(batch(3, {stored({"0x5101"}, std::nullopt)}));
+  const auto v = check_stored_once(over_the_wire(s));
+  ASSERT_EQ(reasons(v), std::vector<std::string>{kStoredTwice});
+  EXPECT_EQ(v[0].seq, 3);
+  EXPECT_NE(v[0].detail.find("medium GPU"), std::string::npos) << v[0].detail;
 }
 
 // A store of one block whose extra_keys nests so that the payload is `depth` deep: the batch
