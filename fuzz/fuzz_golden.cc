@@ -1,4 +1,4 @@
-// Fuzzer for the golden/candidate log-probability parser and compare (verify/golden.h). The
+// Fuzzer for the golden/candidate log-probability parser and compare (golden/golden.h). The
 // first byte chooses: even, the rest is one file; odd, two files split at the first NUL byte
 // (golden, candidate), compared when both parse, with a tolerance from the byte's high bits.
 // Never a crash, hang or sanitizer report; an error names the source and, past the header, a
@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string>
 
-#include "verify/golden.h"
+#include "golden/golden.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
-// Fuzzer for the KV-event decoder, recorded streams and the auditor (verify/kv_events.h,
-// verify/kv_events_audit.h). An input starting with the recording magic is a recorded stream:
+// Fuzzer for the KV-event decoder, recorded streams and the auditor (audit/kv_events/kv_events.h,
+// audit/kv_events/kv_events_audit.h). An input starting with the recording magic is a recorded stream:
 // every frame decoded and the stream audited; any other input is one batch payload. Never a
 // crash, hang, sanitizer report or unbounded allocation; an error names the batch; a decoded
 // batch survives a round trip (encoded in either layout and decoded again, it encodes to the
@@ -9,8 +9,8 @@
 #include <string>
 #include <string_view>
 
-#include "verify/kv_events.h"
-#include "verify/kv_events_audit.h"
+#include "audit/kv_events/kv_events.h"
+#include "audit/kv_events/kv_events_audit.h"
 
 namespace {
 

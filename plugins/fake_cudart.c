@@ -1,5 +1,5 @@
 /* A host-memory stand-in for the CUDA runtime calls kernel-check makes for a CUDA plug-in
- * (verify/cuda_runtime.h), loaded through KVPROOF_CUDART in the tests: "device" memory is
+ * (kernel_check/cuda_runtime.h), loaded through KVPROOF_CUDART in the tests: "device" memory is
  * host heap memory filled with the word 0x7FA07FA0 (a NaN as f32, f16 and bf16, as the SIMT
  * emulation fills cudaMalloc memory), copies are memmove, there is one stream. With the
  * host-computing plug-ins built declaring KVP_DEVICE_CUDA (planted.c, KVP_PLANTED_DEVICE), it

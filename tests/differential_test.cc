@@ -9,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "audit/audit.h"
 #include "model/presets.h"
 #include "optimized/backends/cuda_backend.h"
-#include "verify/audit.h"
 #include "verify/verify.h"
 
 namespace kvp::verify {

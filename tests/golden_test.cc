@@ -1,4 +1,4 @@
-// Golden files (verify/golden.h): `kvproof reference` agrees with the oracle run on its own,
+// Golden files (golden/golden.h): `kvproof reference` agrees with the oracle run on its own,
 // `kvproof compare` passes what agrees, fails a real divergence naming request and position,
 // explains a near tie, and malformed files are errors naming the file and line.
 #include <cmath>
@@ -6,10 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include "golden/golden.h"
+#include "golden/golden_reference.h"
 #include "model/presets.h"
 #include "reference/reference_model.h"
-#include "verify/golden.h"
-#include "verify/golden_reference.h"
 
 namespace kvp::golden {
 namespace {

@@ -10,9 +10,9 @@
 #include <set>
 #include <string>
 
-#include "verify/attention_plugin_loader.h"
-#include "verify/cuda_runtime.h"
-#include "verify/kernel_check.h"
+#include "kernel_check/attention_plugin_loader.h"
+#include "kernel_check/cuda_runtime.h"
+#include "kernel_check/kernel_check.h"
 
 namespace kvp::verify::kernel_check {
 namespace {

@@ -10,12 +10,12 @@
 #include <thread>
 #include <variant>
 
+#include "audit/audit.h"
+#include "audit/kv_events/kv_events_audit.h"
+#include "audit/kv_events/kv_events_zmq.h"
 #include "model/presets.h"
 #include "optimized/engine/workload.h"
-#include "verify/audit.h"
-#include "verify/kv_events_audit.h"
 #include "verify/kv_events_engine.h"
-#include "verify/kv_events_zmq.h"
 
 namespace kvp::kv_events {
 namespace {

@@ -1,4 +1,4 @@
-// KV-event streams (verify/kv_events.h, verify/kv_events_audit.h): the decoder on both of
+// KV-event streams (audit/kv_events/kv_events.h, audit/kv_events/kv_events_audit.h): the decoder on both of
 // vLLM's layouts and on bad bytes, recorded streams, and planted streams, one per violation
 // class, each caught by its checker with its named reason; a clean stream passes.
 #include <gtest/gtest.h>
@@ -10,8 +10,8 @@
 #include <iterator>
 #include <sstream>
 
-#include "verify/kv_events.h"
-#include "verify/kv_events_audit.h"
+#include "audit/kv_events/kv_events.h"
+#include "audit/kv_events/kv_events_audit.h"
 
 namespace kvp::kv_events {
 namespace {

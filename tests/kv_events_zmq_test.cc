@@ -1,12 +1,12 @@
-// KV-event streams over ZMQ on the loopback (verify/kv_events_zmq.h).
+// KV-event streams over ZMQ on the loopback (audit/kv_events/kv_events_zmq.h).
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <thread>
 
-#include "verify/kv_events_audit.h"
-#include "verify/kv_events_zmq.h"
+#include "audit/kv_events/kv_events_audit.h"
+#include "audit/kv_events/kv_events_zmq.h"
 
 namespace kvp::kv_events {
 namespace {

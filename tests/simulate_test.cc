@@ -546,7 +546,7 @@ TEST(Simulate, InvariantCheckersPassOnTheRealTracesFirstMinutes) {
   // unit run takes the trace's first 15 s; KVPROOF_SIM_CHECK_SECONDS=180 takes 3 minutes.
   const char* env = std::getenv("KVPROOF_SIM_CHECK_SECONDS");
   reshape_traffic(*t, 1, 0, env != nullptr ? std::atof(env) : 15.0, 0);
-  sim::SimOptions o;  // Llama-3-8B on an H200, the README's setting
+  sim::SimOptions o;  // Llama-3-8B on an H200, docs/simulate.md's setting
   o.check = true;
   auto r = sim::simulate(o, *t);
   ASSERT_TRUE(r.is_ok()) << r.status().message();

@@ -4,13 +4,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "audit/audit.h"
+#include "audit/kv_events/kv_events_audit.h"
+#include "audit/kv_events/kv_events_zmq.h"
 #include "tools/bad_input.h"
 #include "tools/commands.h"
 #include "tools/kv_events_publish.h"
 #include "tools/run_inputs.h"
-#include "verify/audit.h"
-#include "verify/kv_events_audit.h"
-#include "verify/kv_events_zmq.h"
 
 namespace kvp::tools {
 

@@ -1,9 +1,9 @@
 #include <cstdio>
 #include <fstream>
 
+#include "golden/golden.h"
 #include "tools/bad_input.h"
 #include "tools/commands.h"
-#include "verify/golden.h"
 
 namespace kvp::tools {
 

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "audit/kv_events/kv_events_zmq.h"
 #include "common/sampling.h"
 #include "optimized/kv/event_log.h"
 #include "reference/reference_model.h"
@@ -15,7 +16,6 @@
 #include "tools/run_inputs.h"
 #include "tools/token_list.h"
 #include "verify/kv_events_engine.h"
-#include "verify/kv_events_zmq.h"
 #include "verify/verify.h"
 
 namespace kvp::tools {

@@ -1,10 +1,10 @@
 #include <cstdio>
 #include <fstream>
 
+#include "kernel_check/attention_plugin_loader.h"
+#include "kernel_check/kernel_check.h"
 #include "tools/bad_input.h"
 #include "tools/commands.h"
-#include "verify/attention_plugin_loader.h"
-#include "verify/kernel_check.h"
 
 namespace kvp::tools {
 

@@ -2,10 +2,10 @@
 #include <cstdio>
 #include <fstream>
 
+#include "golden/golden_reference.h"
 #include "tools/bad_input.h"
 #include "tools/commands.h"
 #include "tools/run_inputs.h"
-#include "verify/golden_reference.h"
 
 namespace kvp::tools {
 

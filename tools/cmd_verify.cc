@@ -4,12 +4,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernel_check/attention_plugin_loader.h"
 #include "optimized/engine/workload.h"
 #include "tools/bad_input.h"
 #include "tools/commands.h"
 #include "tools/kv_events_publish.h"
 #include "tools/run_inputs.h"
-#include "verify/attention_plugin_loader.h"
 #include "verify/verify.h"
 
 namespace kvp::tools {

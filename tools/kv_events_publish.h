@@ -7,8 +7,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "audit/kv_events/kv_events_zmq.h"
 #include "common/status.h"
-#include "verify/kv_events_zmq.h"
 
 namespace kvp::tools {
 

@@ -4,7 +4,7 @@
 #include <string>
 #include <utility>
 
-#include "verify/kv_events_audit.h"
+#include "audit/kv_events/kv_events_audit.h"
 
 namespace kvp::kv_events {
 namespace {

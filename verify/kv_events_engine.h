@@ -11,10 +11,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "audit/kv_events/kv_events.h"
+#include "audit/kv_events/kv_events_zmq.h"
 #include "common/status.h"
 #include "optimized/kv/kv_cache_manager.h"
-#include "verify/kv_events.h"
-#include "verify/kv_events_zmq.h"
 #include "verify/verify.h"
 
 namespace kvp::kv_events {

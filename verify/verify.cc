@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/report.h"
 #include "model/presets.h"
 #include "optimized/backends/backend_factory.h"
 #include "optimized/backends/plan_validation.h"
@@ -24,7 +25,6 @@
 #include "optimized/engine/engine.h"
 #include "reference/reference_model.h"
 #include "verify/kv_events_engine.h"
-#include "verify/report.h"
 
 namespace kvp::verify {
 

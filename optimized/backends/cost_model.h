@@ -2,7 +2,7 @@
 // one roofline formula for the time of one engine step. No math runs; a step costs what the
 // plan's arithmetic and memory traffic would cost on the named GPU.
 //
-// The formula (the README repeats it; every constant is a named field below):
+// The formula (docs/simulate.md repeats it; every constant is a named field below):
 //
 //   flops(step)   = 2 * P * T  +  4 * L * Hq * D * sum_t (pos_t + 1)
 //                   (weights: one multiply-add per parameter per new token; attention: QK^T

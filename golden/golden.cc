@@ -1,4 +1,4 @@
-#include "verify/golden.h"
+#include "golden/golden.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <map>
 #include <sstream>
 
-#include "verify/report.h"
+#include "common/report.h"
 
 namespace kvp::golden {
 namespace {

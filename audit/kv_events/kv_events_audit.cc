@@ -1,4 +1,4 @@
-#include "verify/kv_events_audit.h"
+#include "audit/kv_events/kv_events_audit.h"
 
 #include <algorithm>
 #include <fstream>

@@ -1,4 +1,4 @@
-// `kvproof reference`: the golden file of a workload, from the fp64 oracle (verify/golden.h).
+// `kvproof reference`: the golden file of a workload, from the fp64 oracle (golden/golden.h).
 #pragma once
 
 #include <string>
@@ -6,9 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "golden/golden.h"
 #include "model/weights.h"
 #include "optimized/engine/workload.h"
-#include "verify/golden.h"
 
 namespace kvp::golden {
 

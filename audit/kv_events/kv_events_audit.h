@@ -22,7 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "verify/kv_events.h"
+#include "audit/kv_events/kv_events.h"
 
 namespace kvp::kv_events {
 

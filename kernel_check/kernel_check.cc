@@ -1,4 +1,4 @@
-#include "verify/kernel_check.h"
+#include "kernel_check/kernel_check.h"
 
 #include <poll.h>
 #include <signal.h>
@@ -16,9 +16,9 @@
 #include <sstream>
 
 #include "common/dtype.h"
+#include "common/report.h"
 #include "common/rng.h"
-#include "verify/cuda_runtime.h"
-#include "verify/report.h"
+#include "kernel_check/cuda_runtime.h"
 
 namespace kvp::verify::kernel_check {
 namespace {

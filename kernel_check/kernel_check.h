@@ -31,8 +31,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "kernel_check/attention_plugin_loader.h"
 #include "kvproof/attention_plugin.h"
-#include "verify/attention_plugin_loader.h"
 
 namespace kvp::verify::kernel_check {
 
@@ -131,7 +131,7 @@ struct Report {
 
 // Runs the grid (or one case of it) on a loaded plug-in. `on_case` is called after each case.
 // A CUDA plug-in (device KVP_DEVICE_CUDA) gets device copies of every array and a stream
-// (verify/cuda_runtime.h); `out`'s guard zones and the inputs are read back from the device.
+// (kernel_check/cuda_runtime.h); `out`'s guard zones and the inputs are read back from the device.
 // Errors: a --case id outside the grid, a bad shard, a CUDA plug-in without a CUDA runtime or
 // device ("... runs on CUDA: no CUDA device: ...").
 Result<Report> run_kernel_check(const AttentionPlugin& plugin, const Options& options,

@@ -1,4 +1,4 @@
-#include "verify/attention_plugin_loader.h"
+#include "kernel_check/attention_plugin_loader.h"
 
 #include <dlfcn.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "verify/golden_reference.h"
+#include "golden/golden_reference.h"
 
 #include <algorithm>
 #include <cmath>

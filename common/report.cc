@@ -1,4 +1,4 @@
-#include "verify/report.h"
+#include "common/report.h"
 
 #include <sstream>
 

@@ -1,4 +1,4 @@
-#include "verify/kv_events_zmq.h"
+#include "audit/kv_events/kv_events_zmq.h"
 
 #include <algorithm>
 #include <chrono>

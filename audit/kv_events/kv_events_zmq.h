@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "audit/kv_events/kv_events.h"
 #include "common/status.h"
-#include "verify/kv_events.h"
 
 namespace kvp::kv_events {
 

@@ -1,4 +1,4 @@
-#include "verify/kv_events.h"
+#include "audit/kv_events/kv_events.h"
 
 #include <cstring>
 #include <exception>

@@ -1,4 +1,4 @@
-#include "verify/audit.h"
+#include "audit/audit.h"
 
 #include <cmath>
 #include <cstdio>
@@ -11,12 +11,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "audit/kv_events/kv_events_audit.h"
 #include "kernels/kv_index.h"
 #include "optimized/checkers/engine_invariants.h"
 #include "optimized/checkers/event_log_replay.h"
 #include "optimized/checkers/invariants.h"
 #include "optimized/kv/event_log.h"
-#include "verify/kv_events_audit.h"
 #include "verify/kv_events_engine.h"
 
 namespace kvp::verify {

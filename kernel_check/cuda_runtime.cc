@@ -1,4 +1,4 @@
-#include "verify/cuda_runtime.h"
+#include "kernel_check/cuda_runtime.h"
 
 #include <dlfcn.h>
 #include <sys/wait.h>
