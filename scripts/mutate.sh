@@ -35,7 +35,13 @@ if [ ! -d "$scratch/.git" ] && [ ! -f "$scratch/.git" ]; then
     exit 2
   }
 fi
-git -C "$scratch" checkout -q --detach "$(git -C "$root" rev-parse HEAD)" && git -C "$scratch" reset -q --hard
+# Back to a clean HEAD of the source tree (the last run's patch and copies undone; build/ is
+# ignored, so it stays and later builds are incremental).
+if ! { git -C "$scratch" reset -q --hard && git -C "$scratch" clean -qfd &&
+  git -C "$scratch" checkout -q --detach "$(git -C "$root" rev-parse HEAD)"; }; then
+  echo "mutate: cannot reset the scratch worktree $scratch" >&2
+  exit 2
+fi
 git -C "$root" diff HEAD --binary >"$scratch/.mutate-local.patch"
 if [ -s "$scratch/.mutate-local.patch" ]; then
   git -C "$scratch" apply --whitespace=nowarn "$scratch/.mutate-local.patch" || {
