@@ -325,4 +325,25 @@ nlohmann::json AuditReport::to_json() const {
   return j;
 }
 
+Summary AuditReport::to_summary(std::vector<std::string> context, std::string reproducer) const {
+  Summary s;
+  s.title = "kvproof audit";
+  s.passed = passed();
+  s.context = std::move(context);
+  s.reproducer = std::move(reproducer);
+  s.columns = {"count"};
+  int64_t failed = 0;
+  for (const CheckResult& c : checks) {
+    failed += c.passed ? 0 : 1;
+    s.rows.push_back({c.name, c.passed ? "PASS" : "FAIL", {std::to_string(c.count)}, c.detail, ""});
+  }
+  s.verdict_detail = std::to_string(failed) + " of " + std::to_string(checks.size()) + " checks failed";
+  // The lines under the text table's checks (coverage, tenants): one source for both.
+  std::istringstream lines(summary());
+  std::string line;
+  for (std::size_t i = 0; std::getline(lines, line); ++i)
+    if (i >= checks.size() && line.rfind("verdict:", 0) != 0) s.notes.push_back(line);
+  return s;
+}
+
 }  // namespace kvp::verify

@@ -75,6 +75,9 @@ struct AuditReport {
   bool passed() const;
   std::string summary() const;
   nlohmann::json to_json() const;
+  // The job summary (--summary): the verdict, the failed checks with `reproducer`, every
+  // check, then the coverage and per-tenant lines of summary().
+  Summary to_summary(std::vector<std::string> context, std::string reproducer) const;
 };
 
 Result<AuditReport> run_audit(const Model& model, const Workload& workload, const AuditOptions& options);

@@ -967,6 +967,65 @@ std::string Report::summary() const {
   return o.str();
 }
 
+Summary Report::to_summary(std::string reproducer) const {
+  static const char* const kProperties[] = {
+      "accuracy",         "no-poison-leak", "finite-output", "guard-zones", "inputs-unchanged",
+      "batch-invariance", "repeatability",  "run-error",     "crash",       "timeout"};
+  Summary s;
+  s.title = "kvproof kernel-check";
+  s.passed = passed();
+  s.reproducer = std::move(reproducer);
+  const int64_t n = static_cast<int64_t>(cases.size()), ran = n - num_skipped();
+  s.verdict_detail = std::to_string(n) + " cases: " + std::to_string(ran - num_failed()) + " passed, " +
+                     std::to_string(num_failed()) + " failed, " + std::to_string(num_skipped()) +
+                     " skipped (declined by supports())" + (ran == 0 ? "; nothing was checked" : "");
+  s.context = {"plug-in " + plugin_name + " (" + plugin_path + "), grid " + grid_name(grid) +
+               (shard_count > 1 ? ", shard " + std::to_string(shard_index) + "/" + std::to_string(shard_count) : "")};
+  s.rows_title = "Properties";
+  s.columns = {"cases failed", "cases run"};
+  double worst = 0.0;
+  for (const CaseRecord& c : cases) worst = std::max(worst, c.result.max_rel_error);
+  for (const char* property : kProperties) {
+    int64_t failed = 0;
+    const CaseRecord* first = nullptr;
+    std::string message;
+    for (const CaseRecord& c : cases) {
+      for (const Failure& f : c.result.failures) {
+        if (f.property != property) continue;
+        if (first == nullptr) {
+          first = &c;
+          message = "case " + std::to_string(c.spec.id) + ": " + f.message;
+        }
+        ++failed;
+        break;
+      }
+    }
+    std::string detail = message;
+    if (detail.empty() && std::string(property) == "accuracy" && ran > 0) {
+      std::ostringstream o;
+      o << "worst error " << worst << " of the row's largest reference value";
+      detail = o.str();
+    }
+    s.rows.push_back({property,
+                      failed > 0 ? "FAIL"
+                      : ran > 0  ? "PASS"
+                                 : "n/a",
+                      {std::to_string(failed), std::to_string(ran)},
+                      detail,
+                      first != nullptr ? first->reproduce : ""});
+  }
+  constexpr int kShown = 20;
+  int shown = 0;
+  for (const CaseRecord& c : cases) {
+    if (c.result.passed() || shown++ >= kShown) continue;
+    std::string what;
+    for (const Failure& f : c.result.failures) what += (what.empty() ? "" : ", ") + f.property;
+    s.notes.push_back("FAIL " + c.spec.describe() + " (" + what + "): " + c.reproduce);
+  }
+  if (shown > kShown) s.notes.push_back(std::to_string(shown - kShown) + " more failing cases: see the JSON report");
+  return s;
+}
+
 Result<Report> run_kernel_check(const AttentionPlugin& plugin, const Options& options,
                                 const std::function<void(const CaseRecord&)>& on_case) {
   const kvp_attention_plugin& d = plugin.descriptor();

@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "common/summary.h"
 #include "kernel_check/attention_plugin_loader.h"
 #include "kvproof/attention_plugin.h"
 
@@ -127,6 +128,9 @@ struct Report {
   nlohmann::json to_json() const;
   std::string to_junit() const;
   std::string summary() const;  // failing cases (shape, failures, reproducer) and totals
+  // The job summary (--summary): the verdict, each failed property with its first failing
+  // case and that case's reproducer, a row per property, then the failing cases (20 at most).
+  Summary to_summary(std::string reproducer) const;
 };
 
 // Runs the grid (or one case of it) on a loaded plug-in. `on_case` is called after each case.

@@ -253,6 +253,35 @@ TEST(Golden, ToleranceIsSymmetric) {
   EXPECT_FALSE(compare_logprobs(tiny_golden(), c, 1e-3)->passed());
 }
 
+// A candidate that scores no position at all is no evidence: the compare does not pass.
+TEST(Golden, ACandidateWithNoPositionComparedDoesNotPass) {
+  LogprobFile c = as_candidate(tiny_golden());
+  for (ScoredRequest& r : c.requests) r.positions.clear();
+  c = reparse(to_jsonl(c), "candidate.jsonl");
+  auto report = compare_logprobs(tiny_golden(), c, 1e-3);
+  ASSERT_TRUE(report.is_ok()) << report.status().message();
+  EXPECT_EQ(report->positions_compared(), 0);
+  EXPECT_FALSE(report->passed()) << report->table();
+  EXPECT_NE(report->requests[0].note.find("no position compared"), std::string::npos) << report->requests[0].note;
+}
+
+// A difference of exactly the tolerance passes; one ulp of tolerance less, and it fails.
+TEST(Golden, ADifferenceOfExactlyTheTolerancePasses) {
+  constexpr double kTol = 1.0 / 1024;  // a power of two: the candidate's difference is exact
+  LogprobFile c = as_candidate(tiny_golden());
+  c.requests[1].positions[2].logprob += kTol;
+  c = reparse(to_jsonl(c), "candidate.jsonl");
+  ASSERT_EQ(c.requests[1].positions[2].logprob - tiny_golden().requests[1].positions[2].logprob, kTol);
+  auto at = compare_logprobs(tiny_golden(), c, kTol);
+  ASSERT_TRUE(at.is_ok()) << at.status().message();
+  EXPECT_TRUE(at->passed()) << at->table();
+  EXPECT_EQ(at->requests[1].worst_diff, kTol);
+  auto under = compare_logprobs(tiny_golden(), c, std::nextafter(kTol, 0.0));
+  ASSERT_TRUE(under.is_ok()) << under.status().message();
+  EXPECT_FALSE(under->passed()) << under->table();
+  EXPECT_EQ(under->requests[1].logprob_divergence, 3);
+}
+
 // A greedy divergence is a near tie when the golden's margin between its best token and the
 // candidate's is at most the tolerance: at it, explained; one ulp under it, not.
 TEST(Golden, NearTieIsExplainedUpToTheToleranceAndNoFurther) {

@@ -264,7 +264,7 @@ TEST(AttentionPluginLoader, RefusesAFileThatIsNotALibrary) {
 
 // ---- each property's reach, with the naive C kernel wrapped in one defect (issue 43) ----
 
-enum class Defect { kNone, kWriteBeforeOut, kWriteAfterOut, kWriteInput, kLastRowInBatch };
+enum class Defect { kNone, kWriteBeforeOut, kWriteAfterOut, kWriteInput, kLastRowInBatch, kNudgeFirstRow };
 // The inputs kWriteInput can write into, in kvp_attention_args' order.
 enum class Input { kQuery, kQueryStart, kTokenSeq, kPositions, kContextLens, kBlockTables, kKCache, kVCache };
 constexpr Input kInputs[] = {Input::kQuery,       Input::kQueryStart,  Input::kTokenSeq, Input::kPositions,
@@ -280,6 +280,7 @@ struct Wrapper {
   Input input = Input::kQuery;
   unsigned char* flipped = nullptr;  // reset before each case
   bool restored = false;
+  double nudge = 0.0;  // kNudgeFirstRow: the error added, as a multiple of the row's largest value
 };
 Wrapper g_wrapper;
 
@@ -308,6 +309,14 @@ int wrapped_run(const kvp_attention_args* a, char* err, size_t err_len) {
       const int32_t last = s.num_seqs - 1;
       if (s.num_seqs > 1 && a->query_start[last + 1] - a->query_start[last] > 1)
         a->out[out_len - 1] = std::nextafter(a->out[out_len - 1], INFINITY);
+      break;
+    }
+    case Defect::kNudgeFirstRow: {
+      // The first row's largest value moves away from zero by `nudge` times itself.
+      int64_t arg = 0;
+      for (int64_t d = 1; d < s.head_dim; ++d)
+        if (std::abs(a->out[d]) > std::abs(a->out[arg])) arg = d;
+      a->out[arg] = static_cast<float>(a->out[arg] * (1.0 + g_wrapper.nudge));
       break;
     }
     case Defect::kWriteInput: {
@@ -340,7 +349,7 @@ class WrappedNaiveKernel : public testing::Test {
     ASSERT_NE(inner_, nullptr);
     plugin_ = inner_->descriptor();
     plugin_.run = wrapped_run;
-    g_wrapper = {&inner_->descriptor(), Defect::kNone, Input::kQuery, nullptr, false};
+    g_wrapper = {&inner_->descriptor(), Defect::kNone, Input::kQuery, nullptr, false, 0.0};
   }
   void TearDown() override { g_wrapper = {}; }
   // Two sequences, the second a prefill chunk of 9 new tokens across a block boundary.
@@ -416,6 +425,23 @@ TEST_F(WrappedNaiveKernel, BatchInvarianceComparesEveryRowOfAPrefillChunk) {
     const CaseResult r = run_case(plugin_, batch_case(KVP_LAYOUT_KVPROOF, dtype));
     EXPECT_TRUE(r.failed("batch-invariance")) << "dtype " << dtype;
     EXPECT_FALSE(r.failed("accuracy")) << "dtype " << dtype;  // one ulp is within every tolerance
+  }
+}
+
+// accuracy's tolerance on both sides: an error of 0.9 times the dtype's tolerance passes, 1.1
+// times fails (f32 1e-4, f16 2e-3, bf16 1.6e-2: docs/plugins.md).
+TEST_F(WrappedNaiveKernel, AccuracyPassesJustUnderItsToleranceAndFailsJustOver) {
+  g_wrapper.defect = Defect::kNudgeFirstRow;
+  for (const auto& [dtype, tolerance] :
+       {std::pair{KVP_KV_F32, 1e-4}, std::pair{KVP_KV_F16, 2e-3}, std::pair{KVP_KV_BF16, 1.6e-2}}) {
+    SCOPED_TRACE("dtype " + std::to_string(dtype));
+    g_wrapper.nudge = 0.9 * tolerance;
+    CaseResult r = run_case(plugin_, batch_case(KVP_LAYOUT_KVPROOF, dtype));
+    EXPECT_FALSE(r.failed("accuracy")) << r.max_rel_error;
+    EXPECT_GT(r.max_rel_error, 0.8 * tolerance);
+    g_wrapper.nudge = 1.1 * tolerance;
+    r = run_case(plugin_, batch_case(KVP_LAYOUT_KVPROOF, dtype));
+    EXPECT_TRUE(r.failed("accuracy")) << r.max_rel_error;
   }
 }
 

@@ -18,7 +18,7 @@ namespace {
 
 struct AuditFlags {
   RunInputs inputs;
-  std::string preemption = "recompute", json_out, event_log, kv_events, replay;
+  std::string preemption = "recompute", json_out, event_log, kv_events, replay, summary_out, command_line;
   KvEventsPublishOptions publish;
   double duration = 10;
   BackendChoice backend;
@@ -34,6 +34,9 @@ void add_audit_flags(CLI::App& cmd, AuditFlags& f) {
   cmd.add_flag("--global-prefix-sharing", f.v.global_prefix_sharing, "share prefixes across tenants (off by default)");
   cmd.add_option("--event-log", f.event_log, "write the KV-cache event log (JSON lines) to this file");
   cmd.add_option("--json", f.json_out, "write the report as JSON to this file");
+  cmd.add_option(
+      "--summary", f.summary_out,
+      "append the report as GitHub-flavoured Markdown to this file (a CI job summary: $GITHUB_STEP_SUMMARY)");
   cmd.add_option("--kv-events", f.kv_events,
                  "instead of running kvproof's engine, audit a recorded vLLM-format KV-event stream "
                  "(docs/kv-events.md): sequence gaps, removals of blocks never stored, blocks stored twice, block "
@@ -68,6 +71,8 @@ Result<int> audit_stream(const AuditFlags& f) {
   std::printf("%s", audit->summary().c_str());
   if (!f.json_out.empty())
     std::ofstream(f.json_out) << audit->to_json().dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  if (!f.summary_out.empty())
+    KVP_RETURN_IF_ERROR(verify::append_summary(f.summary_out, audit->to_summary(f.command_line)));
   return audit->passed() ? kExitOk : kExitCheckFailed;
 }
 
@@ -84,10 +89,12 @@ Result<int> audit_engine(const AuditFlags& f) {
   a.engine.max_model_len = std::min<int64_t>(a.engine.max_model_len, model.config.max_position_embeddings);
   a.event_log_path = f.event_log;
   a.allow_empty = f.allow_empty;
-  std::printf("kvproof audit: %s, backend %s, KV %s, block size %d, %d blocks + %d host, %s sharing, %s\n",
-              f.inputs.describe(workload).c_str(), backend_name(a.engine.backend), f.backend.kv_dtype.c_str(),
-              a.engine.block_size, a.engine.num_blocks, a.engine.num_host_blocks,
-              a.engine.global_prefix_sharing ? "global" : "tenant-scoped", f.preemption.c_str());
+  char context[512];
+  std::snprintf(context, sizeof context, "%s, backend %s, KV %s, block size %d, %d blocks + %d host, %s sharing, %s",
+                f.inputs.describe(workload).c_str(), backend_name(a.engine.backend), f.backend.kv_dtype.c_str(),
+                a.engine.block_size, a.engine.num_blocks, a.engine.num_host_blocks,
+                a.engine.global_prefix_sharing ? "global" : "tenant-scoped", f.preemption.c_str());
+  std::printf("kvproof audit: %s\n", context);
   auto started = f.publish.start();
   if (!started) return started.status();
   const std::unique_ptr<kv_events::Publisher> publisher = std::move(*started);
@@ -97,13 +104,16 @@ Result<int> audit_engine(const AuditFlags& f) {
   if (!report) return report.status();
   std::printf("%s", report->summary().c_str());
   if (!f.json_out.empty()) std::ofstream(f.json_out) << report->to_json().dump(2) << "\n";
+  if (!f.summary_out.empty())
+    KVP_RETURN_IF_ERROR(verify::append_summary(f.summary_out, report->to_summary({context}, f.command_line)));
   return report->passed() ? kExitOk : kExitCheckFailed;
 }
 
 }  // namespace
 
-void add_audit_command(CLI::App& app, int& exit_code) {
+void add_audit_command(CLI::App& app, int& exit_code, const std::string& command_line) {
   auto flags = std::make_shared<AuditFlags>();
+  flags->command_line = command_line;
   CLI::App* cmd = app.add_subcommand(
       "audit",
       "Cache-isolation evidence: poison-on-free, an ownership check of every block read, the event log re-checked "

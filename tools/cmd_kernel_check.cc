@@ -13,7 +13,7 @@ namespace {
 namespace kc = verify::kernel_check;
 
 struct KernelCheckFlags {
-  std::string plugin, grid = "quick", shard, json_out, junit_out;
+  std::string plugin, grid = "quick", shard, json_out, junit_out, summary_out, command_line;
   int64_t case_id = -1;
   double timeout_s = 30.0;
   int64_t max_failures = 0;
@@ -37,12 +37,17 @@ void add_kernel_check_flags(CLI::App& cmd, KernelCheckFlags& f) {
                "run the cases in this process, not one forked child per case (for a debugger; a crash ends the run)");
   cmd.add_option("--json", f.json_out, "write the report as JSON to this file");
   cmd.add_option("--junit", f.junit_out, "write the report as JUnit XML to this file");
+  cmd.add_option(
+      "--summary", f.summary_out,
+      "append the report as GitHub-flavoured Markdown to this file (a CI job summary: $GITHUB_STEP_SUMMARY)");
   cmd.add_option("--merge", f.merge, "join these shard JSON reports into one verdict (no --plugin)");
 }
 
 // --merge: the shards' JSON reports joined into one verdict.
 Result<int> merge_shards(const KernelCheckFlags& f) {
   if (!f.plugin.empty()) return Status::error("--merge joins reports; it takes no --plugin");
+  if (!f.summary_out.empty())
+    return Status::error("--summary is written by each shard's run, not by --merge (it has no cases to list)");
   std::vector<nlohmann::json> reports;
   for (const std::string& path : f.merge) {
     std::ifstream in(path);
@@ -94,13 +99,16 @@ Result<int> run_kernel_check_command(const KernelCheckFlags& f) {
   std::printf("%s", report->summary().c_str());
   if (!f.json_out.empty()) std::ofstream(f.json_out) << report->to_json().dump(2) << "\n";
   if (!f.junit_out.empty()) std::ofstream(f.junit_out) << report->to_junit();
+  if (!f.summary_out.empty())
+    KVP_RETURN_IF_ERROR(verify::append_summary(f.summary_out, report->to_summary(f.command_line)));
   return report->passed() ? kExitOk : kExitCheckFailed;
 }
 
 }  // namespace
 
-void add_kernel_check_command(CLI::App& app, int& exit_code) {
+void add_kernel_check_command(CLI::App& app, int& exit_code, const std::string& command_line) {
   auto flags = std::make_shared<KernelCheckFlags>();
+  flags->command_line = command_line;
   CLI::App* cmd = app.add_subcommand(
       "kernel-check",
       "Run kvproof's adversarial attention grid on a paged-attention plug-in (docs/plugins.md) against an "

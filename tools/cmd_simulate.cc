@@ -8,11 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "common/summary.h"
 #include "simulate/report.h"
 #include "simulate/simulate.h"
 #include "tools/bad_input.h"
@@ -70,7 +72,7 @@ struct SimulateFlags {
   std::string prefix_sharing = "on";
   double speed = 1, duration = 0;
   int64_t num_requests = 0;
-  std::string json_path, csv_path;
+  std::string json_path, csv_path, summary_path, command_line;
   std::vector<std::string> sweep;
 };
 
@@ -109,6 +111,9 @@ void add_simulate_flags(CLI::App* cmd, SimulateFlags& f) {
   cmd->add_flag("--check", f.sim.check,
                 "run every invariant checker after every step and recount every memory sample (slow)");
   cmd->add_option("--json", f.json_path, "write every run (with timeline and latencies) as JSON");
+  cmd->add_option("--summary", f.summary_path,
+                  "append the runs' table as GitHub-flavoured Markdown to this file (a CI job summary: "
+                  "$GITHUB_STEP_SUMMARY)");
   cmd->add_option("--csv", f.csv_path, "write one CSV row per run");
   cmd->add_option("--sweep", f.sweep,
                   "key=v1,v2,... (repeatable): block-size, admission, preemption, max-model-len, rate, policy, "
@@ -196,6 +201,18 @@ Status report_runs(const std::vector<sim::SimRun>& runs, const SimulateFlags& f,
               static_cast<long long>(token_steps), wall, wall > 0 ? static_cast<double>(token_steps) / wall / 1e6 : 0.0,
               checked ? ", every invariant checker after every step, every memory sample recounted" : "");
   std::printf("%s", sim::format_table(runs).c_str());
+  if (!f.summary_path.empty()) {
+    verify::Summary s;
+    s.title = "kvproof simulate";
+    s.verdict_detail = std::to_string(runs.size()) + " run(s), " + std::to_string(token_steps) +
+                       " token-steps simulated" +
+                       (checked ? "; every invariant checker after every step, every memory sample recounted" : "");
+    std::istringstream header(sim::format_header(runs.front().report));
+    for (std::string line; std::getline(header, line);) s.context.push_back(line);
+    s.reproducer = f.command_line;
+    s.raw_markdown = sim::format_table(runs);
+    KVP_RETURN_IF_ERROR(verify::append_summary(f.summary_path, s));
+  }
   if (!f.json_path.empty() && !write_file(f.json_path, sim::to_json(runs).dump(1) + "\n"))
     return Status::error(f.json_path + ": cannot write");
   if (!f.csv_path.empty() && !write_file(f.csv_path, sim::to_csv(runs)))
@@ -215,8 +232,9 @@ Status run_simulate(const SimulateFlags& f) {
 
 }  // namespace
 
-void add_simulate_command(CLI::App& app, int& exit_code) {
+void add_simulate_command(CLI::App& app, int& exit_code, const std::string& command_line) {
   auto flags = std::make_shared<SimulateFlags>();
+  flags->command_line = command_line;
   CLI::App* cmd = app.add_subcommand(
       "simulate",
       "Capacity decisions: the engine's scheduler and KV-cache manager on a GPU cost model, on real traffic");

@@ -20,7 +20,7 @@ struct VerifyFlags {
   RunInputs inputs;
   std::string preemption = "both", admission = "optimistic";
   BackendChoice backend;
-  std::string json_out, junit_out;
+  std::string json_out, junit_out, summary_out, command_line;
   std::string speculate = "off";
   std::string attention_plugin;
   KvEventsPublishOptions publish;
@@ -65,6 +65,9 @@ void add_verify_flags(CLI::App& cmd, VerifyFlags& f) {
   f.publish.add_options(cmd);
   cmd.add_option("--json", f.json_out, "write the report as JSON to this file");
   cmd.add_option("--junit", f.junit_out, "write the report as JUnit XML to this file");
+  cmd.add_option(
+      "--summary", f.summary_out,
+      "append the report as GitHub-flavoured Markdown to this file (a CI job summary: $GITHUB_STEP_SUMMARY)");
 }
 
 // The flags as VerifyOptions for this model (the plug-in, when given, loaded into `plugin`).
@@ -100,9 +103,11 @@ Result<int> run_verify_command(const VerifyFlags& f) {
   auto options = options_from(f, model, plugin);
   if (!options) return options.status();
   verify::VerifyOptions& v = *options;
-  std::printf("kvproof verify: %s, backend %s, KV %s, block size %d, %d blocks + %d host, chunk %d\n",
-              f.inputs.describe(workload).c_str(), backend_name(v.backend), f.backend.kv_dtype.c_str(), v.block_size,
-              v.num_blocks, v.num_host_blocks, v.prefill_chunk_size);
+  char context[512];
+  std::snprintf(context, sizeof context, "%s, backend %s, KV %s, block size %d, %d blocks + %d host, chunk %d",
+                f.inputs.describe(workload).c_str(), backend_name(v.backend), f.backend.kv_dtype.c_str(), v.block_size,
+                v.num_blocks, v.num_host_blocks, v.prefill_chunk_size);
+  std::printf("kvproof verify: %s\n", context);
   if (plugin) std::printf("attention: plug-in %s (%s)\n", plugin->name().c_str(), plugin->path().c_str());
   if (v.speculation.enabled())
     std::printf("speculative decoding: %s, k = %d, against plain decoding\n", to_string(v.speculation.proposer),
@@ -117,13 +122,16 @@ Result<int> run_verify_command(const VerifyFlags& f) {
   std::printf("%s", report->table().c_str());
   if (!f.json_out.empty()) std::ofstream(f.json_out) << report->to_json().dump(2) << "\n";
   if (!f.junit_out.empty()) std::ofstream(f.junit_out) << report->to_junit();
+  if (!f.summary_out.empty())
+    KVP_RETURN_IF_ERROR(verify::append_summary(f.summary_out, report->to_summary({context}, f.command_line)));
   return report->passed() ? kExitOk : kExitCheckFailed;
 }
 
 }  // namespace
 
-void add_verify_command(CLI::App& app, int& exit_code) {
+void add_verify_command(CLI::App& app, int& exit_code, const std::string& command_line) {
   auto flags = std::make_shared<VerifyFlags>();
+  flags->command_line = command_line;
   CLI::App* cmd = app.add_subcommand(
       "verify",
       "Run a workload through the paged engine and check it against the reference model; exit 1 on any failure");

@@ -995,4 +995,37 @@ std::string VerifyReport::to_junit() const {
   return junit_xml("kvproof.verify", cases);
 }
 
+Summary VerifyReport::to_summary(std::vector<std::string> context, std::string reproducer) const {
+  Summary s;
+  s.title = "kvproof verify";
+  s.passed = passed();
+  s.context = std::move(context);
+  s.reproducer = std::move(reproducer);
+  s.columns = {"count", "worst"};
+  int64_t failed = 0;
+  for (const CheckResult& c : checks) {
+    failed += c.passed ? 0 : 1;
+    s.rows.push_back({c.name,
+                      !c.passed    ? "FAIL"
+                      : !c.applies ? "n/a"
+                                   : "PASS",
+                      {std::to_string(c.count), c.worst_error > 0 ? fmt(c.worst_error) : "-"},
+                      c.detail,
+                      ""});
+  }
+  if (!nothing_verified.empty() && !allow_empty) {
+    std::string list;
+    for (const std::string& n : nothing_verified) list += (list.empty() ? "" : ", ") + n;
+    s.rows.insert(s.rows.begin(), {"something-verified", "FAIL", {"0", "-"}, "nothing verified for: " + list, ""});
+  }
+  s.verdict_detail = std::to_string(failed) + " of " + std::to_string(checks.size()) + " checks failed" +
+                     (!nothing_verified.empty() && !allow_empty ? "; nothing verified for some" : "");
+  // The lines under the text table's checks (runs, speculation, oracle): one source for both.
+  std::istringstream lines(table());
+  std::string line;
+  for (std::size_t i = 0; std::getline(lines, line); ++i)
+    if (i > checks.size() && line.rfind("verdict:", 0) != 0) s.notes.push_back(line);
+  return s;
+}
+
 }  // namespace kvp::verify

@@ -48,6 +48,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "common/status.h"
+#include "common/summary.h"
 #include "model/weights.h"
 #include "optimized/backends/backend_factory.h"
 #include "optimized/backends/cpu_backend.h"
@@ -151,6 +152,9 @@ struct VerifyReport {
   std::string table() const;
   nlohmann::json to_json() const;
   std::string to_junit() const;
+  // The job summary (--summary): the verdict, the failed checks (each reproduced by
+  // `reproducer`, the run's command line), every check, and the run and oracle lines.
+  Summary to_summary(std::vector<std::string> context, std::string reproducer) const;
 };
 
 // Shared by verify and audit.

@@ -358,4 +358,38 @@ nlohmann::json KvEventAudit::to_json() const {
             {"never_removed", mirror.never_removed}}}};
 }
 
+verify::Summary KvEventAudit::to_summary(std::string reproducer) const {
+  verify::Summary s;
+  s.title = "kvproof audit --kv-events";
+  s.passed = passed();
+  s.reproducer = std::move(reproducer);
+  s.verdict_detail = std::to_string(violations.size()) + " violations";
+  std::istringstream head(summary());
+  std::string line;
+  for (int i = 0; i < 2 && std::getline(head, line); ++i) s.context.push_back(line);  // the stream, the mirror
+  s.rows_title = "Checks";
+  s.columns = {"violations"};
+  for (const char* reason : {kSequenceGap, kRemovedNotStored, kStoredTwice, kTokenCount, kBlockSizeChanged,
+                             kNamespaceCrossing, kNamespaceMerge, kStaleAfterClear}) {
+    int64_t n = 0;
+    std::string first;
+    for (const Violation& v : violations) {
+      if (v.reason != reason) continue;
+      if (n++ == 0)
+        first = "batch " + std::to_string(v.seq) + (v.block_hash.empty() ? "" : ", block " + v.block_hash) + ": " +
+                v.detail;
+    }
+    s.rows.push_back({reason, n > 0 ? "FAIL" : "PASS", {std::to_string(n)}, first, ""});
+  }
+  constexpr std::size_t kShown = 20;
+  for (std::size_t i = 0; i < violations.size() && i < kShown; ++i) {
+    const Violation& v = violations[i];
+    s.notes.push_back("VIOLATION " + v.reason + " at batch " + std::to_string(v.seq) +
+                      (v.block_hash.empty() ? "" : ", block " + v.block_hash) + ": " + v.detail);
+  }
+  if (violations.size() > kShown)
+    s.notes.push_back(std::to_string(violations.size() - kShown) + " more: see the JSON report");
+  return s;
+}
+
 }  // namespace kvp::kv_events

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "audit/kv_events/kv_events.h"
+#include "common/summary.h"
 
 namespace kvp::kv_events {
 
@@ -89,6 +90,9 @@ struct KvEventAudit {
   bool passed() const { return violations.empty(); }
   std::string summary() const;
   nlohmann::json to_json() const;
+  // The job summary (--summary): the verdict, a row per checker (its violations, the first
+  // named in full; the first 20 violations after the table), then the mirror at the end.
+  verify::Summary to_summary(std::string reproducer) const;
 };
 
 // Every checker and the mirror over the stream. `frames` counts what arrived, duplicates too.
