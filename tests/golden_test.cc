@@ -211,6 +211,49 @@ TEST(Golden, MalformedFilesAreErrorsNamingFileLineAndField) {
   EXPECT_EQ(parse_error(header + request + request), "f.jsonl:3: request id 0 already on line 2");
 }
 
+// Each rule of the schema the parser enforces, broken once: refused, naming the file, the line
+// and the field.
+TEST(Golden, EachSchemaRuleBrokenIsRefusedByName) {
+  const std::string golden = to_jsonl(tie_golden(-1.2));
+  const std::string header = golden.substr(0, golden.find('\n') + 1);
+  const std::string request = golden.substr(golden.find('\n') + 1);
+  const auto edited = [&](const std::string& from, const std::string& to) {
+    std::string r = request;
+    const auto at = r.find(from);
+    EXPECT_NE(at, std::string::npos) << from << " not in " << r;
+    if (at != std::string::npos) r.replace(at, from.size(), to);
+    return header + r;
+  };
+  // A logprob that is not finite cannot be written in JSON (no NaN or Infinity literal; a
+  // number past the double range is refused by the JSON parser itself).
+  EXPECT_EQ(parse_error(edited("\"logprob\":-0.69,", "\"logprob\":-1e999,")), "f.jsonl:2: not valid JSON");
+  // Positions strictly increasing: a repeated pos.
+  EXPECT_EQ(parse_error(edited("\"pos\":2,", "\"pos\":1,")),
+            "f.jsonl:2: request: positions[1].pos: 1 not after the previous position");
+  // A golden file scores every position.
+  std::string fewer = request;
+  const auto third = fewer.find(",{\"logprob\":-0.5");
+  ASSERT_NE(third, std::string::npos) << fewer;
+  fewer.erase(third, fewer.find('}', fewer.find("]]", third)) + 1 - third);
+  EXPECT_EQ(parse_error(header + fewer),
+            "f.jsonl:2: request: positions: 2 entries, a golden file scores every position 1..3");
+  // A position's token is tokens[pos].
+  EXPECT_EQ(parse_error(edited("\"token\":5,", "\"token\":9,")),
+            "f.jsonl:2: request: positions[1].token: 9 but tokens[2] is 5");
+  // A candidate's top list is at most top_k long (its header's).
+  std::string candidate_header = header;
+  candidate_header.replace(candidate_header.find("\"role\":\"golden\""), 15, "\"role\":\"candidate\"");
+  std::string longer = request;
+  longer.replace(longer.find("[[5,-0.69],[7,-1.2]]"), 20, "[[5,-0.69],[7,-1.2],[9,-3.0]]");
+  EXPECT_EQ(parse_error(candidate_header + longer),
+            "f.jsonl:2: request: positions[1].top: 3 entries, more than top_k 2");
+  EXPECT_EQ(parse_error(candidate_header + request), "(parsed)");
+  // compare refuses a negative tolerance.
+  auto negative = compare_logprobs(tie_golden(-1.2), diverging_candidate(), -1e-3);
+  ASSERT_FALSE(negative.is_ok());
+  EXPECT_EQ(negative.status().message(), "tolerance: must be >= 0");
+}
+
 TEST(Golden, MissingRequestsAndMismatchedPromptsAreErrors) {
   LogprobFile c = as_candidate(tiny_golden());
   c.requests.pop_back();
