@@ -338,11 +338,7 @@ Summary AuditReport::to_summary(std::vector<std::string> context, std::string re
     s.rows.push_back({c.name, c.passed ? "PASS" : "FAIL", {std::to_string(c.count)}, c.detail, ""});
   }
   s.verdict_detail = std::to_string(failed) + " of " + std::to_string(checks.size()) + " checks failed";
-  // The lines under the text table's checks (coverage, tenants): one source for both.
-  std::istringstream lines(summary());
-  std::string line;
-  for (std::size_t i = 0; std::getline(lines, line); ++i)
-    if (i >= checks.size() && line.rfind("verdict:", 0) != 0) s.notes.push_back(line);
+  s.notes = report_lines_after(summary(), checks.size());  // the coverage and tenant lines
   return s;
 }
 

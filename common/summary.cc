@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <sstream>
 
 namespace kvp::verify {
 namespace {
@@ -85,6 +86,15 @@ Status append_summary(const std::string& path, const Summary& s) {
   out.flush();
   if (!out) return Status::error("--summary " + path + ": cannot write");
   return Status::ok();
+}
+
+std::vector<std::string> report_lines_after(const std::string& text, std::size_t skip) {
+  std::vector<std::string> out;
+  std::istringstream lines(text);
+  std::string line;
+  for (std::size_t i = 0; std::getline(lines, line); ++i)
+    if (i >= skip && line.rfind("verdict:", 0) != 0) out.push_back(line);
+  return out;
 }
 
 std::string shell_command_line(int argc, const char* const* argv) {

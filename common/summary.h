@@ -42,6 +42,10 @@ std::string summary_markdown(const Summary& s);
 // Error: the file cannot be opened or written, naming it.
 Status append_summary(const std::string& path, const Summary& s);
 
+// The lines of a text report after its first `skip`, less its closing "verdict:" line: the
+// notes under a summary's table are the text report's own lines (one source for both).
+std::vector<std::string> report_lines_after(const std::string& text, std::size_t skip);
+
 // argv as one shell command line, each argument quoted where the shell would split or expand it.
 std::string shell_command_line(int argc, const char* const* argv);
 

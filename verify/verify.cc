@@ -1020,11 +1020,7 @@ Summary VerifyReport::to_summary(std::vector<std::string> context, std::string r
   }
   s.verdict_detail = std::to_string(failed) + " of " + std::to_string(checks.size()) + " checks failed" +
                      (!nothing_verified.empty() && !allow_empty ? "; nothing verified for some" : "");
-  // The lines under the text table's checks (runs, speculation, oracle): one source for both.
-  std::istringstream lines(table());
-  std::string line;
-  for (std::size_t i = 0; std::getline(lines, line); ++i)
-    if (i > checks.size() && line.rfind("verdict:", 0) != 0) s.notes.push_back(line);
+  s.notes = report_lines_after(table(), 1 + checks.size());  // the runs, speculation and oracle lines
   return s;
 }
 
