@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -706,6 +707,75 @@ TEST_P(BackendConformance, RejectsMalformedPlansWithoutChangingAnything) {
   StepOutput again;
   ASSERT_TRUE(backend.execute(good, again).is_ok());
   EXPECT_TRUE(bitwise_equal(first.logits, again.logits));
+}
+
+// Every limit validate_plan enforces, on both sides: its last valid value is accepted, one
+// past it refused (the rejection test above breaks each rule; this pins where each starts).
+TEST(PlanValidation, EachLimitAcceptsItsLastValueAndRefusesOnePast) {
+  const int32_t bs = 4;
+  const KvPoolShape pool = pool_shape_for(tiny().config, bs, /*num_device_blocks=*/8, /*num_host_blocks=*/2);
+  const PlanLimits limits{tiny().config.vocab_size, tiny().config.max_position_embeddings};
+  const BatchPlan good = make_plan({{{3, 6}, tokens_for(6, tiny().config.vocab_size, 80), 0}}, bs);
+  ASSERT_TRUE(validate_plan(good, pool, limits).is_ok());
+  struct Side {
+    const char* what;
+    std::function<void(BatchPlan&, int64_t)> set;  // sets the limited value to `v`
+    int64_t last;                                  // the last valid value
+    bool upper = true;                             // false: `last` is the lowest valid value
+  };
+  const int64_t max_pos = limits.max_position_embeddings;
+  const auto long_context = [](BatchPlan& p, int64_t context) {
+    p.context_lens[0] = static_cast<int32_t>(context);
+    p.max_blocks_per_seq = static_cast<int32_t>((context + 3) / 4);
+    p.block_tables.assign(static_cast<std::size_t>(p.max_blocks_per_seq), 0);
+    for (int t = 0; t < 6; ++t) p.positions[static_cast<std::size_t>(t)] = static_cast<int32_t>(context - 6 + t);
+  };
+  const Side sides[] = {
+      {"block id", [](BatchPlan& p, int64_t v) { p.block_tables[1] = static_cast<int32_t>(v); }, 7},
+      {"lowest block id", [](BatchPlan& p, int64_t v) { p.block_tables[1] = static_cast<int32_t>(v); }, 0, false},
+      {"slot", [](BatchPlan& p, int64_t v) { p.slot_mapping[2] = v; }, 31},
+      {"lowest slot (-1: no write)", [](BatchPlan& p, int64_t v) { p.slot_mapping[2] = v; }, -1, false},
+      {"token id", [](BatchPlan& p, int64_t v) { p.token_ids[0] = static_cast<int32_t>(v); },
+       tiny().config.vocab_size - 1},
+      {"lowest token id", [](BatchPlan& p, int64_t v) { p.token_ids[0] = static_cast<int32_t>(v); }, 0, false},
+      {"context length", long_context, max_pos},
+      {"context length against the table",
+       [](BatchPlan& p, int64_t v) {  // 2 blocks of 4 hold 8 positions
+         p.context_lens[0] = static_cast<int32_t>(v);
+         for (int t = 0; t < 6; ++t) p.positions[static_cast<std::size_t>(t)] = static_cast<int32_t>(v - 6 + t);
+       },
+       8},
+      {"context length against the new tokens",
+       [](BatchPlan& p, int64_t v) {  // a context of 6 holds the 6 new tokens
+         p.context_lens[0] = static_cast<int32_t>(v);
+         for (int t = 0; t < 6; ++t) p.positions[static_cast<std::size_t>(t)] = static_cast<int32_t>(v - 6 + t);
+       },
+       6, false},
+      {"swap_out destination",
+       [](BatchPlan& p, int64_t v) {
+         p.ops.swap_out.push_back({0, static_cast<int32_t>(v)});
+       },
+       1},
+      {"swap_in source",
+       [](BatchPlan& p, int64_t v) {
+         p.ops.swap_in.push_back({static_cast<int32_t>(v), 5});
+       },
+       1},
+      {"block copy destination",
+       [](BatchPlan& p, int64_t v) {
+         p.ops.block_copies.push_back({5, static_cast<int32_t>(v)});
+       },
+       7},
+  };
+  for (const Side& side : sides) {
+    BatchPlan at = good, past = good;
+    side.set(at, side.last);
+    side.set(past, side.upper ? side.last + 1 : side.last - 1);
+    const Status at_st = validate_plan(at, pool, limits);
+    EXPECT_TRUE(at_st.is_ok()) << side.what << " " << side.last << ": " << at_st.message();
+    EXPECT_FALSE(validate_plan(past, pool, limits).is_ok())
+        << side.what << " " << (side.upper ? side.last + 1 : side.last - 1) << " accepted";
+  }
 }
 
 // ---- one line per backend ----
