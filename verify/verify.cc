@@ -32,84 +32,6 @@ namespace {
 const char* mode_name(PreemptionMode m) { return m == PreemptionMode::kSwap ? "swap" : "recompute"; }
 }  // namespace
 
-std::unique_ptr<Proposer> make_draft_proposer(const Model& draft, int64_t max_num_seqs, int64_t max_model_len,
-                                              int num_threads) {
-  constexpr int32_t kDraftBlockSize = 16;
-  const auto blocks =
-      static_cast<int32_t>(max_num_seqs * ((max_model_len + kDraftBlockSize - 1) / kDraftBlockSize + 1));
-  KvCacheConfig kv;
-  kv.pool = pool_shape_for(draft.config, kDraftBlockSize, blocks, 0);
-  CpuBackendConfig bc;
-  bc.pool = kv.pool;
-  bc.num_threads = num_threads;
-  return std::make_unique<DraftModelProposer>(std::make_unique<CpuBackend>(draft, bc), kv, draft.config.vocab_size);
-}
-
-Tolerance tolerance_for(const VerifyOptions& o) {
-  if (o.tolerance) return {*o.tolerance, "given by --tolerance"};
-  // Measured with `kvproof verify --backend cuda-emu --kv-dtype D --tolerance 1` on the
-  // built-in default model and workload (both preemption modes; worst row over all
-  // positions); the default is that error times a margin for other models and workloads.
-  switch (o.kv_dtype) {
-    case DType::kF16: return {2e-3, "f16 KV default: 4.4e-4 measured on the default workload, x4.5"};
-    case DType::kBF16: return {1.5e-2, "bf16 KV default: 3.7e-3 measured on the default workload, x4"};
-    default: return {2e-5, "f32 KV default: fp32-vs-fp64 bound of tests/reference_model_test.cc, measured 6.7e-7"};
-  }
-}
-
-EngineSetup options_setup(const EngineOptions& o, PreemptionMode mode) {
-  return {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode};
-}
-
-Result<EngineConfig> engine_config(const ModelConfig& model, const EngineOptions& o, const EngineSetup& s) {
-  EngineConfig ec;
-  ec.kv.pool = pool_shape_for(model, s.block_size, s.num_blocks, s.num_host_blocks);
-  ec.kv.pool.kv_dtype = o.kv_dtype;
-  ec.kv.watermark_blocks = o.watermark_blocks;
-  ec.kv.enable_prefix_caching = o.prefix_caching;
-  ec.kv.global_prefix_sharing = o.global_prefix_sharing;
-  ec.kv.poison_on_free = o.poison_on_free;
-  ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
-  ec.scheduler.max_num_seqs = o.max_num_seqs;
-  ec.scheduler.max_model_len = o.max_model_len;
-  ec.scheduler.prefill_chunk_size = s.prefill_chunk_size;
-  ec.scheduler.admission = o.admission;
-  ec.scheduler.preemption = s.mode;
-  ec.vocab_size = model.vocab_size;
-  ec.audit_reads = o.audit_reads;
-  ec.speculation = o.speculation;
-  KVP_RETURN_IF_ERROR(validate(ec));
-  return ec;
-}
-
-Result<LiveEngine> make_engine(const Model& model, const EngineOptions& o, const EngineSetup& s) {
-  auto config = engine_config(model.config, o, s);
-  if (!config) return config.status();
-  const EngineConfig& ec = *config;
-  if (o.draft_layers < 0 || o.draft_layers > model.config.num_layers)
-    return Status::error("draft layers must be in [1, " + std::to_string(model.config.num_layers) + "]");
-  LiveEngine live;
-  BackendSpec spec;
-  spec.kind = o.backend;
-  spec.pool = ec.kv.pool;
-  spec.num_threads = o.num_threads;
-  spec.attention_plugin = o.attention_plugin;
-  // Every engine of one verify reads the caller's weights: no copy (a 1B model's fp32 weights
-  // are 5 GB; a verify builds up to six engines).
-  auto backend = make_backend(spec, model);
-  if (!backend) return backend.status();
-  live.backend = std::move(*backend);
-  auto engine = Engine::create(ec, *live.backend);
-  if (!engine) return engine.status();
-  live.engine = std::move(*engine);
-  if (o.speculation.enabled() && o.speculation.proposer == ProposerKind::kDraft) {
-    const int32_t layers = o.draft_layers > 0 ? o.draft_layers : default_draft_layers(model.config);
-    live.engine->set_draft_proposer(
-        make_draft_proposer(make_draft_model(model, layers), o.max_num_seqs, o.max_model_len, o.num_threads));
-  }
-  return live;
-}
-
 namespace {
 // The comparison of a speculative run with a plain one (see verify.h), request by request:
 // workload requests by index, parallel samples by their index among the children.
@@ -148,30 +70,6 @@ std::string percent(double v) {
   return buf;
 }
 }  // namespace
-
-Status check_plan(const Engine& e, const BatchPlan& plan, CheckResult& inv) {
-  if (Status s = kvp::check_plan(e, plan); !s) {
-    inv.passed = false;
-    if (inv.detail.empty()) inv.detail = s.message();
-    return Status::error(inv.detail);
-  }
-  return Status::ok();
-}
-
-Status check_state(const Engine& e, const BatchPlan& plan, CheckResult& inv) {
-  ++inv.count;
-  if (Status s = check_engine_state(e); !s) {
-    inv.passed = false;
-    if (inv.detail.empty()) inv.detail = "after step " + std::to_string(plan.step) + ": " + s.message();
-    return Status::error(inv.detail);
-  }
-  return Status::ok();
-}
-
-void install_step_checks(Engine& engine, CheckResult& inv) {
-  engine.set_plan_observer([&inv](const Engine& e, const BatchPlan& plan) { return check_plan(e, plan, inv); });
-  engine.set_step_observer([&inv](const Engine& e, const BatchPlan& plan) { return check_state(e, plan, inv); });
-}
 
 namespace {
 
@@ -288,20 +186,6 @@ void check_against_reference(const ReferenceModel<double>& oracle, const Request
     return;
   }
   apply_comparisons(*job, *rows, tol, logits, greedy);
-}
-
-namespace {
-std::string fmt(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", v);
-  return buf;
-}
-
-}  // namespace
-
-bool VerifyReport::passed() const {
-  return std::all_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.passed; }) &&
-         (allow_empty || nothing_verified.empty());
 }
 
 namespace {
@@ -905,123 +789,6 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
   for (ModeOutcome& m : modes) report_mode(o, m, report);
   report.oracle = checks.stats();
   return report;
-}
-
-std::string VerifyReport::table() const {
-  std::ostringstream out;
-  char line[512];
-  std::snprintf(line, sizeof line, "%-34s %-6s %10s %10s  %s\n", "check", "result", "count", "worst", "detail");
-  out << line;
-  for (const CheckResult& c : checks) {
-    // n/a: the workload gave the check nothing to look at (its detail says why); a check
-    // that applied and saw nothing is listed under "nothing verified for" and fails the run.
-    const char* result = !c.passed ? "FAIL" : !c.applies ? "n/a" : "PASS";
-    std::snprintf(line, sizeof line, "%-34s %-6s %10lld %10s  %s\n", c.name.c_str(), result,
-                  static_cast<long long>(c.count), c.worst_error > 0 ? fmt(c.worst_error).c_str() : "-",
-                  c.detail.c_str());
-    out << line;
-  }
-  for (const auto& [mode, m] : runs) {
-    const EngineCounters& k = m.counters;
-    std::snprintf(line, sizeof line,
-                  "run[%s]: %lld steps, %lld tokens; preemptions %lld, swaps out/in %lld/%lld, copy-on-writes %lld, "
-                  "prefix-hit tokens %lld (%.0f%%), cancellations %lld, rejections %lld, poisoned blocks %lld, "
-                  "KV utilization %.2f, peak pool %.0f%%\n",
-                  mode.c_str(), static_cast<long long>(k.steps), static_cast<long long>(k.scheduled_tokens),
-                  static_cast<long long>(k.preemptions), static_cast<long long>(k.swaps_out),
-                  static_cast<long long>(k.swaps_in), static_cast<long long>(k.copy_on_writes),
-                  static_cast<long long>(k.prefix_hit_tokens), 100 * m.prefix_hit_rate,
-                  static_cast<long long>(k.cancellations), static_cast<long long>(k.rejections),
-                  static_cast<long long>(k.poisoned_blocks), m.kv_utilization, 100 * k.peak_pool_occupancy);
-    out << line;
-    if (k.spec_steps > 0) {
-      std::snprintf(
-          line, sizeof line,
-          "speculation[%s]: %lld verification rows, %lld drafts, %lld accepted (%.1f%%), mean accepted length "
-          "%.2f, target forwards per generated token %.3f\n",
-          mode.c_str(), static_cast<long long>(k.spec_steps), static_cast<long long>(k.spec_proposed),
-          static_cast<long long>(k.spec_accepted), 100 * m.acceptance_rate, m.mean_accepted_length,
-          m.forwards_per_token);
-      out << line;
-    }
-  }
-  if (oracle.sequences_run + oracle.comparisons_reused > 0) {
-    out << "oracle: " << oracle.sequences_run << " sequences run (" << oracle.positions_run << " positions, "
-        << oracle.positions_restored << " more from the dense caches of shared prefixes), " << oracle.comparisons_reused
-        << " comparisons reused (same tokens, bitwise-equal engine rows)\n";
-  }
-  if (!nothing_verified.empty()) {
-    out << "nothing verified for:";
-    for (std::size_t i = 0; i < nothing_verified.size(); ++i) out << (i ? ", " : " ") << nothing_verified[i];
-    out << (allow_empty ? " (allowed by --allow-empty)\n" : "\n");
-  }
-  out << "verdict: " << (passed() ? "PASS" : "FAIL") << "\n";
-  return out.str();
-}
-
-nlohmann::json VerifyReport::to_json() const {
-  nlohmann::json j;
-  j["passed"] = passed();
-  for (const CheckResult& c : checks)
-    j["checks"].push_back({{"name", c.name},
-                           {"passed", c.passed},
-                           {"outcome", !c.passed      ? "failed"
-                                       : !c.applies   ? "not applicable"
-                                       : c.count == 0 ? "nothing verified"
-                                                      : "checked"},
-                           {"count", c.count},
-                           {"worst_error", c.worst_error},
-                           {"detail", c.detail}});
-  for (const auto& [mode, m] : runs) j["runs"][mode] = m.to_json();
-  j["oracle"] = {{"sequences_run", oracle.sequences_run},
-                 {"positions_run", oracle.positions_run},
-                 {"positions_restored", oracle.positions_restored},
-                 {"comparisons_reused", oracle.comparisons_reused}};
-  j["nothing_verified"] = nothing_verified;
-  j["allow_empty"] = allow_empty;
-  return j;
-}
-
-std::string VerifyReport::to_junit() const {
-  const bool vacuous = !nothing_verified.empty() && !allow_empty;
-  std::string empty_list;
-  for (const std::string& n : nothing_verified) empty_list += (empty_list.empty() ? "" : ", ") + n;
-  std::vector<JUnitCase> cases;
-  cases.push_back({"something-verified",
-                   vacuous ? std::optional<std::string>("nothing verified for: " + empty_list) : std::nullopt, ""});
-  for (const CheckResult& c : checks)
-    cases.push_back({c.name, c.passed ? std::nullopt : std::optional<std::string>(c.detail),
-                     "count " + std::to_string(c.count) + ", worst " + fmt(c.worst_error) + "; " + c.detail});
-  return junit_xml("kvproof.verify", cases);
-}
-
-Summary VerifyReport::to_summary(std::vector<std::string> context, std::string reproducer) const {
-  Summary s;
-  s.title = "kvproof verify";
-  s.passed = passed();
-  s.context = std::move(context);
-  s.reproducer = std::move(reproducer);
-  s.columns = {"count", "worst"};
-  int64_t failed = 0;
-  for (const CheckResult& c : checks) {
-    failed += c.passed ? 0 : 1;
-    s.rows.push_back({c.name,
-                      !c.passed    ? "FAIL"
-                      : !c.applies ? "n/a"
-                                   : "PASS",
-                      {std::to_string(c.count), c.worst_error > 0 ? fmt(c.worst_error) : "-"},
-                      c.detail,
-                      ""});
-  }
-  if (!nothing_verified.empty() && !allow_empty) {
-    std::string list;
-    for (const std::string& n : nothing_verified) list += (list.empty() ? "" : ", ") + n;
-    s.rows.insert(s.rows.begin(), {"something-verified", "FAIL", {"0", "-"}, "nothing verified for: " + list, ""});
-  }
-  s.verdict_detail = std::to_string(failed) + " of " + std::to_string(checks.size()) + " checks failed" +
-                     (!nothing_verified.empty() && !allow_empty ? "; nothing verified for some" : "");
-  s.notes = report_lines_after(table(), 1 + checks.size());  // the runs, speculation and oracle lines
-  return s;
 }
 
 }  // namespace kvp::verify

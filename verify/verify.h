@@ -200,6 +200,9 @@ void check_against_reference(const ReferenceModel<double>& oracle, const Request
 
 // Errors are for bad options or a backend/engine that could not run at all; a failing check
 // is a VerifyReport with passed() == false.
+// A number as verify's reports print it ("%.3g").
+std::string fmt(double v);
+
 Result<VerifyReport> run_verify(const Model& model, const Workload& workload, const VerifyOptions& options);
 
 }  // namespace kvp::verify
