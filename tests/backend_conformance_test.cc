@@ -767,6 +767,19 @@ TEST(PlanValidation, EachLimitAcceptsItsLastValueAndRefusesOnePast) {
        },
        7},
   };
+  // Rules with no numeric limit, each refused for its own reason: a sequence with no new
+  // token, and a later new token's position (not only the first's).
+  BatchPlan two = make_plan(
+      {{{3, 6}, tokens_for(6, tiny().config.vocab_size, 80), 0}, {{1}, tokens_for(2, tiny().config.vocab_size, 81), 0}},
+      bs);
+  ASSERT_TRUE(validate_plan(two, pool, limits).is_ok());
+  two.query_start[1] = 0;  // sequence 0 has no new token
+  const Status empty = validate_plan(two, pool, limits);
+  EXPECT_NE(empty.message().find("sequence 0: query_start must increase"), std::string::npos) << empty.message();
+  BatchPlan late = good;
+  late.positions[3] = 0;
+  const Status position = validate_plan(late, pool, limits);
+  EXPECT_NE(position.message().find("positions[3] = 0, expected 3"), std::string::npos) << position.message();
   for (const Side& side : sides) {
     BatchPlan at = good, past = good;
     side.set(at, side.last);
