@@ -776,6 +776,15 @@ TEST(PlanValidation, EachLimitAcceptsItsLastValueAndRefusesOnePast) {
   two.query_start[1] = 0;  // sequence 0 has no new token
   const Status empty = validate_plan(two, pool, limits);
   EXPECT_NE(empty.message().find("sequence 0: query_start must increase"), std::string::npos) << empty.message();
+  BatchPlan audited = good;  // the audit arrays: a tenant per sequence, a holder per device block
+  audited.seq_tenants = {0};
+  audited.block_tenants.assign(8, 0);
+  EXPECT_TRUE(validate_plan(audited, pool, limits).is_ok());
+  audited.block_tenants.pop_back();
+  const Status short_audit = validate_plan(audited, pool, limits);
+  EXPECT_NE(short_audit.message().find("audit arrays must have num_seqs = 1 and num_device_blocks = 8 entries"),
+            std::string::npos)
+      << short_audit.message();
   BatchPlan late = good;
   late.positions[3] = 0;
   const Status position = validate_plan(late, pool, limits);
