@@ -142,6 +142,38 @@ TEST(Invariants, NoLeakCheckerSeesABlockKeptAfterEveryoneLeft) {
   expect_error(check_no_leak(m), "no sequences remain but device block");
 }
 
+TEST(Invariants, MappingCheckerSeesMoreFinalPositionsThanSlots) {
+  KvCacheManager m(config());
+  setup(m);
+  SequenceState& s = Peer::seq(m, 1);
+  s.num_final = s.num_slots + 1;
+  expect_error(check_mapping(m), "(expected num_final <= num_slots <= tokens)");
+}
+
+TEST(Invariants, ExclusiveWriteCheckerSeesAWriteIntoAnotherSequencesPrivateBlock) {
+  KvCacheManager m(config());
+  std::vector<int64_t> one, two;
+  ASSERT_TRUE(m.add_sequence(1, 7, iota(6)).is_ok());
+  ASSERT_TRUE(m.allocate_slots(1, 6, one).is_ok());
+  ASSERT_TRUE(m.add_sequence(2, 7, V{1, 2, 3}).is_ok());
+  ASSERT_TRUE(m.allocate_slots(2, 3, two).is_ok());
+  ASSERT_TRUE(check_exclusive_write(m, 1, one).is_ok());
+  // Sequence 1's last slot is in a block of its own (refcount 1, not cached): only the table
+  // tells that sequence 2 may not write it.
+  expect_error(check_exclusive_write(m, 2, std::vector<int64_t>{one.back()}), "which is not in its table");
+}
+
+TEST(Invariants, PrefixCacheCheckerRecomputesEachEntrysChainHash) {
+  KvCacheManager m(config());
+  setup(m);  // block 0 cached
+  ASSERT_TRUE(m.prefix_cache().contains(0));
+  PrefixCacheEntry e = m.prefix_cache().entry(0);
+  e.tokens[1] += 1;  // indexed under its old hash, which its tokens no longer give
+  Peer::cache(m).erase(0);
+  Peer::cache(m).insert(0, e);
+  expect_error(check_prefix_cache(m, nullptr), "entry hash is not the chain hash of its parent, salt and tokens");
+}
+
 // A chain of three cached blocks (tokens 0-11 of one sequence), all evictable.
 KvCacheManager& cached_chain(KvCacheManager& m) {
   EXPECT_TRUE(m.add_sequence(1, 7, iota(12)).is_ok());
@@ -163,6 +195,27 @@ TEST(Invariants, HygieneCheckerSeesABlockCachedUnderAParentNoLongerCached) {
   Peer::device(m).clear_cached(middle);
   expect_error(check_cache_reachable(m), "is unreachable: it was cached under block " + std::to_string(middle));
   expect_error(check_all(m), "hygiene");
+}
+
+TEST(Invariants, HygieneCheckerSeesACycleInACachedChain) {
+  KvCacheManager m(config());
+  cached_chain(m);
+  const std::vector<int32_t> blocks = m.prefix_cache().blocks();
+  // The chain's root made the child of its last block: root -> last -> middle -> root.
+  int32_t root = -1, last = -1;
+  for (int32_t b : blocks) {
+    if (m.prefix_cache().entry(b).parent.block < 0) root = b;
+    bool is_parent = false;
+    for (int32_t c : blocks) is_parent = is_parent || m.prefix_cache().entry(c).parent.block == b;
+    if (!is_parent) last = b;
+  }
+  ASSERT_GE(root, 0);
+  ASSERT_GE(last, 0);
+  PrefixCacheEntry e = m.prefix_cache().entry(root);
+  e.parent = Peer::device(m).handle(last);
+  Peer::cache(m).erase(root);
+  Peer::cache(m).insert(root, e);
+  expect_error(check_cache_reachable(m), "'s chain has a cycle");
 }
 
 TEST(Invariants, HygieneCheckerSeesAParentReusedUnderTheSameId) {
