@@ -79,6 +79,27 @@ TEST(ModelConfig, KvBytesPerTokenCountsKAndVInEveryLayer) {
   EXPECT_EQ(c.kv_bytes_per_token(DType::kBF16), 2 * 4 * 2 * 16 * 2);
 }
 
+// ModelConfig::validate's size limits on both sides: the largest value accepted, one more
+// refused naming the key; and the smallest (1) accepted, 0 refused.
+TEST(ModelConfig, SizeLimitsAcceptTheirLimitAndRefuseOnePast) {
+  for (const auto& [key, max] : {std::pair<const char*, int64_t>{"vocab_size", int64_t{1} << 24},
+                                 {"num_hidden_layers", 1024},
+                                 {"intermediate_size", int64_t{1} << 24},
+                                 {"max_position_embeddings", int64_t{1} << 24}}) {
+    SCOPED_TRACE(key);
+    auto j = good();
+    j[key] = max;
+    const auto at = ModelConfig::from_json(j);
+    EXPECT_TRUE(at.is_ok()) << at.status().message();
+    j[key] = max + 1;
+    expect_error(j, key);
+    j[key] = 1;
+    EXPECT_TRUE(ModelConfig::from_json(j).is_ok());
+    j[key] = 0;
+    expect_error(j, key);
+  }
+}
+
 // transformers v5's rope_parameters carries theta (and the scaling) inside it, with no
 // top-level rope_theta: the config loads with its own theta, never the 10000 default.
 TEST(ModelConfig, RopeParametersCarryTheirOwnTheta) {
