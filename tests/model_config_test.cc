@@ -142,6 +142,12 @@ TEST(ModelConfig, RopeScalingMissingAKeyItsTypeRequiresIsRefusedByName) {
     }
     j[spelling] = {{"rope_type", "linear"}};
     expect_error(j, "factor");
+    // attention_factor (YaRN's and LongRoPE's attention scaling) is refused unless it is 1.
+    j[spelling] = llama3;
+    j[spelling]["attention_factor"] = 1.0;
+    EXPECT_TRUE(ModelConfig::from_json(j).is_ok()) << spelling;
+    j[spelling]["attention_factor"] = 1.25;
+    expect_error(j, std::string(spelling) + ".attention_factor");
   }
 }
 
