@@ -78,6 +78,9 @@ struct AuditReport {
   // The job summary (--summary): the verdict, the failed checks with `reproducer`, every
   // check, then the coverage and per-tenant lines of summary().
   Summary to_summary(std::vector<std::string> context, std::string reproducer) const;
+  // The HTML report's plots: the isolation evidence's two halves, the prefix cache's reuse
+  // within each tenant and, per tenant pair, the identical prefixes against the blocks shared.
+  std::vector<Plot> plots() const;
 };
 
 Result<AuditReport> run_audit(const Model& model, const Workload& workload, const AuditOptions& options);

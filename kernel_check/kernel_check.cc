@@ -213,10 +213,14 @@ std::string Report::summary() const {
   return o.str();
 }
 
+namespace {
+// Every property a case can fail, in the order the summary and the plots list them.
+constexpr const char* kProperties[] = {
+    "accuracy",         "no-poison-leak", "finite-output", "guard-zones", "inputs-unchanged",
+    "batch-invariance", "repeatability",  "run-error",     "crash",       "timeout"};
+}  // namespace
+
 Summary Report::to_summary(std::string reproducer) const {
-  static const char* const kProperties[] = {
-      "accuracy",         "no-poison-leak", "finite-output", "guard-zones", "inputs-unchanged",
-      "batch-invariance", "repeatability",  "run-error",     "crash",       "timeout"};
   Summary s;
   s.title = "kvproof kernel-check";
   s.passed = passed();
@@ -270,6 +274,41 @@ Summary Report::to_summary(std::string reproducer) const {
   }
   if (shown > kShown) s.notes.push_back(std::to_string(shown - kShown) + " more failing cases: see the JSON report");
   return s;
+}
+
+std::vector<Plot> Report::plots() const {
+  Plot error("scatter", "Error against the fp64 reference, by case", "case id",
+             "max |kernel - reference| / max |reference| of the row", true);
+  std::map<std::string, std::size_t> series_of;  // scenario -> its series
+  PlotSeries failing("failed (any property)");
+  for (const CaseRecord& c : cases) {
+    if (c.result.skipped) continue;
+    const std::string label = c.result.passed() ? c.spec.label : std::string();
+    if (label.empty()) {
+      failing.x.push_back(static_cast<double>(c.spec.id));
+      failing.y.push_back(c.result.max_rel_error);
+      continue;
+    }
+    auto [it, added] = series_of.try_emplace(label, error.series.size());
+    if (added) error.series.emplace_back(label);
+    error.series[it->second].x.push_back(static_cast<double>(c.spec.id));
+    error.series[it->second].y.push_back(c.result.max_rel_error);
+  }
+  if (!failing.x.empty()) error.series.push_back(std::move(failing));
+  error.caption =
+      "Each case's worst row error, one colour per scenario of the grid; failing cases in their own colour. A "
+      "scenario standing above the rest (long contexts, partition edges) is where the kernel's reduction drifts.";
+  Plot by_property("bar", "Failing cases per property", "property", "cases");
+  PlotSeries failed("cases failed");
+  for (const char* property : kProperties) {
+    by_property.categories.push_back(property);
+    failed.y.push_back(static_cast<double>(
+        std::count_if(cases.begin(), cases.end(), [&](const CaseRecord& c) { return c.result.failed(property); })));
+  }
+  by_property.series.push_back(std::move(failed));
+  by_property.caption = "Every bar should be 0. A case counts once under each property it failed.";
+  if (error.series.empty()) return {by_property};
+  return {error, by_property};
 }
 
 Result<Report> run_kernel_check(const AttentionPlugin& plugin, const Options& options,

@@ -30,8 +30,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/html_report.h"
 #include "common/status.h"
-#include "common/summary.h"
 #include "kernel_check/attention_plugin_loader.h"
 #include "kvproof/attention_plugin.h"
 
@@ -131,6 +131,8 @@ struct Report {
   // The job summary (--summary): the verdict, each failed property with its first failing
   // case and that case's reproducer, a row per property, then the failing cases (20 at most).
   Summary to_summary(std::string reproducer) const;
+  // The HTML report's plots: each case's error by scenario, and the failing cases per property.
+  std::vector<Plot> plots() const;
 };
 
 // Runs the grid (or one case of it) on a loaded plug-in. `on_case` is called after each case.

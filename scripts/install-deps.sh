@@ -11,6 +11,7 @@ packages=(
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
   clang clang-format libclang-rt-14-dev llvm valgrind
   python3 python3-matplotlib
+  chromium poppler-utils
 )
 
 missing=()

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "common/html_report.h"
 #include "simulate/simulate.h"
 
 namespace kvp::sim {
@@ -24,5 +25,9 @@ std::string to_csv(const std::vector<SimRun>& runs);
 std::string format_table(const std::vector<SimRun>& runs);
 // The pool and speed lines printed above the table.
 std::string format_header(const SimReport& r);
+// The HTML report's plots (--html): KV memory in use and the queues over simulated time, one
+// line per run, and the TTFT distribution (the runs' own view; scripts/plot_simulation.py
+// draws more from the JSON).
+std::vector<verify::Plot> plots(const std::vector<SimRun>& runs);
 
 }  // namespace kvp::sim

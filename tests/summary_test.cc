@@ -2,7 +2,9 @@
 // reproducers before the table, Markdown that a table cell or a code span cannot break, and
 // a file that collects every step's summary.
 #include "common/summary.h"
+#include "common/html_report.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -83,6 +85,59 @@ TEST(Summary, AppendsToTheFileAndNamesAFileItCannotWrite) {
 TEST(Summary, TheCommandLineQuotesWhatTheShellWouldSplitOrExpand) {
   const char* argv[] = {"build/bin/kvproof", "verify", "--workload", "my file.json", "--x", "it's", "a=b,c", ""};
   EXPECT_EQ(shell_command_line(8, argv), "build/bin/kvproof verify --workload 'my file.json' --x 'it'\\''s' a=b,c ''");
+}
+
+TEST(Html, EscapesTextAndAttributes) {
+  EXPECT_EQ(html_escape("<a href=\"x\">&'</a>"), "&lt;a href=&quot;x&quot;&gt;&amp;&#39;&lt;/a&gt;");
+}
+
+TEST(Html, AFailingPageShowsItsFailuresBeforeTheTableAndEscapesThem) {
+  Summary s = two_checks(false);
+  s.rows.back().detail = "<script>alert(1)</script>";
+  const std::string page = html_page(s, {}, {});
+  const std::size_t verdict = page.find("Verdict: FAIL"), failure = page.find("FAILED: "),
+                    table = page.find("<section id=\"checks\">");
+  ASSERT_NE(verdict, std::string::npos) << page;
+  ASSERT_NE(failure, std::string::npos) << page;
+  ASSERT_NE(table, std::string::npos) << page;
+  EXPECT_LT(verdict, failure);
+  EXPECT_LT(failure, table);
+  EXPECT_EQ(page.find("<script>"), std::string::npos) << "a check's text became markup";
+  EXPECT_EQ(page.find("FAILED: ", failure + 1), std::string::npos) << "one failing row, one failure shown";
+  EXPECT_EQ(html_page(two_checks(true), {}, {}).find("FAILED: "), std::string::npos);
+}
+
+TEST(Html, PlotsThatCannotBeDrawnLeaveANoticeNamingWhy) {
+  Plot p("line", "by position", "position", "error");
+  p.series.emplace_back("a", std::vector<double>{0, 1}, std::vector<double>{1e-7, 2e-7});
+  Figures none;
+  none.unavailable = "no python3 with matplotlib drew them (python3: exit 3)";
+  const std::string page = html_page(two_checks(true), {p}, none);
+  EXPECT_NE(page.find("Plots not drawn: no python3 with matplotlib drew them (python3: exit 3)"), std::string::npos);
+  EXPECT_NE(page.find("by position: not drawn"), std::string::npos);
+  EXPECT_EQ(page.find("<svg"), std::string::npos);
+  setenv("KVP_PYTHON", "/nonexistent/python3", 1);
+  const Figures f = draw_plots({p});
+  unsetenv("KVP_PYTHON");
+  EXPECT_TRUE(f.svg.empty());
+  EXPECT_NE(f.unavailable.find("/nonexistent/python3: exit 127"), std::string::npos) << f.unavailable;
+}
+
+TEST(Html, AMarkdownTableBecomesATable) {
+  Summary s;
+  s.title = "kvproof simulate";
+  s.raw_markdown = "| policy | a\\|b |\n|---|---|\n| paged | 1 |\n";
+  const std::string page = html_page(s, {}, {});
+  EXPECT_NE(page.find("<tr><th>policy</th><th>a|b</th></tr>"), std::string::npos) << page;
+  EXPECT_NE(page.find("<tr><td>paged</td><td>1</td></tr>"), std::string::npos) << page;
+  EXPECT_EQ(page.find("---"), std::string::npos) << "the separator row was kept";
+  EXPECT_EQ(page.find("Verdict:"), std::string::npos) << "a report without a verdict got one";
+}
+
+TEST(Html, APageThatCannotBeWrittenIsNamed) {
+  const Status bad = write_html("/nonexistent-dir/x.html", two_checks(true), {});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.message(), "--html /nonexistent-dir/x.html: cannot open for writing");
 }
 
 }  // namespace

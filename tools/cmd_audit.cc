@@ -18,7 +18,7 @@ namespace {
 
 struct AuditFlags {
   RunInputs inputs;
-  std::string preemption = "recompute", json_out, event_log, kv_events, replay, summary_out, command_line;
+  std::string preemption = "recompute", json_out, event_log, kv_events, replay, summary_out, html_out, command_line;
   KvEventsPublishOptions publish;
   double duration = 10;
   BackendChoice backend;
@@ -37,6 +37,10 @@ void add_audit_flags(CLI::App& cmd, AuditFlags& f) {
   cmd.add_option(
       "--summary", f.summary_out,
       "append the report as GitHub-flavoured Markdown to this file (a CI job summary: $GITHUB_STEP_SUMMARY)");
+  cmd.add_option("--html", f.html_out,
+                 "write the report as one self-contained HTML page to this file, with the isolation evidence plotted "
+                 "(reuse within and across tenants; for --kv-events, the violations per checker and the blocks held "
+                 "per namespace)");
   cmd.add_option("--kv-events", f.kv_events,
                  "instead of running kvproof's engine, audit a recorded vLLM-format KV-event stream "
                  "(docs/kv-events.md): sequence gaps, removals of blocks never stored, blocks stored twice, block "
@@ -73,6 +77,8 @@ Result<int> audit_stream(const AuditFlags& f) {
     std::ofstream(f.json_out) << audit->to_json().dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   if (!f.summary_out.empty())
     KVP_RETURN_IF_ERROR(verify::append_summary(f.summary_out, audit->to_summary(f.command_line)));
+  if (!f.html_out.empty())
+    KVP_RETURN_IF_ERROR(verify::write_html(f.html_out, audit->to_summary(f.command_line), audit->plots()));
   return audit->passed() ? kExitOk : kExitCheckFailed;
 }
 
@@ -106,6 +112,8 @@ Result<int> audit_engine(const AuditFlags& f) {
   if (!f.json_out.empty()) std::ofstream(f.json_out) << report->to_json().dump(2) << "\n";
   if (!f.summary_out.empty())
     KVP_RETURN_IF_ERROR(verify::append_summary(f.summary_out, report->to_summary({context}, f.command_line)));
+  if (!f.html_out.empty())
+    KVP_RETURN_IF_ERROR(verify::write_html(f.html_out, report->to_summary({context}, f.command_line), report->plots()));
   return report->passed() ? kExitOk : kExitCheckFailed;
 }
 

@@ -13,7 +13,7 @@ namespace {
 namespace kc = verify::kernel_check;
 
 struct KernelCheckFlags {
-  std::string plugin, grid = "quick", shard, json_out, junit_out, summary_out, command_line;
+  std::string plugin, grid = "quick", shard, json_out, junit_out, summary_out, html_out, command_line;
   int64_t case_id = -1;
   double timeout_s = 30.0;
   int64_t max_failures = 0;
@@ -40,6 +40,9 @@ void add_kernel_check_flags(CLI::App& cmd, KernelCheckFlags& f) {
   cmd.add_option(
       "--summary", f.summary_out,
       "append the report as GitHub-flavoured Markdown to this file (a CI job summary: $GITHUB_STEP_SUMMARY)");
+  cmd.add_option("--html", f.html_out,
+                 "write the report as one self-contained HTML page to this file, with each case's error and the "
+                 "failing cases per property plotted");
   cmd.add_option("--merge", f.merge, "join these shard JSON reports into one verdict (no --plugin)");
 }
 
@@ -48,6 +51,8 @@ Result<int> merge_shards(const KernelCheckFlags& f) {
   if (!f.plugin.empty()) return Status::error("--merge joins reports; it takes no --plugin");
   if (!f.summary_out.empty())
     return Status::error("--summary is written by each shard's run, not by --merge (it has no cases to list)");
+  if (!f.html_out.empty())
+    return Status::error("--html is written by each shard's run, not by --merge (it has no cases to plot)");
   std::vector<nlohmann::json> reports;
   for (const std::string& path : f.merge) {
     std::ifstream in(path);
@@ -101,6 +106,8 @@ Result<int> run_kernel_check_command(const KernelCheckFlags& f) {
   if (!f.junit_out.empty()) std::ofstream(f.junit_out) << report->to_junit();
   if (!f.summary_out.empty())
     KVP_RETURN_IF_ERROR(verify::append_summary(f.summary_out, report->to_summary(f.command_line)));
+  if (!f.html_out.empty())
+    KVP_RETURN_IF_ERROR(verify::write_html(f.html_out, report->to_summary(f.command_line), report->plots()));
   return report->passed() ? kExitOk : kExitCheckFailed;
 }
 

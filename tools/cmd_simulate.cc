@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/summary.h"
+#include "common/html_report.h"
 #include "simulate/report.h"
 #include "simulate/simulate.h"
 #include "tools/bad_input.h"
@@ -72,7 +72,7 @@ struct SimulateFlags {
   std::string prefix_sharing = "on";
   double speed = 1, duration = 0;
   int64_t num_requests = 0;
-  std::string json_path, csv_path, summary_path, command_line;
+  std::string json_path, csv_path, summary_path, html_path, command_line;
   std::vector<std::string> sweep;
 };
 
@@ -114,6 +114,9 @@ void add_simulate_flags(CLI::App* cmd, SimulateFlags& f) {
   cmd->add_option("--summary", f.summary_path,
                   "append the runs' table as GitHub-flavoured Markdown to this file (a CI job summary: "
                   "$GITHUB_STEP_SUMMARY)");
+  cmd->add_option("--html", f.html_path,
+                  "write the runs as one self-contained HTML page to this file, with the memory and queue timelines "
+                  "and the TTFT distribution plotted");
   cmd->add_option("--csv", f.csv_path, "write one CSV row per run");
   cmd->add_option("--sweep", f.sweep,
                   "key=v1,v2,... (repeatable): block-size, admission, preemption, max-model-len, rate, policy, "
@@ -201,7 +204,7 @@ Status report_runs(const std::vector<sim::SimRun>& runs, const SimulateFlags& f,
               static_cast<long long>(token_steps), wall, wall > 0 ? static_cast<double>(token_steps) / wall / 1e6 : 0.0,
               checked ? ", every invariant checker after every step, every memory sample recounted" : "");
   std::printf("%s", sim::format_table(runs).c_str());
-  if (!f.summary_path.empty()) {
+  if (!f.summary_path.empty() || !f.html_path.empty()) {
     verify::Summary s;
     s.title = "kvproof simulate";
     s.verdict_detail = std::to_string(runs.size()) + " run(s), " + std::to_string(token_steps) +
@@ -211,7 +214,8 @@ Status report_runs(const std::vector<sim::SimRun>& runs, const SimulateFlags& f,
     for (std::string line; std::getline(header, line);) s.context.push_back(line);
     s.reproducer = f.command_line;
     s.raw_markdown = sim::format_table(runs);
-    KVP_RETURN_IF_ERROR(verify::append_summary(f.summary_path, s));
+    if (!f.summary_path.empty()) KVP_RETURN_IF_ERROR(verify::append_summary(f.summary_path, s));
+    if (!f.html_path.empty()) KVP_RETURN_IF_ERROR(verify::write_html(f.html_path, s, sim::plots(runs)));
   }
   if (!f.json_path.empty() && !write_file(f.json_path, sim::to_json(runs).dump(1) + "\n"))
     return Status::error(f.json_path + ": cannot write");

@@ -20,7 +20,7 @@ struct VerifyFlags {
   RunInputs inputs;
   std::string preemption = "both", admission = "optimistic";
   BackendChoice backend;
-  std::string json_out, junit_out, summary_out, command_line;
+  std::string json_out, junit_out, summary_out, html_out, command_line;
   std::string speculate = "off";
   std::string attention_plugin;
   KvEventsPublishOptions publish;
@@ -68,6 +68,9 @@ void add_verify_flags(CLI::App& cmd, VerifyFlags& f) {
   cmd.add_option(
       "--summary", f.summary_out,
       "append the report as GitHub-flavoured Markdown to this file (a CI job summary: $GITHUB_STEP_SUMMARY)");
+  cmd.add_option("--html", f.html_out,
+                 "write the report as one self-contained HTML page to this file, with the error against the oracle "
+                 "plotted by position and by request");
 }
 
 // The flags as VerifyOptions for this model (the plug-in, when given, loaded into `plugin`).
@@ -124,6 +127,8 @@ Result<int> run_verify_command(const VerifyFlags& f) {
   if (!f.junit_out.empty()) std::ofstream(f.junit_out) << report->to_junit();
   if (!f.summary_out.empty())
     KVP_RETURN_IF_ERROR(verify::append_summary(f.summary_out, report->to_summary({context}, f.command_line)));
+  if (!f.html_out.empty())
+    KVP_RETURN_IF_ERROR(verify::write_html(f.html_out, report->to_summary({context}, f.command_line), report->plots()));
   return report->passed() ? kExitOk : kExitCheckFailed;
 }
 

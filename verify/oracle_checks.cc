@@ -178,12 +178,20 @@ Result<std::vector<RowComparison>> compare_job(const ReferenceModel<double>& ora
 
 void apply_comparisons(const OracleJob& job, const std::vector<RowComparison>& rows, double tol, CheckResult& logits,
                        CheckResult& greedy) {
+  double request_worst = 0;
+  bool any = false;
   for (std::size_t p = 0; p < rows.size(); ++p) {
     const RowComparison& c = rows[p];
     if (!c.present) continue;
     ++logits.count;
     const double rel = c.err / c.scale;
     logits.worst_error = std::max(logits.worst_error, rel);
+    if (logits.worst_by_position.size() <= p) logits.worst_by_position.resize(p + 1, 0.0);
+    // A NaN row (err inf) stays the worst: max() would keep a NaN's predecessor.
+    logits.worst_by_position[p] =
+        rel > logits.worst_by_position[p] || std::isnan(rel) ? rel : logits.worst_by_position[p];
+    request_worst = rel > request_worst || std::isnan(rel) ? rel : request_worst;
+    any = true;
     if (!(rel <= tol) && logits.passed) {
       logits.passed = false;
       logits.detail = job.label + " position " + std::to_string(p) +
@@ -203,6 +211,7 @@ void apply_comparisons(const OracleJob& job, const std::vector<RowComparison>& r
                       ", reference arg-max " + std::to_string(c.best);
     }
   }
+  if (any) logits.worst_by_request.emplace_back(job.label, request_worst);
 }
 
 OracleChecks::OracleChecks(const ReferenceModel<double>& oracle, Options options)

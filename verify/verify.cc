@@ -788,6 +788,7 @@ Result<VerifyReport> run_verify(const Model& model, const Workload& workload_in,
   checks.finish();
   for (ModeOutcome& m : modes) report_mode(o, m, report);
   report.oracle = checks.stats();
+  report.tolerance = tolerance_for(o).value;
   return report;
 }
 

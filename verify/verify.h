@@ -47,8 +47,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "common/html_report.h"
 #include "common/status.h"
-#include "common/summary.h"
 #include "model/weights.h"
 #include "optimized/backends/backend_factory.h"
 #include "optimized/backends/cpu_backend.h"
@@ -137,6 +137,11 @@ struct CheckResult {
   // Whether the run gave this check something to see (a greedy check on a workload with
   // no greedy request does not apply). A check that applies and saw nothing is vacuous.
   bool applies = true;
+  // The logits check's errors (relative to the row's largest reference logit, as
+  // worst_error), for the HTML report's plots: the worst at each position over the requests
+  // compared, and each request's worst, in the order compared.
+  std::vector<double> worst_by_position;
+  std::vector<std::pair<std::string, double>> worst_by_request;
 };
 
 struct VerifyReport {
@@ -147,7 +152,8 @@ struct VerifyReport {
   std::vector<std::string> nothing_verified;
   bool allow_empty = false;
   std::vector<std::pair<std::string, EngineMetrics>> runs;  // per preemption mode
-  OracleStats oracle;  // the oracle's work: sequences and positions run, what was reused
+  OracleStats oracle;    // the oracle's work: sequences and positions run, what was reused
+  double tolerance = 0;  // the logits checks' (relative to the row's largest reference logit)
   bool passed() const;
   std::string table() const;
   nlohmann::json to_json() const;
@@ -155,6 +161,9 @@ struct VerifyReport {
   // The job summary (--summary): the verdict, the failed checks (each reproduced by
   // `reproducer`, the run's command line), every check, and the run and oracle lines.
   Summary to_summary(std::vector<std::string> context, std::string reproducer) const;
+  // The HTML report's plots: the error against the fp64 oracle by position and by request,
+  // one series per preemption mode, with the tolerance drawn across.
+  std::vector<Plot> plots() const;
 };
 
 // Shared by verify and audit.

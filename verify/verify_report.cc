@@ -139,3 +139,36 @@ Summary VerifyReport::to_summary(std::vector<std::string> context, std::string r
 }
 
 }  // namespace kvp::verify
+
+namespace kvp::verify {
+
+std::vector<Plot> VerifyReport::plots() const {
+  Plot by_position("line", "Error against the fp64 oracle, by position", "position in the sequence",
+                   "worst |engine - oracle| / max |oracle| of the row", true);
+  Plot by_request("scatter", "Error against the fp64 oracle, by request", "request", "its worst relative error", true);
+  for (const CheckResult& c : checks) {
+    if (c.worst_by_position.empty() && c.worst_by_request.empty()) continue;
+    by_position.series.emplace_back(c.name, std::vector<double>{}, c.worst_by_position);
+    PlotSeries requests(c.name);
+    for (const auto& [label, worst] : c.worst_by_request) {
+      // "request 7": plotted at 7; a label without a number at its place in the list.
+      const std::size_t digits = label.find_last_not_of("0123456789");
+      const std::string number = digits == std::string::npos ? label : label.substr(digits + 1);
+      requests.x.push_back(number.empty() ? static_cast<double>(requests.x.size()) : std::stod(number));
+      requests.y.push_back(worst);
+    }
+    by_request.series.push_back(std::move(requests));
+  }
+  if (by_position.series.empty()) return {};
+  for (Plot* p : {&by_position, &by_request}) p->hlines.push_back({tolerance, "tolerance " + fmt(tolerance)});
+  by_position.caption =
+      "Each position's worst error over the requests compared, one line per preemption mode. An error growing with "
+      "position points at the cache (a stale or misplaced block, a wrong RoPE position); a line above the "
+      "tolerance fails logits-vs-reference.";
+  by_request.caption =
+      "Each request's worst error over its positions. A request far above the others read state it should not "
+      "have (another request's, or a freed block).";
+  return {by_position, by_request};
+}
+
+}  // namespace kvp::verify

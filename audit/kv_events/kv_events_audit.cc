@@ -392,4 +392,33 @@ verify::Summary KvEventAudit::to_summary(std::string reproducer) const {
   return s;
 }
 
+std::vector<verify::Plot> KvEventAudit::plots() const {
+  verify::Plot by_checker("bar", "Violations per checker", "checker", "violations");
+  verify::PlotSeries counts("violations");
+  for (const char* reason : {kSequenceGap, kRemovedNotStored, kStoredTwice, kTokenCount, kBlockSizeChanged,
+                             kNamespaceCrossing, kNamespaceMerge, kStaleAfterClear}) {
+    by_checker.categories.push_back(reason);
+    counts.y.push_back(static_cast<double>(
+        std::count_if(violations.begin(), violations.end(), [&](const Violation& v) { return v.reason == reason; })));
+  }
+  by_checker.series.push_back(std::move(counts));
+  by_checker.caption = "Every bar should be 0: each is one checker's violations over the whole stream.";
+  std::vector<verify::Plot> plots{std::move(by_checker)};
+  if (!mirror.held_per_namespace.empty()) {
+    verify::Plot held("bar", "Blocks held at the end of the stream, per namespace", "namespace (adapter, cache salt)",
+                      "blocks");
+    verify::PlotSeries blocks("blocks held");
+    for (const auto& [ns, n] : mirror.held_per_namespace) {
+      held.categories.push_back(ns);
+      blocks.y.push_back(static_cast<double>(n));
+    }
+    held.series.push_back(std::move(blocks));
+    held.caption =
+        "The mirror of the engine's cache rebuilt from the events alone: what each tenant (salt) or adapter holds. A "
+        "namespace a deployment does not have is a hash that leaked across.";
+    plots.push_back(std::move(held));
+  }
+  return plots;
+}
+
 }  // namespace kvp::kv_events

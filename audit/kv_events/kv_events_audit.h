@@ -23,7 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "audit/kv_events/kv_events.h"
-#include "common/summary.h"
+#include "common/html_report.h"
 
 namespace kvp::kv_events {
 
@@ -93,6 +93,9 @@ struct KvEventAudit {
   // The job summary (--summary): the verdict, a row per checker (its violations, the first
   // named in full; the first 20 violations after the table), then the mirror at the end.
   verify::Summary to_summary(std::string reproducer) const;
+  // The HTML report's plots: violations per checker, and the blocks held at the end per
+  // namespace (cache salt, adapter) and per medium.
+  std::vector<verify::Plot> plots() const;
 };
 
 // Every checker and the mirror over the stream. `frames` counts what arrived, duplicates too.
