@@ -77,7 +77,7 @@ std::string markdown_tables_html(const std::string& md) {
   int row = 0;
   for (std::string line; std::getline(lines, line);) {
     if (line.size() >= 2 && line.front() == '|') {
-      if (!in_table) html += "<table class=\"data\">\n";
+      if (!in_table) html += "<div class=\"wide\"><table class=\"data\">\n";
       in_table = true;
       std::vector<std::string> cells;
       std::string cell;
@@ -104,13 +104,13 @@ std::string markdown_tables_html(const std::string& md) {
       html += "</tr>\n";
       ++row;
     } else {
-      if (in_table) html += "</table>\n";
+      if (in_table) html += "</table></div>\n";
       in_table = false;
       row = 0;
       if (!line.empty()) html += "<p>" + html_escape(line) + "</p>\n";
     }
   }
-  if (in_table) html += "</table>\n";
+  if (in_table) html += "</table></div>\n";
   return html;
 }
 
@@ -134,6 +134,8 @@ td.PASS { color: #116329; font-weight: 600; }
 td.FAIL { color: #a40e26; font-weight: 600; }
 td:first-child { white-space: nowrap; }
 pre { white-space: pre-wrap; }
+.wide { overflow-x: auto; }
+table.data { font-size: 0.75em; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 figure { margin: 1em 0; page-break-inside: avoid; }
 figure svg { max-width: 100%; height: auto; }

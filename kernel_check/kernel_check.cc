@@ -278,7 +278,7 @@ Summary Report::to_summary(std::string reproducer) const {
 
 std::vector<Plot> Report::plots() const {
   Plot error("scatter", "Error against the fp64 reference, by case", "case id",
-             "max |kernel - reference| / max |reference| of the row", true);
+             "worst |kernel - ref| / max |ref| of a row", true);
   std::map<std::string, std::size_t> series_of;  // scenario -> its series
   PlotSeries failing("failed (any property)");
   for (const CaseRecord& c : cases) {

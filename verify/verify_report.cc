@@ -162,7 +162,8 @@ std::vector<Plot> VerifyReport::plots() const {
   if (by_position.series.empty()) return {};
   for (Plot* p : {&by_position, &by_request}) p->hlines.push_back({tolerance, "tolerance " + fmt(tolerance)});
   by_position.caption =
-      "Each position's worst error over the requests compared, one line per preemption mode. An error growing with "
+      "Each position's worst error over the requests compared, one line per preemption mode (modes whose rows are the "
+      "same bits draw one line over the other). An error growing with "
       "position points at the cache (a stale or misplaced block, a wrong RoPE position); a line above the "
       "tolerance fails logits-vs-reference.";
   by_request.caption =
