@@ -232,9 +232,7 @@ std::string html_page(const Summary& s, const std::vector<Plot>& plots, const Fi
     for (const std::string& c : s.context) h += "<li>" + html_escape(c) + "</li>\n";
     h += "</ul>\n";
   }
-  std::vector<const SummaryRow*> failed;
-  for (const SummaryRow& r : s.rows)
-    if (r.result == "FAIL") failed.push_back(&r);
+  const std::vector<const SummaryRow*> failed = failed_rows(s);
   if (!failed.empty()) {
     h += "<section id=\"failures\">\n<h2>Failed (" + std::to_string(failed.size()) + ")</h2>\n";
     for (const SummaryRow* r : failed) {
@@ -298,6 +296,13 @@ Status write_html(const std::string& path, const Summary& s, const std::vector<P
   out << html_page(s, plots, figures);
   out.flush();
   if (!out) return Status::error("--html " + path + ": cannot write");
+  return Status::ok();
+}
+
+Status write_summary_and_page(const std::string& summary_path, const std::string& html_path, const Summary& s,
+                              const std::function<std::vector<Plot>()>& plots) {
+  if (!summary_path.empty()) KVP_RETURN_IF_ERROR(append_summary(summary_path, s));
+  if (!html_path.empty()) KVP_RETURN_IF_ERROR(write_html(html_path, s, plots()));
   return Status::ok();
 }
 

@@ -6,6 +6,7 @@
 // offline and prints as it shows. Shared by verify, audit (both kinds), kernel-check, simulate.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,6 +61,11 @@ std::string html_page(const Summary& s, const std::vector<Plot>& plots, const Fi
 // not fail the command (the verdict is the run's, not the plotting's): the page says why and
 // a warning goes to stderr. Error: the file cannot be written, naming it.
 Status write_html(const std::string& path, const Summary& s, const std::vector<Plot>& plots);
+
+// A command's --summary and --html (either path empty: not written) from one Summary; the
+// plots are made only for a page.
+Status write_summary_and_page(const std::string& summary_path, const std::string& html_path, const Summary& s,
+                              const std::function<std::vector<Plot>()>& plots);
 
 // Text escaped for HTML element content and attribute values.
 std::string html_escape(const std::string& text);

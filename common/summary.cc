@@ -41,14 +41,19 @@ std::string badge(const std::string& result) {
 
 }  // namespace
 
+std::vector<const SummaryRow*> failed_rows(const Summary& s) {
+  std::vector<const SummaryRow*> failed;
+  for (const SummaryRow& r : s.rows)
+    if (r.result == "FAIL") failed.push_back(&r);
+  return failed;
+}
+
 std::string summary_markdown(const Summary& s) {
   std::string md = "## " + s.title + (!s.passed ? "" : *s.passed ? ": ✅ PASS" : ": ❌ FAIL") + "\n\n";
   if (!s.verdict_detail.empty()) md += s.verdict_detail + "\n\n";
   for (const std::string& line : s.context) md += cell(line) + "  \n";
   if (!s.context.empty()) md += "\n";
-  std::vector<const SummaryRow*> failed;
-  for (const SummaryRow& r : s.rows)
-    if (r.result == "FAIL") failed.push_back(&r);
+  const std::vector<const SummaryRow*> failed = failed_rows(s);
   if (!failed.empty()) {
     md += "### Failed (" + std::to_string(failed.size()) + ")\n\n";
     for (const SummaryRow* r : failed) {

@@ -34,6 +34,9 @@ struct Summary {
   std::string raw_markdown;           // appended as is after the notes (simulate's own table)
 };
 
+// The FAIL rows, in table order: what both renderings show first.
+std::vector<const SummaryRow*> failed_rows(const Summary& s);
+
 // The summary as Markdown. Table cells escape '|' and turn newlines into <br>; the reproducers
 // are code spans.
 std::string summary_markdown(const Summary& s);

@@ -75,10 +75,9 @@ Result<int> audit_stream(const AuditFlags& f) {
   std::printf("%s", audit->summary().c_str());
   if (!f.json_out.empty())
     std::ofstream(f.json_out) << audit->to_json().dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-  if (!f.summary_out.empty())
-    KVP_RETURN_IF_ERROR(verify::append_summary(f.summary_out, audit->to_summary(f.command_line)));
-  if (!f.html_out.empty())
-    KVP_RETURN_IF_ERROR(verify::write_html(f.html_out, audit->to_summary(f.command_line), audit->plots()));
+  if (!f.summary_out.empty() || !f.html_out.empty())
+    KVP_RETURN_IF_ERROR(verify::write_summary_and_page(f.summary_out, f.html_out, audit->to_summary(f.command_line),
+                                                       [&] { return audit->plots(); }));
   return audit->passed() ? kExitOk : kExitCheckFailed;
 }
 
@@ -110,10 +109,9 @@ Result<int> audit_engine(const AuditFlags& f) {
   if (!report) return report.status();
   std::printf("%s", report->summary().c_str());
   if (!f.json_out.empty()) std::ofstream(f.json_out) << report->to_json().dump(2) << "\n";
-  if (!f.summary_out.empty())
-    KVP_RETURN_IF_ERROR(verify::append_summary(f.summary_out, report->to_summary({context}, f.command_line)));
-  if (!f.html_out.empty())
-    KVP_RETURN_IF_ERROR(verify::write_html(f.html_out, report->to_summary({context}, f.command_line), report->plots()));
+  if (!f.summary_out.empty() || !f.html_out.empty())
+    KVP_RETURN_IF_ERROR(verify::write_summary_and_page(
+        f.summary_out, f.html_out, report->to_summary({context}, f.command_line), [&] { return report->plots(); }));
   return report->passed() ? kExitOk : kExitCheckFailed;
 }
 

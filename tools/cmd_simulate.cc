@@ -214,8 +214,8 @@ Status report_runs(const std::vector<sim::SimRun>& runs, const SimulateFlags& f,
     for (std::string line; std::getline(header, line);) s.context.push_back(line);
     s.reproducer = f.command_line;
     s.raw_markdown = sim::format_table(runs);
-    if (!f.summary_path.empty()) KVP_RETURN_IF_ERROR(verify::append_summary(f.summary_path, s));
-    if (!f.html_path.empty()) KVP_RETURN_IF_ERROR(verify::write_html(f.html_path, s, sim::plots(runs)));
+    KVP_RETURN_IF_ERROR(
+        verify::write_summary_and_page(f.summary_path, f.html_path, s, [&] { return sim::plots(runs); }));
   }
   if (!f.json_path.empty() && !write_file(f.json_path, sim::to_json(runs).dump(1) + "\n"))
     return Status::error(f.json_path + ": cannot write");

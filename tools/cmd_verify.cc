@@ -125,10 +125,9 @@ Result<int> run_verify_command(const VerifyFlags& f) {
   std::printf("%s", report->table().c_str());
   if (!f.json_out.empty()) std::ofstream(f.json_out) << report->to_json().dump(2) << "\n";
   if (!f.junit_out.empty()) std::ofstream(f.junit_out) << report->to_junit();
-  if (!f.summary_out.empty())
-    KVP_RETURN_IF_ERROR(verify::append_summary(f.summary_out, report->to_summary({context}, f.command_line)));
-  if (!f.html_out.empty())
-    KVP_RETURN_IF_ERROR(verify::write_html(f.html_out, report->to_summary({context}, f.command_line), report->plots()));
+  if (!f.summary_out.empty() || !f.html_out.empty())
+    KVP_RETURN_IF_ERROR(verify::write_summary_and_page(
+        f.summary_out, f.html_out, report->to_summary({context}, f.command_line), [&] { return report->plots(); }));
   return report->passed() ? kExitOk : kExitCheckFailed;
 }
 

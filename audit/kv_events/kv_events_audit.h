@@ -94,7 +94,7 @@ struct KvEventAudit {
   // named in full; the first 20 violations after the table), then the mirror at the end.
   verify::Summary to_summary(std::string reproducer) const;
   // The HTML report's plots: violations per checker, and the blocks held at the end per
-  // namespace (cache salt, adapter) and per medium.
+  // namespace (cache salt, adapter).
   std::vector<verify::Plot> plots() const;
 };
 
