@@ -1,5 +1,7 @@
 #include "model/checkpoint.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <fstream>
 #include <set>
@@ -200,6 +202,8 @@ Result<Model> load_checkpoint(const fs::path& dir) {
   const std::string kind = std::string(architecture_class_name(m.config.architecture)) +
                            (m.config.tie_word_embeddings ? " model with tied embeddings" : " model") +
                            " with this config";
+  for (int64_t l = 0; l < m.config.num_layers; ++l)
+    for (bool k : {true, false}) expected_names.insert(kv_scale_tensor_name(l, k));  // read by load_kv_scales
   for (const auto& [name, source] : open.tensors) {
     if (!expected_names.count(name))
       return Status::error(source.path.string() + ": tensor " + quoted(name) + ": unexpected (not part of a " + kind +
@@ -221,9 +225,69 @@ Result<Model> load_checkpoint(const fs::path& dir) {
   return m;
 }
 
+std::string kv_scale_tensor_name(int64_t layer, bool k) {
+  return "model.layers." + std::to_string(layer) + (k ? ".self_attn.k_scale" : ".self_attn.v_scale");
+}
+
+Result<std::optional<CheckpointKvScales>> load_kv_scales(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return Status::error(dir.string() + ": not a directory");
+  auto config = load_config(dir);
+  if (!config) return config.status();
+  OpenCheckpoint open;
+  const fs::path single = dir / kSingleFileName;
+  if (fs::exists(single, ec) || !fs::exists(dir / kShardIndexName, ec)) {
+    KVP_RETURN_IF_ERROR(open_single(single, open));
+  } else {
+    KVP_RETURN_IF_ERROR(open_sharded(dir, open));
+  }
+  const int64_t layers = config->num_layers;
+  const int64_t heads = config->num_kv_heads;
+  int64_t found = 0;
+  for (int64_t l = 0; l < layers; ++l)
+    for (bool k : {true, false}) found += open.tensors.count(kv_scale_tensor_name(l, k)) > 0 ? 1 : 0;
+  if (found == 0) return std::optional<CheckpointKvScales>();
+  CheckpointKvScales out;
+  out.k.resize(static_cast<std::size_t>(layers * heads));
+  out.v.resize(out.k.size());
+  std::optional<bool> per_head;
+  for (int64_t l = 0; l < layers; ++l) {
+    for (bool k : {true, false}) {
+      const std::string name = kv_scale_tensor_name(l, k);
+      auto it = open.tensors.find(name);
+      if (it == open.tensors.end())
+        return Status::error(dir.string() + ": tensor " + quoted(name) + ": missing (the checkpoint has " +
+                             std::to_string(found) + " of the " + std::to_string(2 * layers) +
+                             " KV scales: every layer needs k_scale and v_scale)");
+      const SafetensorsEntry& e = *it->second.entry;
+      const auto n = static_cast<int64_t>(e.num_elements());
+      const bool scalar = n == 1 && e.shape.size() <= 1;
+      const bool head = e.shape == std::vector<int64_t>{heads};
+      if (!scalar && !head)
+        return Status::error(it->second.path.string() + ": tensor " + quoted(name) + ": shape " + shape_str(e.shape) +
+                             " is neither a scalar nor [num_kv_heads] = [" + std::to_string(heads) + "]");
+      if (per_head && *per_head != (head && heads > 1))
+        return Status::error(it->second.path.string() + ": tensor " + quoted(name) +
+                             ": mixes per-tensor and per-head KV scales");
+      per_head = head && heads > 1;
+      std::vector<float> v(static_cast<std::size_t>(n));
+      it->second.file->read_f32(e, std::span<float>(v));
+      for (int64_t h = 0; h < heads; ++h) {
+        const float x = v[static_cast<std::size_t>(scalar ? 0 : h)];
+        if (!(x > 0.0f) || !std::isfinite(x))
+          return Status::error(it->second.path.string() + ": tensor " + quoted(name) + ": scale " + std::to_string(x) +
+                               " is not finite and > 0");
+        (k ? out.k : out.v)[static_cast<std::size_t>(l * heads + h)] = x;
+      }
+    }
+  }
+  out.per_head = per_head.value_or(false);
+  return std::optional<CheckpointKvScales>(std::move(out));
+}
+
 Status save_checkpoint(const Model& model, const fs::path& dir, DType dtype, int shards) {
   KVP_RETURN_IF_ERROR(model.config.validate().with_context("config"));
-  if (dtype == DType::kF64) return Status::error("checkpoint dtype must be f32, f16 or bf16");
+  if (dtype == DType::kF64 || is_fp8(dtype)) return Status::error("checkpoint dtype must be f32, f16 or bf16");
   // named_tensors hands out mutable views; they are only read here (a copy of a 1B model's
   // weights would double the export's memory).
   Model& weights_view = const_cast<Model&>(model);

@@ -42,6 +42,20 @@ Result<ShardIndex> parse_shard_index(std::string_view text);
 // one, each in the shard its index names and in no other.
 Result<Model> load_checkpoint(const std::filesystem::path& dir);
 
+// An fp8 KV cache's scales as vLLM's FP8 checkpoints carry them: per layer
+// `model.layers.N.self_attn.k_scale` and `...v_scale`, each a scalar (shape [] or [1]: one
+// per tensor) or one per KV head ([num_kv_heads]); F32, F16 or BF16. load_checkpoint accepts
+// these tensors beside the weights (and ignores them); load_kv_scales reads them.
+std::string kv_scale_tensor_name(int64_t layer, bool k);
+struct CheckpointKvScales {
+  std::vector<float> k, v;  // [num_layers][num_kv_heads], a scalar repeated over the heads
+  bool per_head = false;    // whether the checkpoint gave one per KV head
+};
+// nullopt when the checkpoint has no KV scales; an error when it has some but not all of
+// them (every layer needs both), or one of a wrong shape, or one that is not finite and > 0,
+// naming the file and tensor.
+Result<std::optional<CheckpointKvScales>> load_kv_scales(const std::filesystem::path& dir);
+
 // Writes config.json (generation_config.json when the config has stop tokens) and the
 // weights rounded to `dtype` (F32, F16 or BF16) into `dir` (created if needed): one
 // model.safetensors when shards == 1, else shards model-0000i-of-0000N.safetensors of about

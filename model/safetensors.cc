@@ -47,7 +47,7 @@ Result<SafetensorsEntry> parse_entry(const std::string& name, const json& v) {
   if (d == v.end() || !d->is_string()) return Status::error(where + "missing or non-string 'dtype'");
   const std::string dname = d->get<std::string>();
   auto dtype = dtype_from_name(dname);
-  if (!dtype || *dtype == DType::kF64) {
+  if (!dtype || *dtype == DType::kF64 || is_fp8(*dtype)) {
     if (is_known_unsupported_dtype(dname))
       return Status::error(where + "dtype " + in_quotes(dname) + " is not supported (F32, F16, BF16 are)");
     return Status::error(where + "unknown dtype " + in_quotes(dname));
@@ -212,7 +212,9 @@ void SafetensorsFile::read_f32(const SafetensorsEntry& e, std::span<float> out) 
         }
         case DType::kF16: out[i] = f16_to_float(static_cast<uint16_t>(src[2 * i] | src[2 * i + 1] << 8)); break;
         case DType::kBF16: out[i] = bf16_to_float(static_cast<uint16_t>(src[2 * i] | src[2 * i + 1] << 8)); break;
-        case DType::kF64: KVP_CHECK(false);
+        case DType::kF64:
+        case DType::kF8E4M3:
+        case DType::kF8E5M2: KVP_CHECK(false);
       }
     }
     const uintptr_t done = (reinterpret_cast<uintptr_t>(src) + end * element) / page * page;
@@ -255,7 +257,8 @@ Result<SafetensorsFile> read_safetensors(const std::filesystem::path& path) {
 
 Status write_safetensors(const std::filesystem::path& path, const std::vector<SafetensorsTensorToWrite>& tensors,
                          DType dtype, const std::map<std::string, std::string>& metadata) {
-  if (dtype == DType::kF64) return Status::error("writing F64 is not supported");
+  if (dtype == DType::kF64 || is_fp8(dtype))
+    return Status::error("writing " + std::string(dtype_name(dtype)) + " is not supported");
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -307,7 +310,9 @@ Status write_safetensors(const std::filesystem::path& path, const std::vector<Sa
               out.push_back(static_cast<uint8_t>(u >> 8));
               break;
             }
-            case DType::kF64: break;
+            case DType::kF64:
+            case DType::kF8E4M3:
+            case DType::kF8E5M2: break;
           }
         }
         f.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));

@@ -76,6 +76,7 @@ nlohmann::json to_json(const SimReport& r) {
        {{"traffic", r.traffic},
         {"model", r.model},
         {"gpu", r.gpu},
+        {"kv_dtype", r.kv_dtype},
         {"policy", r.policy},
         {"admission", r.admission},
         {"preemption", r.preemption},
@@ -202,12 +203,12 @@ std::string format_header(const SimReport& r) {
   char buf[1024];
   std::snprintf(buf, sizeof buf,
                 "traffic %s: %lld requests at %.2f req/s; model %s on %s\n"
-                "KV pool %.2f GB (GPU memory x utilization - weights - activation reserve), %.0f KB per token, "
-                "%lld token slots\n"
+                "KV pool %.2f GB (GPU memory x utilization - weights - activation reserve), %s KV, %.0f KB per "
+                "token, %lld token slots\n"
                 "SLO: TTFT <= %.3f s and TPOT <= %.4f s\n",
                 r.traffic.c_str(), static_cast<long long>(r.requests), r.rate, r.model.c_str(), r.gpu.c_str(),
-                r.kv_pool_bytes / 1e9, r.kv_bytes_per_token / 1e3, static_cast<long long>(r.kv_capacity_tokens),
-                r.ttft_slo_s, r.tpot_slo_s);
+                r.kv_pool_bytes / 1e9, r.kv_dtype.c_str(), r.kv_bytes_per_token / 1e3,
+                static_cast<long long>(r.kv_capacity_tokens), r.ttft_slo_s, r.tpot_slo_s);
   return buf;
 }
 

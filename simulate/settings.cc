@@ -114,6 +114,11 @@ Status apply_setting(SimOptions& o, const std::string& key, const std::string& v
     auto g = find_gpu_preset(value);
     if (!g) return g.status();
     o.gpu = g->name;
+  } else if (key == "kv-dtype") {
+    const std::optional<DType> d = dtype_from_flag(value);
+    if (!d || *d == DType::kF64)
+      return Status::error("kv-dtype: expected f32, f16, bf16, fp8-e4m3 or fp8-e5m2, got '" + value + "'");
+    o.kv_dtype = *d;
   } else if (key == "model") {
     auto m = find_model_preset(value);
     if (!m) return m.status();
@@ -121,7 +126,7 @@ Status apply_setting(SimOptions& o, const std::string& key, const std::string& v
   } else {
     return Status::error("unknown setting '" + key +
                          "' (known: block-size, admission, preemption, max-model-len, max-context, rate, policy, "
-                         "prefix-sharing, max-num-seqs, n, gpu-memory-utilization, gpu, model)");
+                         "prefix-sharing, max-num-seqs, n, gpu-memory-utilization, gpu, model, kv-dtype)");
   }
   return Status::ok();
 }

@@ -411,7 +411,12 @@ Result<EngineConfig> Driver::build_engine(const Pool& pool) {
   ec.kv.pool.block_size = static_cast<int32_t>(pool.block_size);
   ec.kv.pool.num_device_blocks = static_cast<int32_t>(pool.device_blocks);
   ec.kv.pool.num_host_blocks = static_cast<int32_t>(pool.host_blocks);
-  ec.kv.pool.kv_dtype = DType::kBF16;
+  ec.kv.pool.kv_dtype = o_.kv_dtype;
+  if (is_fp8(o_.kv_dtype)) {  // the pool's shape carries scales; the simulation moves no data
+    const auto cells = static_cast<std::size_t>(cost_.model.num_layers * cost_.model.num_kv_heads);
+    ec.kv.pool.k_scales.assign(cells, 1.0f);
+    ec.kv.pool.v_scales.assign(cells, 1.0f);
+  }
   ec.kv.enable_prefix_caching = o_.prefix_sharing && !contiguous();
   ec.kv.watermark_blocks =
       contiguous() ? 0
@@ -440,6 +445,7 @@ void Driver::describe_run(const EngineConfig& ec, const Pool& pool) {
   rep_.traffic = t_.name;
   rep_.model = cost_.model.name;
   rep_.gpu = cost_.gpu.name;
+  rep_.kv_dtype = std::string(dtype_flag_name(o_.kv_dtype));
   rep_.policy = to_string(o_.policy);
   rep_.admission = to_string(o_.admission);
   rep_.preemption = to_string(o_.preemption);
@@ -602,6 +608,7 @@ Result<SimReport> simulate(const SimOptions& options, const Traffic& traffic) {
   cost.model = *model;
   cost.gpu = *gpu;
   cost.gpu_memory_utilization = options.gpu_memory_utilization;
+  cost.kv_bytes_per_element = static_cast<double>(dtype_size(options.kv_dtype));
   KVP_RETURN_IF_ERROR(cost.validate());
   if (options.block_size < 1) return Status::error("block size must be >= 1");
   if (options.max_model_len < 0) return Status::error("max model len must be >= 0");

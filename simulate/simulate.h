@@ -69,6 +69,10 @@ struct SimOptions {
   double gpu_memory_utilization = 0.9;
   AllocationPolicy policy = AllocationPolicy::kPaged;
   int32_t block_size = 16;
+  // The KV cache's element type: bytes per token for capacity and for the decode step's
+  // traffic (fp8-e4m3/e5m2 halve bf16's). What it costs in accuracy is `kvproof verify
+  // --kv-dtype`'s to measure.
+  DType kv_dtype = DType::kBF16;
   AdmissionRule admission = AdmissionRule::kOptimistic;
   PreemptionMode preemption = PreemptionMode::kRecompute;
   int64_t max_model_len = 0;  // 0: the model's context length
@@ -90,7 +94,7 @@ struct SimOptions {
 
 // Applies one "key=value" setting (the keys --sweep accepts): block-size, admission,
 // preemption, max-model-len (alias max-context), rate, policy, prefix-sharing (on/off),
-// max-num-seqs, n, gpu, model, gpu-memory-utilization. Error: unknown key or bad value.
+// max-num-seqs, n, gpu, model, gpu-memory-utilization, kv-dtype. Error: unknown key or bad value.
 Status apply_setting(SimOptions& o, const std::string& key, const std::string& value);
 
 struct Stat {
@@ -115,6 +119,7 @@ struct TimelinePoint {
 struct SimReport {
   // Settings as run.
   std::string traffic, model, gpu, policy, admission, preemption;
+  std::string kv_dtype;  // the flag spelling: bf16, fp8-e4m3, ...
   int32_t block_size = 0;
   int64_t max_model_len = 0;
   bool prefix_sharing = false;

@@ -709,6 +709,48 @@ TEST_P(BackendConformance, RejectsMalformedPlansWithoutChangingAnything) {
   EXPECT_TRUE(bitwise_equal(first.logits, again.logits));
 }
 
+// fp8 pools carry their scales in the pool shape: validate_plan refuses, naming the entry, a
+// pool whose scales are missing, short, zero, negative, NaN or infinite, and scales on a pool
+// that is not fp8; a cuda-emu backend refuses such a pool at construction.
+TEST(PlanValidation, Fp8PoolScalesAreCheckedAtEveryPlan) {
+  const int32_t bs = 4;
+  const PlanLimits limits{tiny().config.vocab_size, tiny().config.max_position_embeddings};
+  const BatchPlan good = make_plan({{{3, 6}, tokens_for(6, tiny().config.vocab_size, 80), 0}}, bs);
+  KvPoolShape pool = pool_shape_for(tiny().config, bs, 8, 2, DType::kF8E4M3);
+  const auto cells = static_cast<std::size_t>(pool.num_layers * pool.num_kv_heads);
+  pool.k_scales.assign(cells, 0.5f);
+  pool.v_scales.assign(cells, 2.0f);
+  ASSERT_TRUE(validate_plan(good, pool, limits).is_ok());
+  EXPECT_EQ(pool.k_scale(1, 1), 0.5f);
+  struct Case {
+    const char* what;
+    std::function<void(KvPoolShape&)> edit;
+    const char* reason;
+  };
+  const Case cases[] = {
+      {"no scales", [](KvPoolShape& p) { p.k_scales.clear(); }, "k_scales has 0 entries"},
+      {"one short", [](KvPoolShape& p) { p.v_scales.pop_back(); }, "v_scales has"},
+      {"zero", [](KvPoolShape& p) { p.k_scales[3] = 0.0f; }, "k_scales[layer 1, kv head 1]"},
+      {"negative", [](KvPoolShape& p) { p.v_scales[0] = -1.0f; }, "v_scales[layer 0, kv head 0]"},
+      {"NaN", [](KvPoolShape& p) { p.v_scales[1] = std::nanf(""); }, "finite and > 0"},
+      {"infinite", [](KvPoolShape& p) { p.k_scales[0] = INFINITY; }, "finite and > 0"},
+      {"scales on bf16", [](KvPoolShape& p) { p.kv_dtype = DType::kBF16; }, "KV scales are for fp8 pools"},
+  };
+  for (const Case& c : cases) {
+    KvPoolShape bad = pool;
+    c.edit(bad);
+    const Status st = validate_plan(good, bad, limits);
+    ASSERT_FALSE(st.is_ok()) << c.what;
+    EXPECT_NE(st.message().find(c.reason), std::string::npos) << c.what << ": " << st.message();
+    CudaBackendConfig bc;
+    bc.pool = bad;
+    EXPECT_FALSE(make_cuda_backend(CudaFlavour::kEmulated, tiny(), bc).is_ok()) << c.what;
+  }
+  CudaBackendConfig bc;
+  bc.pool = pool;
+  EXPECT_TRUE(make_cuda_backend(CudaFlavour::kEmulated, tiny(), bc).is_ok());
+}
+
 // Every limit validate_plan enforces, on both sides: its last valid value is accepted, one
 // past it refused (the rejection test above breaks each rule; this pins where each starts).
 TEST(PlanValidation, EachLimitAcceptsItsLastValueAndRefusesOnePast) {

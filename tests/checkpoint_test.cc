@@ -577,3 +577,110 @@ TEST_F(MalformedShardedCheckpoint, ConfigKeyThatChangesTheMathNamesFileAndKey) {
 
 }  // namespace
 }  // namespace kvp
+
+namespace kvp {
+namespace {
+
+// fp8 KV scales in a checkpoint (vLLM's names): read per layer and per head, accepted beside
+// the weights by load_checkpoint, and every malformed set refused naming the tensor.
+class CheckpointKvScalesTest : public ::testing::Test {
+ protected:
+  // Two layers of two KV heads: per-head and per-layer values are told apart.
+  void SetUp() override {
+    ModelConfig c = mini_config(false);
+    c.num_layers = 2;
+    c.num_kv_heads = 2;
+    model_ = make_random_model(c, 9);
+  }
+  // The model's weights plus the given extra tensors, as one model.safetensors.
+  void write(const std::vector<std::pair<std::string, std::vector<float>>>& extra,
+             const std::vector<std::vector<int64_t>>& shapes) {
+    ASSERT_TRUE(save_checkpoint(model_, dir_.path(), DType::kF32).is_ok());
+    std::vector<SafetensorsTensorToWrite> out;
+    for (const auto& t : named_tensors(model_.config, model_.weights)) {
+      std::size_t n = 1;
+      for (int64_t d : t.shape) n *= static_cast<std::size_t>(d);
+      out.push_back({t.name, t.shape, std::span<const float>(t.data, n)});
+    }
+    for (std::size_t i = 0; i < extra.size(); ++i) out.push_back({extra[i].first, shapes[i], extra[i].second});
+    ASSERT_TRUE(write_safetensors(dir_.path() / "model.safetensors", out, DType::kF32).is_ok());
+  }
+  std::string error() {
+    auto s = load_kv_scales(dir_.path());
+    return s.is_ok() ? std::string("<accepted>") : s.status().message();
+  }
+  TempDir dir_;
+  Model model_;
+};
+
+TEST_F(CheckpointKvScalesTest, ScalarAndPerHeadScalesAreReadAndTheWeightsStillLoad) {
+  const int64_t layers = model_.config.num_layers, heads = model_.config.num_kv_heads;
+  std::vector<std::pair<std::string, std::vector<float>>> scalar;
+  std::vector<std::vector<int64_t>> shapes;
+  for (int64_t l = 0; l < layers; ++l) {
+    scalar.push_back({kv_scale_tensor_name(l, true), {0.5f + static_cast<float>(l)}});
+    scalar.push_back({kv_scale_tensor_name(l, false), {0.25f}});
+    shapes.push_back({});
+    shapes.push_back({1});
+  }
+  write(scalar, shapes);
+  auto m = load_checkpoint(dir_.path());
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  EXPECT_EQ(m->weights.embed_tokens, model_.weights.embed_tokens);
+  auto s = load_kv_scales(dir_.path());
+  ASSERT_TRUE(s.is_ok()) << s.status().message();
+  ASSERT_TRUE(s->has_value());
+  EXPECT_FALSE((*s)->per_head);
+  ASSERT_EQ((*s)->k.size(), static_cast<std::size_t>(layers * heads));
+  for (int64_t l = 0; l < layers; ++l)
+    for (int64_t h = 0; h < heads; ++h) {
+      EXPECT_EQ((*s)->k[static_cast<std::size_t>(l * heads + h)], 0.5f + static_cast<float>(l));
+      EXPECT_EQ((*s)->v[static_cast<std::size_t>(l * heads + h)], 0.25f);
+    }
+
+  std::vector<std::pair<std::string, std::vector<float>>> per_head;
+  shapes.clear();
+  for (int64_t l = 0; l < layers; ++l)
+    for (bool k : {true, false}) {
+      std::vector<float> v;
+      for (int64_t h = 0; h < heads; ++h) v.push_back(static_cast<float>(1 + l * heads + h) * (k ? 1.0f : 2.0f));
+      per_head.push_back({kv_scale_tensor_name(l, k), v});
+      shapes.push_back({heads});
+    }
+  write(per_head, shapes);
+  s = load_kv_scales(dir_.path());
+  ASSERT_TRUE(s.is_ok() && s->has_value()) << error();
+  EXPECT_TRUE((*s)->per_head);
+  ASSERT_EQ((*s)->v.size(), 4u);
+  EXPECT_EQ((*s)->k[3], 4.0f);  // layer 1, head 1: 1 + 1 * 2 + 1
+  EXPECT_EQ((*s)->v[1], 4.0f);  // layer 0, head 1: (1 + 0 + 1) * 2
+}
+
+TEST_F(CheckpointKvScalesTest, NoScalesIsNoneAndEachMalformedSetIsRefusedNamingTheTensor) {
+  write({}, {});
+  auto none = load_kv_scales(dir_.path());
+  ASSERT_TRUE(none.is_ok()) << none.status().message();
+  EXPECT_FALSE(none->has_value());
+  // Only layer 0's K scale.
+  write({{kv_scale_tensor_name(0, true), {1.0f}}}, {{}});
+  EXPECT_NE(error().find("'model.layers.0.self_attn.v_scale': missing"), std::string::npos) << error();
+  // A wrong shape, and a zero scale.
+  std::vector<std::pair<std::string, std::vector<float>>> all;
+  std::vector<std::vector<int64_t>> shapes;
+  for (int64_t l = 0; l < model_.config.num_layers; ++l)
+    for (bool k : {true, false}) {
+      all.push_back({kv_scale_tensor_name(l, k), {1.0f, 1.0f, 1.0f}});
+      shapes.push_back({3});
+    }
+  write(all, shapes);
+  EXPECT_NE(error().find("is neither a scalar nor [num_kv_heads]"), std::string::npos) << error();
+  for (auto& [name, v] : all) v = {1.0f};
+  for (auto& s : shapes) s = {};
+  all[1].second = {0.0f};
+  write(all, shapes);
+  EXPECT_NE(error().find("'model.layers.0.self_attn.v_scale': scale 0.000000 is not finite and > 0"), std::string::npos)
+      << error();
+}
+
+}  // namespace
+}  // namespace kvp

@@ -321,6 +321,23 @@ TEST(Simulate, PagedSharesCountSlotsOfEveryHeldBlock) {
   EXPECT_EQ(r->steps, 3);
 }
 
+// --kv-dtype: an fp8 KV cache is one byte per element, so the same pool holds twice bf16's
+// token slots (the capacity half of the FP8 decision; verify --kv-dtype measures the accuracy
+// half), and the report names the dtype; a bad name is refused by the setting's parser.
+TEST(Simulate, Fp8KvDoublesTheTokenSlotsOfTheSamePool) {
+  sim::SimOptions o = small_gpu_options();
+  auto bf16 = sim::simulate(o, fixed_traffic(1, 1, 20, 3));
+  ASSERT_TRUE(sim::apply_setting(o, "kv-dtype", "fp8-e4m3").is_ok());
+  auto fp8 = sim::simulate(o, fixed_traffic(1, 1, 20, 3));
+  ASSERT_TRUE(bf16.is_ok() && fp8.is_ok());
+  EXPECT_EQ(bf16->kv_dtype, "bf16");
+  EXPECT_EQ(fp8->kv_dtype, "fp8-e4m3");
+  EXPECT_DOUBLE_EQ(fp8->kv_bytes_per_token * 2, bf16->kv_bytes_per_token);
+  EXPECT_DOUBLE_EQ(fp8->kv_pool_bytes, bf16->kv_pool_bytes);
+  EXPECT_NEAR(static_cast<double>(fp8->kv_capacity_tokens), 2.0 * static_cast<double>(bf16->kv_capacity_tokens), 16);
+  EXPECT_FALSE(sim::apply_setting(o, "kv-dtype", "int4").is_ok());
+}
+
 TEST(Simulate, ForkedSamplesCountTheirSharedBlocksOnce) {
   // One request, prompt 20, output 3, n = 2, block size 16, a sample before every step:
   //   before step 1: nothing held

@@ -90,6 +90,7 @@ Result<int> audit_engine(const AuditFlags& f) {
   verify::AuditOptions a;
   a.engine = f.v;
   KVP_RETURN_IF_ERROR(f.backend.apply(a.engine));
+  KVP_RETURN_IF_ERROR(f.backend.resolve_scales(f.inputs.source.checkpoint, model, prompts_of(workload), a.engine));
   a.engine.modes = {f.preemption == "swap" ? PreemptionMode::kSwap : PreemptionMode::kRecompute};
   a.engine.max_model_len = std::min<int64_t>(a.engine.max_model_len, model.config.max_position_embeddings);
   a.event_log_path = f.event_log;

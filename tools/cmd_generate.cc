@@ -30,6 +30,10 @@ Result<GenerateResult> engine_generate(const Model& model, const BackendChoice& 
                                        kv_events::Publisher* publisher) {
   verify::EngineOptions o;
   if (Status s = choice.apply(o); !s) return s;
+  // fp8 scales: calibrated on the prompt (a preset or checkpoint without scales), else 1.0 or
+  // the checkpoint's as --kv-scales says. generate has no checkpoint path here: a checkpoint's
+  // own scales are used by verify and audit.
+  if (Status s = choice.resolve_scales("", model, {prompt}, o); !s) return s;
   const int64_t length = static_cast<int64_t>(prompt.size()) + max_tokens;
   if (prompt.empty()) return Status::error("--prompt: empty");
   if (length > model.config.max_position_embeddings)

@@ -70,6 +70,7 @@ struct SimulateFlags {
   sim::SimOptions sim;
   std::string trace, shape, policy = "paged", admission = "optimistic", preemption = "recompute";
   std::string prefix_sharing = "on";
+  std::string kv_dtype = "bf16";
   double speed = 1, duration = 0;
   int64_t num_requests = 0;
   std::string json_path, csv_path, summary_path, html_path, command_line;
@@ -91,6 +92,10 @@ void add_simulate_flags(CLI::App* cmd, SimulateFlags& f) {
   cmd->add_option("--speed", f.speed, "replay speed factor (2 = arrivals twice as fast)")->capture_default_str();
   cmd->add_option("--rate", f.sim.rate, "rescale arrivals to this many requests/s (0: as recorded)");
   cmd->add_option("--policy", f.policy, "paged, contiguous-max, contiguous-pow2, contiguous-oracle")
+      ->capture_default_str();
+  cmd->add_option("--kv-dtype", f.kv_dtype,
+                  "KV cache element type: bf16, f16, f32, fp8-e4m3, fp8-e5m2 (bytes per token; what fp8 costs in "
+                  "accuracy, kvproof verify --kv-dtype measures)")
       ->capture_default_str();
   cmd->add_option("--block-size", f.sim.block_size, "tokens per KV block (paged)")->capture_default_str();
   cmd->add_option("--admission", f.admission, "optimistic or conservative")->capture_default_str();
@@ -131,7 +136,8 @@ Result<sim::SimOptions> settings_from(const SimulateFlags& f) {
                                    {"preemption", f.preemption},
                                    {"prefix-sharing", f.prefix_sharing},
                                    {"model", base.model},
-                                   {"gpu", base.gpu}}) {
+                                   {"gpu", base.gpu},
+                                   {"kv-dtype", f.kv_dtype}}) {
     KVP_RETURN_IF_ERROR(sim::apply_setting(base, key, value));
   }
   if (!(f.speed > 0)) return Status::error("--speed must be > 0");

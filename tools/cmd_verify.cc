@@ -106,11 +106,13 @@ Result<int> run_verify_command(const VerifyFlags& f) {
   auto options = options_from(f, model, plugin);
   if (!options) return options.status();
   verify::VerifyOptions& v = *options;
+  KVP_RETURN_IF_ERROR(f.backend.resolve_scales(f.inputs.source.checkpoint, model, prompts_of(workload), v));
   char context[512];
   std::snprintf(context, sizeof context, "%s, backend %s, KV %s, block size %d, %d blocks + %d host, chunk %d",
                 f.inputs.describe(workload).c_str(), backend_name(v.backend), f.backend.kv_dtype.c_str(), v.block_size,
                 v.num_blocks, v.num_host_blocks, v.prefill_chunk_size);
   std::printf("kvproof verify: %s\n", context);
+  if (!v.kv_scales_source.empty()) std::printf("fp8 KV scales: %s\n", v.kv_scales_source.c_str());
   if (plugin) std::printf("attention: plug-in %s (%s)\n", plugin->name().c_str(), plugin->path().c_str());
   if (v.speculation.enabled())
     std::printf("speculative decoding: %s, k = %d, against plain decoding\n", to_string(v.speculation.proposer),

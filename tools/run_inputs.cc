@@ -1,5 +1,7 @@
 #include "tools/run_inputs.h"
 
+#include "verify/kv_scales.h"
+
 namespace kvp::tools {
 
 void RunInputs::add_options(CLI::App& cmd, const std::string& default_shape) {
@@ -49,8 +51,20 @@ void BackendChoice::add_options(CLI::App& cmd, const std::vector<std::string>& e
                      " (cuda-emu: the CUDA kernels emulated on the CPU; cuda: on a GPU, see kvproof info)")
       ->check(CLI::IsMember(choices));
   cmd.add_option("--kv-dtype", kv_dtype,
-                 "KV pool element type: f32, f16 or bf16 (rounded when written, read as fp32; cuda backends)")
-      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+                 "KV pool element type: f32, f16, bf16, fp8-e4m3 or fp8-e5m2 (rounded when written, read as fp32; "
+                 "cuda backends; fp8 scaled per layer and KV head, see --kv-scales)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "fp8-e4m3", "fp8-e5m2"}));
+  cmd.add_option("--kv-scales", kv_scales,
+                 "fp8 KV scales: checkpoint (its k_scale/v_scale tensors), calibrate (max |K|, |V| of the "
+                 "workload's prompts over the fp8 max), one (1.0: no scaling, reported as such), auto (the "
+                 "checkpoint's if it has them, else calibrate)")
+      ->check(CLI::IsMember({"auto", "checkpoint", "calibrate", "one"}));
+  cmd.add_option("--kv-scale-granularity", kv_scale_granularity,
+                 "calibrated fp8 scales per KV head (head) or per layer (tensor)")
+      ->check(CLI::IsMember({"head", "tensor"}));
+  cmd.add_option("--plant", plant, "a planted attention bug (testing kvproof's checks)")
+      ->check(CLI::IsMember({"none", "bf16-accumulator", "drop-kv-scales"}))
+      ->group("");
   cmd.add_option("--threads", threads,
                  "threads of the CPU backend (and of verify's oracle; the results do not depend on it)")
       ->check(CLI::Range(1, 256));
@@ -60,13 +74,43 @@ Status BackendChoice::apply(verify::EngineOptions& v) const {
   auto kind = parse_backend_kind(backend);
   if (!kind) return kind.status().with_context("--backend");
   const std::optional<DType> dtype = dtype_from_flag(kv_dtype);
-  if (!dtype || *dtype == DType::kF64) return Status::error("--kv-dtype " + kv_dtype + ": not one of f32, f16, bf16");
+  if (!dtype || *dtype == DType::kF64)
+    return Status::error("--kv-dtype " + kv_dtype + ": not one of f32, f16, bf16, fp8-e4m3, fp8-e5m2");
   if (*kind == BackendKind::kCpu && *dtype != DType::kF32)
     return Status::error("--kv-dtype " + kv_dtype +
-                         ": the cpu backend keeps f32 KV pools only; f16 and bf16 run on --backend cuda-emu or cuda");
+                         ": the cpu backend keeps f32 KV pools only; f16, bf16 and fp8 run on --backend cuda-emu or "
+                         "cuda");
+  if (!is_fp8(*dtype) && kv_scales != "auto")
+    return Status::error("--kv-scales " + kv_scales + ": scales are for fp8 KV pools; --kv-dtype is " + kv_dtype);
+  if (plant != "none" && *kind == BackendKind::kCpu)
+    return Status::error("--plant " + plant + ": planted attention bugs are in the cuda backends' kernel");
+  v.planted = plant == "bf16-accumulator" ? PlantedAttentionBug::kBf16Accumulator
+              : plant == "drop-kv-scales" ? PlantedAttentionBug::kDropKvScales
+                                          : PlantedAttentionBug::kNone;
   v.backend = *kind;
   v.kv_dtype = *dtype;
   v.num_threads = threads;
+  return Status::ok();
+}
+
+std::vector<std::vector<int32_t>> prompts_of(const Workload& w) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (const WorkloadRequest& r : w.requests) prompts.push_back(r.spec.prompt);
+  return prompts;
+}
+
+Status BackendChoice::resolve_scales(const std::string& checkpoint, const Model& model,
+                                     const std::vector<std::vector<int32_t>>& prompts, verify::EngineOptions& v) const {
+  const auto source = verify::kv_scale_source_from_name(kv_scales);
+  if (!source) return Status::error("--kv-scales " + kv_scales + ": not one of auto, checkpoint, calibrate, one");
+  auto scales = verify::resolve_kv_scales(
+      *source,
+      kv_scale_granularity == "tensor" ? verify::KvScaleGranularity::kTensor : verify::KvScaleGranularity::kHead,
+      v.kv_dtype, model, checkpoint, prompts, threads);
+  if (!scales) return scales.status();
+  v.kv_k_scales = std::move(scales->k);
+  v.kv_v_scales = std::move(scales->v);
+  v.kv_scales_source = std::move(scales->source);
   return Status::ok();
 }
 

@@ -30,19 +30,31 @@ struct RunInputs {
   std::string describe(const Workload& w) const;
 };
 
+// The workload's prompts, in request order (what fp8 scales are calibrated on).
+std::vector<std::vector<int32_t>> prompts_of(const Workload& w);
+
 // Adds --block-size, --num-blocks and --host-blocks.
 void add_pool_options(CLI::App& cmd, verify::EngineOptions& v);
 
 // The model executor: --backend (cpu, cuda-emu, cuda; `extra` adds choices such as
-// generate's "reference"), --kv-dtype (f32, f16, bf16) and --threads.
+// generate's "reference"), --kv-dtype (f32, f16, bf16, fp8-e4m3, fp8-e5m2), --kv-scales and
+// --kv-scale-granularity (fp8), --threads, and the hidden --plant (a planted attention bug,
+// for the checks that must catch it).
 struct BackendChoice {
   std::string backend = "cpu";
   std::string kv_dtype = "f32";
+  std::string kv_scales = "auto";
+  std::string kv_scale_granularity = "head";
+  std::string plant = "none";
   int threads = 2;
   void add_options(CLI::App& cmd, const std::vector<std::string>& extra = {});
   // Into the engine options; an error names the flag and value (an f16 or bf16 pool on the
   // cpu backend, which keeps f32 pools only).
   Status apply(verify::EngineOptions& v) const;
+  // An fp8 pool's scales into v (verify/kv_scales.h), from the checkpoint (may be empty: a
+  // preset) or calibrated on the prompts; nothing for other pools. REQUIRES: apply(v) ok.
+  Status resolve_scales(const std::string& checkpoint, const Model& model,
+                        const std::vector<std::vector<int32_t>>& prompts, verify::EngineOptions& v) const;
 };
 
 }  // namespace kvp::tools

@@ -33,6 +33,10 @@ Tolerance tolerance_for(const VerifyOptions& o) {
   switch (o.kv_dtype) {
     case DType::kF16: return {2e-3, "f16 KV default: 4.4e-4 measured on the default workload, x4.5"};
     case DType::kBF16: return {1.5e-2, "bf16 KV default: 3.7e-3 measured on the default workload, x4"};
+    // fp8, scales calibrated per KV head (per layer and 1.0 measured within 10% of it here:
+    // the tiny model's K/V sit well inside both formats' normal range).
+    case DType::kF8E4M3: return {0.2, "fp8-e4m3 KV default: 5.4e-2 measured on the default workload, x3.7"};
+    case DType::kF8E5M2: return {0.5, "fp8-e5m2 KV default: 1.26e-1 measured on the default workload, x4"};
     default: return {2e-5, "f32 KV default: fp32-vs-fp64 bound of tests/reference_model_test.cc, measured 6.7e-7"};
   }
 }
@@ -45,6 +49,8 @@ Result<EngineConfig> engine_config(const ModelConfig& model, const EngineOptions
   EngineConfig ec;
   ec.kv.pool = pool_shape_for(model, s.block_size, s.num_blocks, s.num_host_blocks);
   ec.kv.pool.kv_dtype = o.kv_dtype;
+  ec.kv.pool.k_scales = o.kv_k_scales;
+  ec.kv.pool.v_scales = o.kv_v_scales;
   ec.kv.watermark_blocks = o.watermark_blocks;
   ec.kv.enable_prefix_caching = o.prefix_caching;
   ec.kv.global_prefix_sharing = o.global_prefix_sharing;
@@ -74,6 +80,7 @@ Result<LiveEngine> make_engine(const Model& model, const EngineOptions& o, const
   spec.pool = ec.kv.pool;
   spec.num_threads = o.num_threads;
   spec.attention_plugin = o.attention_plugin;
+  spec.planted = o.planted;
   // Every engine of one verify reads the caller's weights: no copy (a 1B model's fp32 weights
   // are 5 GB; a verify builds up to six engines).
   auto backend = make_backend(spec, model);

@@ -694,6 +694,7 @@ void report_mode(const VerifyOptions& o, ModeOutcome& out, VerifyReport& report)
   if (c.logits.passed) {
     const Tolerance tol = tolerance_for(o);
     c.logits.detail = "tolerance " + fmt(tol.value) + " (" + tol.source + ")";
+    if (!o.kv_scales_source.empty()) c.logits.detail += "; fp8 KV scales " + o.kv_scales_source;
   }
   // Vacuous only when nothing about the engine's outputs was checked: a run whose requests
   // were all cancelled still had its computed positions checked against the oracle.

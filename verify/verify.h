@@ -87,9 +87,15 @@ struct EngineOptions {
   // (cuda-emu: SIMT-emulated kernels on the CPU; cuda: nvcc kernels on a GPU, "no CUDA
   // device" without one).
   BackendKind backend = BackendKind::kCpu;
-  // The KV pool's element type: f32, or f16/bf16 on the CUDA backends (rounded when
-  // written, read as fp32; the CPU backend keeps f32 pools only).
+  // The KV pool's element type: f32, or f16/bf16/fp8-e4m3/fp8-e5m2 on the CUDA backends
+  // (rounded when written, read as fp32; the CPU backend keeps f32 pools only).
   DType kv_dtype = DType::kF32;
+  // An fp8 pool's scales ([layers][kv heads], verify/kv_scales.h) and where they came from
+  // (printed with the logits check); empty for other pools.
+  std::vector<float> kv_k_scales, kv_v_scales;
+  std::string kv_scales_source;
+  // A planted bug in the CUDA backends' attention (tests and hidden flags only).
+  PlantedAttentionBug planted = PlantedAttentionBug::kNone;
   // Speculative decoding of every request (off: the default job, unchanged).
   SpeculationParams speculation;
   int32_t draft_layers = 0;  // layers of the draft model (0: default_draft_layers)

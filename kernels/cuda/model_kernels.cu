@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cpu_attention.h"
 #include "kernels/gemm.h"
@@ -122,7 +123,8 @@ __global__ void rope_kernel(float* x, int64_t n, int64_t heads, int64_t head_dim
 
 template <typename KvT>
 __global__ void write_kv_kernel(const float* k, const float* v, const int64_t* slots, int64_t n, int64_t kv_dim,
-                                KvT* k_pool, KvT* v_pool) {
+                                KvT* k_pool, KvT* v_pool, int64_t head_dim, const float* k_scale,
+                                const float* v_scale) {
   const int64_t i = global_index();
   if (i >= n * kv_dim) return;
   const int64_t t = i / kv_dim;
@@ -131,8 +133,13 @@ __global__ void write_kv_kernel(const float* k, const float* v, const int64_t* s
   if (slot == kvp::kernels::kSkipSlot) return;
   // kv_pool_offset(slot, 0, ...) + c: the token's row, KV head major.
   const int64_t at = slot * kv_dim + c;
-  kvp::kernels::kv_store(k_pool + at, k[i]);
-  kvp::kernels::kv_store(v_pool + at, v[i]);
+  if (k_scale == nullptr) {
+    kvp::kernels::kv_store(k_pool + at, k[i]);
+    kvp::kernels::kv_store(v_pool + at, v[i]);
+  } else {
+    kvp::kernels::kv_store(k_pool + at, k[i] / k_scale[c / head_dim]);
+    kvp::kernels::kv_store(v_pool + at, v[i] / v_scale[c / head_dim]);
+  }
 }
 
 // Attention, kernel 1: one thread block per (token, KV head, partition), blockIdx.x = token *
@@ -151,7 +158,8 @@ __global__ void attention_partition_kernel(const float* q, const KvT* k_pool, co
                                            const int32_t* block_tables, int64_t max_blocks_per_seq,
                                            const int32_t* seq_of_token, const int32_t* positions, int64_t num_heads,
                                            int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
-                                           int64_t partition, int64_t max_partitions, float* workspace) {
+                                           int64_t partition, int64_t max_partitions, float* workspace,
+                                           const float* k_scale, const float* v_scale, bool bf16_accumulator) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) / num_kv_heads;
   const int64_t kv_head = static_cast<int64_t>(blockIdx.x) % num_kv_heads;
   const int64_t part = static_cast<int64_t>(blockIdx.y);
@@ -179,6 +187,9 @@ __global__ void attention_partition_kernel(const float* q, const KvT* k_pool, co
   // The recurrence's state of head `tid` (threads tid < group).
   float part_max = 0.0f;
   float part_sum = 0.0f;
+  // The KV head's dequantisation scales (x * 1 == x: no scale changes no bit).
+  const float ks = k_scale == nullptr ? 1.0f : k_scale[kv_head];
+  const float vs = v_scale == nullptr ? 1.0f : v_scale[kv_head];
 
   for (int64_t tile = begin; tile < end; tile += kAttentionTile) {
     const int64_t count = end - tile < kAttentionTile ? end - tile : kAttentionTile;
@@ -187,8 +198,8 @@ __global__ void attention_partition_kernel(const float* q, const KvT* k_pool, co
       const int64_t d = e % head_dim;
       const int64_t slot = kvp::kernels::slot_of(table, tile + j, block_size);
       const int64_t at = kvp::kernels::kv_pool_offset(slot, kv_head, num_kv_heads, head_dim) + d;
-      k_tile[e] = kvp::kernels::kv_to_float(k_pool[at]);
-      v_tile[e] = kvp::kernels::kv_to_float(v_pool[at]);
+      k_tile[e] = kvp::kernels::kv_to_float(k_pool[at]) * ks;
+      v_tile[e] = kvp::kernels::kv_to_float(v_pool[at]) * vs;
     }
     __syncthreads();
     for (int64_t e = tid; e < group * count; e += threads) {
@@ -203,6 +214,7 @@ __global__ void attention_partition_kernel(const float* q, const KvT* k_pool, co
         float* score_then_p = &p_tile[tid * kAttentionTile + j];
         *score_then_p = kvp::kernels::online_softmax_step(*score_then_p, tile + j == begin, part_max, part_sum,
                                                           rescale[tid * kAttentionTile + j]);
+        if (bf16_accumulator) part_sum = kvp::bf16_to_float(kvp::float_to_bf16(part_sum));  // planted
       }
     }
     __syncthreads();
@@ -216,6 +228,7 @@ __global__ void attention_partition_kernel(const float* q, const KvT* k_pool, co
           const float r = rescale[h * kAttentionTile + j];
           if (r != 1.0f) acc[i] *= r;  // x * 1 == x: skipping it changes no bit
           acc[i] += p_tile[h * kAttentionTile + j] * v_tile[j * head_dim + d];
+          if (bf16_accumulator) acc[i] = kvp::bf16_to_float(kvp::float_to_bf16(acc[i]));  // planted
         }
       }
     }
@@ -316,11 +329,15 @@ std::string synchronize() {
   return e == cudaSuccess ? std::string() : fail("cudaDeviceSynchronize", e);
 }
 
-bool kv_dtype_supported(DType dtype) { return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16; }
+bool kv_dtype_supported(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16 || dtype == DType::kF8E4M3 ||
+         dtype == DType::kF8E5M2;
+}
 
 namespace {
 std::string unsupported(const char* what, DType dtype) {
-  return std::string(what) + ": KV dtype " + std::string(dtype_name(dtype)) + " is not one of F32, F16, BF16";
+  return std::string(what) + ": KV dtype " + std::string(dtype_name(dtype)) +
+         " is not one of F32, F16, BF16, F8_E4M3, F8_E5M2";
 }
 template <typename KvT>
 std::string fill_kv_nan_typed(KvT* d_x, int64_t n) {
@@ -336,6 +353,8 @@ std::string fill_kv_nan(void* d_x, int64_t n, DType dtype) {
     case DType::kF32: return fill_kv_nan_typed(static_cast<float*>(d_x), n);
     case DType::kF16: return fill_kv_nan_typed(static_cast<kvp::kernels::F16Bits*>(d_x), n);
     case DType::kBF16: return fill_kv_nan_typed(static_cast<kvp::kernels::BF16Bits*>(d_x), n);
+    case DType::kF8E4M3: return fill_kv_nan_typed(static_cast<kvp::kernels::F8E4M3Bits*>(d_x), n);
+    case DType::kF8E5M2: return fill_kv_nan_typed(static_cast<kvp::kernels::F8E5M2Bits*>(d_x), n);
     default: return unsupported("fill_kv_nan", dtype);
   }
 }
@@ -373,9 +392,11 @@ std::string rope(float* d_x, int64_t n, int64_t heads, int64_t head_dim, const i
 namespace {
 template <typename KvT>
 std::string write_kv_typed(const float* d_k, const float* d_v, const int64_t* d_slots, int64_t n, int64_t kv_dim,
-                           void* d_k_pool, void* d_v_pool) {
+                           void* d_k_pool, void* d_v_pool, int64_t head_dim, const float* d_k_scale,
+                           const float* d_v_scale) {
   KVP_LAUNCH(write_kv_kernel<KvT>, grid_for(n * kv_dim), dim3(kThreads), 0, nullptr)
-  (d_k, d_v, d_slots, n, kv_dim, static_cast<KvT*>(d_k_pool), static_cast<KvT*>(d_v_pool));
+  (d_k, d_v, d_slots, n, kv_dim, static_cast<KvT*>(d_k_pool), static_cast<KvT*>(d_v_pool), head_dim, d_k_scale,
+   d_v_scale);
   return launched("write_kv_kernel");
 }
 
@@ -383,25 +404,36 @@ template <typename KvT>
 std::string attention_typed(const float* d_q, const void* d_k_pool, const void* d_v_pool, const int32_t* d_block_tables,
                             int64_t max_blocks_per_seq, const int32_t* d_seq_of_token, const int32_t* d_positions,
                             int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                            float scale, int64_t partition, int64_t max_partitions, float* d_workspace) {
+                            float scale, int64_t partition, int64_t max_partitions, float* d_workspace,
+                            const float* d_k_scale, const float* d_v_scale, bool bf16_accumulator) {
   const dim3 grid(static_cast<unsigned>(n * num_kv_heads), static_cast<unsigned>(max_partitions));
   const int64_t group = num_heads / num_kv_heads;
   KVP_LAUNCH(attention_partition_kernel<KvT>, grid, dim3(static_cast<unsigned>(attention_threads(group, head_dim))),
              attention_shared_bytes(group, head_dim), nullptr)
   (d_q, static_cast<const KvT*>(d_k_pool), static_cast<const KvT*>(d_v_pool), d_block_tables, max_blocks_per_seq,
    d_seq_of_token, d_positions, num_heads, num_kv_heads, head_dim, block_size, scale, partition, max_partitions,
-   d_workspace);
+   d_workspace, d_k_scale, d_v_scale, bf16_accumulator);
   return launched("attention_partition_kernel");
 }
 }  // namespace
 
 std::string write_kv(const float* d_k, const float* d_v, const int64_t* d_slots, int64_t n, int64_t kv_dim,
-                     DType kv_dtype, void* d_k_pool, void* d_v_pool) {
+                     DType kv_dtype, void* d_k_pool, void* d_v_pool, int64_t head_dim, const float* d_k_scale,
+                     const float* d_v_scale) {
   if (n <= 0) return {};
+  if ((d_k_scale == nullptr) != (d_v_scale == nullptr)) return "write_kv: K and V scales must be given together";
+  if (d_k_scale != nullptr && (head_dim <= 0 || kv_dim % head_dim != 0))
+    return "write_kv: head_dim " + std::to_string(head_dim) + " does not divide kv_dim " + std::to_string(kv_dim);
+  const auto args = [&](auto* tag) {
+    using KvT = std::remove_pointer_t<decltype(tag)>;
+    return write_kv_typed<KvT>(d_k, d_v, d_slots, n, kv_dim, d_k_pool, d_v_pool, head_dim, d_k_scale, d_v_scale);
+  };
   switch (kv_dtype) {
-    case DType::kF32: return write_kv_typed<float>(d_k, d_v, d_slots, n, kv_dim, d_k_pool, d_v_pool);
-    case DType::kF16: return write_kv_typed<kvp::kernels::F16Bits>(d_k, d_v, d_slots, n, kv_dim, d_k_pool, d_v_pool);
-    case DType::kBF16: return write_kv_typed<kvp::kernels::BF16Bits>(d_k, d_v, d_slots, n, kv_dim, d_k_pool, d_v_pool);
+    case DType::kF32: return args(static_cast<float*>(nullptr));
+    case DType::kF16: return args(static_cast<kvp::kernels::F16Bits*>(nullptr));
+    case DType::kBF16: return args(static_cast<kvp::kernels::BF16Bits*>(nullptr));
+    case DType::kF8E4M3: return args(static_cast<kvp::kernels::F8E4M3Bits*>(nullptr));
+    case DType::kF8E5M2: return args(static_cast<kvp::kernels::F8E5M2Bits*>(nullptr));
     default: return unsupported("write_kv", kv_dtype);
   }
 }
@@ -435,30 +467,29 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
                       const int32_t* d_block_tables, int64_t max_blocks_per_seq, const int32_t* d_seq_of_token,
                       const int32_t* d_positions, int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                       int64_t block_size, float scale, int64_t partition, int64_t max_partitions, float* d_workspace,
-                      float* d_out) {
+                      float* d_out, const float* d_k_scale, const float* d_v_scale, AttentionVariant variant) {
   if (n <= 0) return {};
   if (std::string shape = check_attention_shape(num_heads, num_kv_heads, head_dim); !shape.empty()) return shape;
   if (partition <= 0 || max_partitions <= 0 || max_partitions > 65535)
     return "attention: " + std::to_string(max_partitions) + " partitions of " + std::to_string(partition) +
            " positions is outside the grid's [1, 65535]";
   if (n * num_kv_heads > 0x7fffffff) return "attention: " + std::to_string(n * num_kv_heads) + " blocks is too many";
+  if ((d_k_scale == nullptr) != (d_v_scale == nullptr)) return "attention: K and V scales must be given together";
+  if (variant == AttentionVariant::kDropKvScales) d_k_scale = d_v_scale = nullptr;  // planted
+  const bool bf16_accumulator = variant == AttentionVariant::kBf16Accumulator;
+  const auto launch = [&](auto* tag) {
+    using KvT = std::remove_pointer_t<decltype(tag)>;
+    return attention_typed<KvT>(d_q, d_k_pool, d_v_pool, d_block_tables, max_blocks_per_seq, d_seq_of_token,
+                                d_positions, n, num_heads, num_kv_heads, head_dim, block_size, scale, partition,
+                                max_partitions, d_workspace, d_k_scale, d_v_scale, bf16_accumulator);
+  };
   std::string launched_error;
   switch (kv_dtype) {
-    case DType::kF32:
-      launched_error = attention_typed<float>(d_q, d_k_pool, d_v_pool, d_block_tables, max_blocks_per_seq,
-                                              d_seq_of_token, d_positions, n, num_heads, num_kv_heads, head_dim,
-                                              block_size, scale, partition, max_partitions, d_workspace);
-      break;
-    case DType::kF16:
-      launched_error = attention_typed<kvp::kernels::F16Bits>(
-          d_q, d_k_pool, d_v_pool, d_block_tables, max_blocks_per_seq, d_seq_of_token, d_positions, n, num_heads,
-          num_kv_heads, head_dim, block_size, scale, partition, max_partitions, d_workspace);
-      break;
-    case DType::kBF16:
-      launched_error = attention_typed<kvp::kernels::BF16Bits>(
-          d_q, d_k_pool, d_v_pool, d_block_tables, max_blocks_per_seq, d_seq_of_token, d_positions, n, num_heads,
-          num_kv_heads, head_dim, block_size, scale, partition, max_partitions, d_workspace);
-      break;
+    case DType::kF32: launched_error = launch(static_cast<float*>(nullptr)); break;
+    case DType::kF16: launched_error = launch(static_cast<kvp::kernels::F16Bits*>(nullptr)); break;
+    case DType::kBF16: launched_error = launch(static_cast<kvp::kernels::BF16Bits*>(nullptr)); break;
+    case DType::kF8E4M3: launched_error = launch(static_cast<kvp::kernels::F8E4M3Bits*>(nullptr)); break;
+    case DType::kF8E5M2: launched_error = launch(static_cast<kvp::kernels::F8E5M2Bits*>(nullptr)); break;
     default: return unsupported("attention", kv_dtype);
   }
   if (!launched_error.empty()) return launched_error;

@@ -18,8 +18,11 @@
 // a second kernel in order; each step of paged_attention_head's recurrence is done in the
 // same order on the same fp32 values, so the emulated flavour gives its bits.
 //
-// KV pools hold fp32, fp16 or bf16 (DType kF32, kF16, kBF16): elements are rounded to the
-// pool's type when written and read back as fp32; all arithmetic is fp32.
+// KV pools hold fp32, fp16, bf16 or fp8 (DType kF32, kF16, kBF16, kF8E4M3, kF8E5M2): elements
+// are rounded to the pool's type when written and read back as fp32; all arithmetic is fp32.
+// fp8 pools are scaled per KV head: a layer's K scales d_k_scale[num_kv_heads] (V likewise);
+// x is stored as fp8(x / scale) and read as float(code) * scale (vLLM's convention). Scales
+// are optional for the other types (null: 1, which changes no bit).
 #pragma once
 
 #include <cstddef>
@@ -54,7 +57,7 @@ std::string copy_device_to_device(void* d_dst, const void* d_src, std::size_t by
 // Waits for all work; reports an asynchronous kernel fault.
 std::string synchronize();
 
-// The KV element types the kernels take: f32, f16, bf16.
+// The KV element types the kernels take: f32, f16, bf16, fp8-e4m3, fp8-e5m2.
 bool kv_dtype_supported(DType dtype);
 // Elements d_x[0, n) of a KV pool of `dtype` = that type's quiet NaN (poison fill).
 std::string fill_kv_nan(void* d_x, int64_t n, DType dtype);
@@ -71,10 +74,20 @@ std::string project(const float* d_w, const float* d_bias, int64_t out_dim, int6
 // Rotary embedding in place of d_x [n, heads, head_dim] at d_positions[t].
 std::string rope(float* d_x, int64_t n, int64_t heads, int64_t head_dim, const int32_t* d_positions,
                  const float* d_inv_freq);
-// K/V of token t into slot d_slots[t] of the pools ([slots, kv_dim] of `kv_dtype`, rounded
-// to nearest even); slot -1 is skipped.
+// K/V of token t into slot d_slots[t] of the pools ([slots, kv_dim] of `kv_dtype`, divided
+// by the KV head's scale when d_k_scale/d_v_scale are given (kv_dim = KV heads * head_dim),
+// rounded to nearest even, fp8 saturated); slot -1 is skipped.
 std::string write_kv(const float* d_k, const float* d_v, const int64_t* d_slots, int64_t n, int64_t kv_dim,
-                     DType kv_dtype, void* d_k_pool, void* d_v_pool);
+                     DType kv_dtype, void* d_k_pool, void* d_v_pool, int64_t head_dim = 0,
+                     const float* d_k_scale = nullptr, const float* d_v_scale = nullptr);
+
+// Planted bugs for the checks that must catch them (never a user option): kExact is the
+// kernel; kBf16Accumulator keeps the attention accumulator and softmax sum in bf16 (rounded
+// after every add: the reduced-precision accumulation that made vLLM's long-context FP8
+// attention fail, "The State of FP8 KV-Cache and Attention Quantization in vLLM", 2026);
+// kDropKvScales reads the pools without their scales (the scales never reach the kernel:
+// TensorRT-LLM PR #16916's class).
+enum class AttentionVariant { kExact, kBf16Accumulator, kDropKvScales };
 
 // Paged attention, decode and chunked prefill alike: token t (sequence d_seq_of_token[t],
 // position d_positions[t]) attends causally to positions [0, position] of its sequence
@@ -95,7 +108,8 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
                       const int32_t* d_block_tables, int64_t max_blocks_per_seq, const int32_t* d_seq_of_token,
                       const int32_t* d_positions, int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                       int64_t block_size, float scale, int64_t partition, int64_t max_partitions, float* d_workspace,
-                      float* d_out);
+                      float* d_out, const float* d_k_scale = nullptr, const float* d_v_scale = nullptr,
+                      AttentionVariant variant = AttentionVariant::kExact);
 
 // d_gate[i] = silu(d_gate[i]) * d_up[i], i < n.
 std::string silu_mul(float* d_gate, const float* d_up, int64_t n);

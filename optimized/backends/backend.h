@@ -12,6 +12,10 @@
 
 namespace kvp {
 
+// Planted bugs in the CUDA backends' attention kernel (cuda_backend.h), for the checks that must catch them (tests and
+// hidden flags; never a user option): see AttentionVariant in kernels/cuda/model_kernels.h.
+enum class PlantedAttentionBug { kNone, kBf16Accumulator, kDropKvScales };
+
 enum class PoolKind { kDevice, kHost };
 
 class Backend {

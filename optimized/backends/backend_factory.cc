@@ -31,6 +31,8 @@ Status backend_runs_here(BackendKind kind) { return kind == BackendKind::kCuda ?
 
 Result<std::unique_ptr<Backend>> make_backend(const BackendSpec& spec, const Model& model) {
   if (spec.kind == BackendKind::kCpu) {
+    if (spec.planted != PlantedAttentionBug::kNone)
+      return Status::error("cpu backend: planted attention bugs live in the CUDA backends' kernel");
     CpuBackendConfig bc;
     bc.pool = spec.pool;
     bc.num_threads = spec.num_threads;
@@ -43,6 +45,7 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendSpec& spec, const Mod
   CudaBackendConfig bc;
   bc.pool = spec.pool;
   bc.attention_plugin = spec.attention_plugin;
+  bc.planted = spec.planted;
   return make_cuda_backend(spec.kind == BackendKind::kCuda ? CudaFlavour::kDevice : CudaFlavour::kEmulated, model, bc);
 }
 

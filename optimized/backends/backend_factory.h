@@ -35,13 +35,15 @@ Status backend_runs_here(BackendKind kind);
 
 struct BackendSpec {
   BackendKind kind = BackendKind::kCpu;
-  // The pools: the model's layers, KV heads and head dim; kv_dtype f32 (cpu), or f32, f16 or
-  // bf16 (cuda-emu, cuda).
+  // The pools: the model's layers, KV heads and head dim; kv_dtype f32 (cpu), or f32, f16,
+  // bf16, fp8-e4m3 or fp8-e5m2 with its scales (cuda-emu, cuda).
   KvPoolShape pool;
   int num_threads = 1;  // the cpu backend's threads; results do not depend on it
   // The attention from this plug-in (not owned, must outlive the backend); nullptr: kvproof's
   // kernel. It must be for plugin_device_for(kind) and take the pool's kv_dtype.
   const kvp_attention_plugin* attention_plugin = nullptr;
+  // A planted bug in the CUDA backends' attention kernel (tests; kNone for any real run).
+  PlantedAttentionBug planted = PlantedAttentionBug::kNone;
 };
 
 // The backend `spec` describes, reading `model`'s weights: the cpu backend in place (no copy;

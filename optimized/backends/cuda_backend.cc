@@ -74,6 +74,7 @@ class CudaBackend final : public Backend {
   Status run_model(const BatchPlan& plan, StepOutput& out);
   // One layer's attention of the plan's tokens: kvproof's kernel, or the plug-in's.
   Status attend(const BatchPlan& plan, std::size_t layer, const float* q, float* out, int64_t max_partitions);
+  const float* layer_scale(const float* scales, std::size_t l) const;
 
   ModelConfig model_config_;
   const Model* model_for_init_ = nullptr;  // only during create()
@@ -97,6 +98,8 @@ struct CudaBackend::Device {
   float* norm = nullptr;
   float* lm_head = nullptr;
   float* inv_freq = nullptr;
+  float* k_scales = nullptr;  // fp8 pools: [layers][kv heads]; else null
+  float* v_scales = nullptr;
   std::vector<std::byte*> k_pool, v_pool;  // device, per layer, of kv_dtype
   std::vector<std::byte*> host_k, host_v;  // pinned host, per layer, of kv_dtype
   // Step buffers.
@@ -156,6 +159,22 @@ struct CudaBackend::Device {
     return cuda_status(ck::copy_to_device(b.ptr, host.data(), host.size() * sizeof(T)));
   }
 };
+
+// Layer l's scales in a [layers][kv heads] device array; null stays null (no scales).
+const float* CudaBackend::layer_scale(const float* scales, std::size_t l) const {
+  return scales == nullptr ? nullptr : scales + l * static_cast<std::size_t>(model_config_.num_kv_heads);
+}
+
+namespace {
+ck::AttentionVariant attention_variant(PlantedAttentionBug planted) {
+  switch (planted) {
+    case PlantedAttentionBug::kNone: return ck::AttentionVariant::kExact;
+    case PlantedAttentionBug::kBf16Accumulator: return ck::AttentionVariant::kBf16Accumulator;
+    case PlantedAttentionBug::kDropKvScales: return ck::AttentionVariant::kDropKvScales;
+  }
+  return ck::AttentionVariant::kExact;
+}
+}  // namespace
 
 CudaBackend::CudaBackend(const Model& model, const CudaBackendConfig& config)
     : model_config_(model.config), model_for_init_(&model), config_(config), dev_(std::make_unique<Device>()) {}
@@ -230,6 +249,12 @@ Status CudaBackend::init() {
   }
   const std::vector<float> inv_freq = rope_inv_freq<float>(c);
   KVP_RETURN_IF_ERROR(d.upload(&d.inv_freq, inv_freq.data(), static_cast<int64_t>(inv_freq.size())));
+  if (!config_.pool.k_scales.empty()) {
+    KVP_RETURN_IF_ERROR(
+        d.upload(&d.k_scales, config_.pool.k_scales.data(), static_cast<int64_t>(config_.pool.k_scales.size())));
+    KVP_RETURN_IF_ERROR(
+        d.upload(&d.v_scales, config_.pool.v_scales.data(), static_cast<int64_t>(config_.pool.v_scales.size())));
+  }
 
   const int64_t per_block = config_.pool.elements_per_block();
   const std::size_t element = dtype_size(config_.pool.kv_dtype);
@@ -283,14 +308,19 @@ Status CudaBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std:
     KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_host(raw_k.data(), dev_->k_pool[l] + at, bytes));
     KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_host(raw_v.data(), dev_->v_pool[l] + at, bytes));
   }
-  // To fp32: exact from f16 and bf16.
-  const auto convert = [&](const std::vector<std::byte>& raw, std::vector<float>& to) {
+  // To fp32 (exact from every KV type), times the KV head's scale (fp8): what attention reads.
+  const int64_t head_dim = config_.pool.head_dim;
+  const int64_t heads = config_.pool.num_kv_heads;
+  const auto convert = [&](const std::vector<std::byte>& raw, std::vector<float>& to, bool is_k) {
     to.resize(static_cast<std::size_t>(per_block));
-    for (std::size_t i = 0; i < to.size(); ++i)
-      to[i] = kernels::kv_element_to_float(config_.pool.kv_dtype, raw.data() + i * element);
+    for (std::size_t i = 0; i < to.size(); ++i) {
+      const int64_t head = static_cast<int64_t>(i) / head_dim % heads;
+      const float s = is_k ? config_.pool.k_scale(layer, head) : config_.pool.v_scale(layer, head);
+      to[i] = kernels::kv_element_to_float(config_.pool.kv_dtype, raw.data() + i * element) * s;
+    }
   };
-  convert(raw_k, k);
-  convert(raw_v, v);
+  convert(raw_k, k, true);
+  convert(raw_v, v, false);
   return Status::ok();
 }
 
@@ -397,8 +427,9 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
     KVP_CUDA_RETURN_IF_ERROR(ck::rope(q, n, c.num_heads, c.head_dim, positions, d.inv_freq));
     KVP_CUDA_RETURN_IF_ERROR(ck::rope(k, n, c.num_kv_heads, c.head_dim, positions, d.inv_freq));
     // Every new token's K/V goes into its slot before attention reads (same stream: ordered).
-    KVP_CUDA_RETURN_IF_ERROR(
-        ck::write_kv(k, v, d.slots.as<int64_t>(), n, c.kv_dim(), config_.pool.kv_dtype, d.k_pool[l], d.v_pool[l]));
+    KVP_CUDA_RETURN_IF_ERROR(ck::write_kv(k, v, d.slots.as<int64_t>(), n, c.kv_dim(), config_.pool.kv_dtype,
+                                          d.k_pool[l], d.v_pool[l], c.head_dim, layer_scale(d.k_scales, l),
+                                          layer_scale(d.v_scales, l)));
     KVP_RETURN_IF_ERROR(attend(plan, l, q, attn, max_partitions));
     KVP_CUDA_RETURN_IF_ERROR(ck::project(w.o, w.o_bias, hidden, c.q_dim(), attn, n, proj));
     KVP_CUDA_RETURN_IF_ERROR(ck::add_in_place(x, proj, n * hidden));
@@ -426,11 +457,12 @@ Status CudaBackend::attend(const BatchPlan& plan, std::size_t layer, const float
   Device& d = *dev_;
   if (config_.attention_plugin == nullptr) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    return cuda_status(ck::attention(q, config_.pool.kv_dtype, d.k_pool[layer], d.v_pool[layer],
-                                     d.block_tables.as<int32_t>(), plan.max_blocks_per_seq,
-                                     d.seq_of_token.as<int32_t>(), d.positions.as<int32_t>(), plan.num_tokens(),
-                                     c.num_heads, c.num_kv_heads, c.head_dim, config_.pool.block_size, scale,
-                                     config_.attention_partition, max_partitions, d.attn_workspace.as<float>(), out));
+    return cuda_status(ck::attention(
+        q, config_.pool.kv_dtype, d.k_pool[layer], d.v_pool[layer], d.block_tables.as<int32_t>(),
+        plan.max_blocks_per_seq, d.seq_of_token.as<int32_t>(), d.positions.as<int32_t>(), plan.num_tokens(),
+        c.num_heads, c.num_kv_heads, c.head_dim, config_.pool.block_size, scale, config_.attention_partition,
+        max_partitions, d.attn_workspace.as<float>(), out, layer_scale(d.k_scales, layer),
+        layer_scale(d.v_scales, layer), attention_variant(config_.planted)));
   }
   // Uploaded once per step (at layer 0); the other plan arrays are the kernel's own uploads.
   if (layer == 0) {

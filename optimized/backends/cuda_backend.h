@@ -19,8 +19,9 @@
 // naming the call or kernel.
 //
 // Memory: weights, the device KV pool and activations in device memory; the host (swap)
-// pool in pinned host memory; pools of pool.kv_dtype (f32, f16 or bf16: K/V rounded to it
-// when written, read as fp32), per layer K and V, each
+// pool in pinned host memory; pools of pool.kv_dtype (f32, f16, bf16, fp8-e4m3 or fp8-e5m2:
+// K/V rounded to it when written, read as fp32; fp8 divided by the pool's per-layer, per-KV-
+// head scale when written and multiplied by it when read), per layer K and V, each
 // [num_blocks, block_size, num_kv_heads, head_dim].
 #pragma once
 
@@ -36,7 +37,7 @@
 namespace kvp {
 
 struct CudaBackendConfig {
-  KvPoolShape pool;  // the model's layers, KV heads, head dim; kv_dtype f32, f16 or bf16
+  KvPoolShape pool;  // the model's layers, KV heads, head dim; kv_dtype f32, f16, bf16 or fp8 (+ scales)
   // Positions per attention partition (the split-KV size); fixed, never a number of splits.
   int64_t attention_partition = kernels::kDefaultAttentionPartition;
   bool nan_fill_at_start = true;  // both pools start as quiet NaN
@@ -45,6 +46,7 @@ struct CudaBackendConfig {
   // plug-ins (its device memory is host memory), the device flavour CUDA ones, each over the
   // pools' kv_dtype in the kvproof layout. A run() failure fails that step's execute().
   const kvp_attention_plugin* attention_plugin = nullptr;
+  PlantedAttentionBug planted = PlantedAttentionBug::kNone;
 
   Status validate() const;
 };

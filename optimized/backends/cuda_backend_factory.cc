@@ -12,7 +12,8 @@ Status CudaBackendConfig::validate() const {
   KVP_RETURN_IF_ERROR(pool.validate_for_backend());
   // Both flavours' kernels are one source: the emulated ones take the dtypes the GPU's take.
   if (!cuda_kernels::emu::kv_dtype_supported(pool.kv_dtype))
-    return Status::error("kv_dtype must be F32, F16 or BF16, got " + std::string(dtype_name(pool.kv_dtype)));
+    return Status::error("kv_dtype must be F32, F16, BF16, F8_E4M3 or F8_E5M2, got " +
+                         std::string(dtype_name(pool.kv_dtype)));
   if (attention_partition <= 0) return Status::error("attention_partition must be > 0");
   return Status::ok();
 }

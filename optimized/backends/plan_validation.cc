@@ -67,6 +67,9 @@ Status check_pool_matches_model(const KvPoolShape& pool, const ModelConfig& mode
 }
 
 Status validate_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanLimits& limits) {
+  // The pool's fp8 scales travel with its shape; a pool whose scales went missing or bad (a
+  // scale that never reaches the kernel reads every fp8 code unscaled) runs nothing.
+  if (Status sc = pool.validate_scales(); !sc) return sc.with_context("plan's pool");
   const int64_t num_seqs = plan.num_seqs();
   const int64_t num_tokens = plan.num_tokens();
   const auto n_seqs = static_cast<std::size_t>(num_seqs);

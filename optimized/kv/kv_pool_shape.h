@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/dtype.h"
 #include "common/status.h"
@@ -24,6 +25,12 @@ struct KvPoolShape {
   int32_t num_device_blocks = 0;
   int32_t num_host_blocks = 0;
   DType kv_dtype = DType::kF32;
+  // fp8 pools' dequantisation scales, [num_layers][num_kv_heads] row-major, K and V apart: a
+  // layer's KV head stores x as fp8(x / scale) and reads code * scale. A per-tensor scale is
+  // the same value on every head of its layer. Required (and > 0, finite) for an fp8 pool,
+  // empty for any other: scales belong to the pool's shape, so the engine's manager and its
+  // backend must agree on them, and the plan validator checks them at every step.
+  std::vector<float> k_scales, v_scales;
 
   // Elements (of kv_dtype) of one block of K (or V) in one layer.
   int64_t elements_per_block() const { return static_cast<int64_t>(block_size) * num_kv_heads * head_dim; }
@@ -35,10 +42,22 @@ struct KvPoolShape {
   // As validate(), and the model dimensions and the device pool are positive: what a
   // backend needs to lay out memory.
   Status validate_for_backend() const;
+  // What is wrong with the scales for kv_dtype (see k_scales), naming the first bad entry.
+  Status validate_scales() const;
+  // The scale of a layer's KV head; 1 for a pool without scales.
+  float k_scale(int64_t layer, int64_t kv_head) const { return scale_of(k_scales, layer, kv_head); }
+  float v_scale(int64_t layer, int64_t kv_head) const { return scale_of(v_scales, layer, kv_head); }
   // "layers 2, kv heads 2, head dim 16, block size 4, device blocks 48, host blocks 24, f32"
+  // (fp8 pools: ", K scales [min, max], V scales [min, max]")
   std::string to_string() const;
 
   friend bool operator==(const KvPoolShape&, const KvPoolShape&) = default;
+
+ private:
+  std::string scales_string() const;
+  float scale_of(const std::vector<float>& s, int64_t layer, int64_t kv_head) const {
+    return s.empty() ? 1.0f : s[static_cast<std::size_t>(layer * num_kv_heads + kv_head)];
+  }
 };
 
 }  // namespace kvp
