@@ -1,0 +1,65 @@
+#!/usr/bin/python3
+"""The long-context error table as a chart.
+
+    KVP_LONG_CONTEXT_CSV=lc.csv build/bin/cuda_kernels_test \\
+        --gtest_filter='*LongContextErrorDoesNotGrow*'          (KVP_LONG_CONTEXT_MAX=65536: 64k too)
+    scripts/plot_long_context.py lc.csv OUT.png               (Debian python3: /usr/bin/python3)
+
+Left: the total error of one decode row against fp64 attention over the original K/V, by
+context, one line per KV dtype, kernel and scales (log-log: a slope of 0 or below is the
+pools' rounding averaging out; a rising line is error growing with the context). Right: the
+accumulation error (against fp64 over exactly what the kernel reads) beside the bound the
+check gates on. Both relative to max |V| (docs/fp8.md). Needs python3-matplotlib.
+"""
+import csv
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(argv):
+    if len(argv) != 3:
+        sys.stderr.write(__doc__)
+        return 2
+    series = {}
+    bound = {}
+    with open(argv[1], newline="") as f:
+        for row in csv.DictReader(f):
+            key = row["kv_dtype"]
+            if row["kernel"] != "exact":
+                key += " " + row["kernel"]
+            if row["scales"] not in ("-", "calibrated"):
+                key += " scale " + row["scales"]
+            n = int(row["context"])
+            series.setdefault(key, []).append((n, float(row["total"]), float(row["accumulation"])))
+            bound[n] = float(row["bound"])
+    if not series:
+        sys.stderr.write(f"{argv[1]}: no rows\n")
+        return 1
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for key, pts in sorted(series.items()):
+        pts.sort()
+        xs = [p[0] for p in pts]
+        left.plot(xs, [p[1] for p in pts], marker="o", label=key)
+        right.plot(xs, [p[2] for p in pts], marker="o", label=key)
+    bx = sorted(bound)
+    right.plot(bx, [bound[x] for x in bx], "k--", label="bound (gate)")
+    for ax, title in ((left, "total error vs fp64 (original K/V)"),
+                      (right, "accumulation error vs fp64 (values read)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context (positions)")
+        ax.set_ylabel("max |error| / max |V|")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    right.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(argv[2], dpi=110)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
