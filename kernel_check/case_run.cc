@@ -15,16 +15,27 @@ namespace kvp::verify::kernel_check {
 
 namespace {
 
-// Rounds x to the KV dtype (so that the dense K/V the reference reads are the pool's values).
-float round_to_dtype(float x, int32_t dtype) {
+float fp8_decode(int32_t dtype, uint8_t code) {
+  return dtype == KVP_KV_FP8_E4M3 ? fp8_e4m3_to_float(code) : fp8_e5m2_to_float(code);
+}
+uint8_t fp8_encode(int32_t dtype, float x) {
+  return dtype == KVP_KV_FP8_E4M3 ? float_to_fp8_e4m3(x) : float_to_fp8_e5m2(x);
+}
+
+// Rounds x to the KV dtype (so that the dense K/V the reference reads are the pool's values);
+// fp8: to code * scale, the value the pool means (scale a power of two: exact).
+float round_to_dtype(float x, int32_t dtype, float scale = 1.0f) {
   if (dtype == KVP_KV_F16) return f16_to_float(float_to_f16(x));
   if (dtype == KVP_KV_BF16) return bf16_to_float(float_to_bf16(x));
+  if (is_fp8_dtype(dtype)) return fp8_decode(dtype, fp8_encode(dtype, x / scale)) * scale;
   return x;
 }
 
-void store_element(uint8_t* pool, int64_t index, int32_t dtype, float x) {
+void store_element(uint8_t* pool, int64_t index, int32_t dtype, float x, float scale = 1.0f) {
   if (dtype == KVP_KV_F32) {
     std::memcpy(pool + index * 4, &x, 4);
+  } else if (is_fp8_dtype(dtype)) {
+    pool[index] = fp8_encode(dtype, x / scale);
   } else {
     const uint16_t bits = dtype == KVP_KV_F16 ? float_to_f16(x) : float_to_bf16(x);
     std::memcpy(pool + index * 2, &bits, 2);
@@ -39,7 +50,7 @@ int64_t layout_index(const KernelCase& c, bool is_value, int64_t block, int64_t 
     case KVP_LAYOUT_KVPROOF: return ((block * bs + offset) * nh + head) * hd + d;
     case KVP_LAYOUT_FLASHINFER_NHD: return ((block * 2 * bs + offset) * nh + head) * hd + d;
     case KVP_LAYOUT_FLASHINFER_HND: return ((block * 2 * nh + head) * bs + offset) * hd + d;
-    default: {  // vLLM: K [nb][H][D/x][bs][x], V [nb][H][D][bs]
+    default: {  // vLLM: K [nb][H][D/x][bs][x], V [nb][H][D][bs] (x = 16 / element bytes)
       const int64_t x = 16 / element_size(c.kv_dtype);
       if (is_value) return ((block * nh + head) * hd + d) * bs + offset;
       return (((block * nh + head) * (hd / x) + d / x) * bs + offset) * x + d % x;
@@ -108,11 +119,21 @@ void make_batch(const KernelCase& c, Rng& rng, Inputs& in) {
 // first position's keys everywhere.
 void draw_values(const KernelCase& c, Rng& rng, Inputs& in) {
   const int64_t kvh = c.num_kv_heads, hd = c.head_dim;
+  if (is_fp8_dtype(c.kv_dtype)) {
+    for (int64_t g = 0; g < kvh; ++g) {
+      in.k_scales.push_back(std::ldexp(1.0f, static_cast<int>(2 - 3 * (g % 3))));   // 4, 1/2, 1/16
+      in.v_scales.push_back(std::ldexp(1.0f, static_cast<int>(-3 + 2 * (g % 3))));  // 1/8, 1/2, 2
+    }
+  }
+  const auto k_scale = [&](std::size_t i) { return in.k_scales.empty() ? 1.0f : in.k_scales[i / hd % kvh]; };
+  const auto v_scale = [&](std::size_t i) { return in.v_scales.empty() ? 1.0f : in.v_scales[i / hd % kvh]; };
   for (const SeqSpec& spec : c.seqs) {
     const std::size_t n = static_cast<std::size_t>(spec.context_len * kvh * hd);
     std::vector<float> k(n), v(n);
-    for (float& x : k) x = round_to_dtype(static_cast<float>(rng.uniform(-1.0, 1.0)), c.kv_dtype);
-    for (float& x : v) x = round_to_dtype(static_cast<float>(rng.uniform(-1.0, 1.0)), c.kv_dtype);
+    for (std::size_t i = 0; i < n; ++i)
+      k[i] = round_to_dtype(static_cast<float>(rng.uniform(-1.0, 1.0)), c.kv_dtype, k_scale(i));
+    for (std::size_t i = 0; i < n; ++i)
+      v[i] = round_to_dtype(static_cast<float>(rng.uniform(-1.0, 1.0)), c.kv_dtype, v_scale(i));
     if (c.kind == InputKind::kEqualScores) {
       for (std::size_t i = static_cast<std::size_t>(kvh * hd); i < n; ++i)
         k[i] = k[i % static_cast<std::size_t>(kvh * hd)];
@@ -139,7 +160,8 @@ void plant_dominant(const KernelCase& c, Rng& rng, Inputs& in) {
       for (int64_t d = 0; d < hd; ++d) norm2 += static_cast<double>(q[d]) * q[d];
       const double factor = 30.0 / (in.scale * norm2);
       float* k = in.k_dense[static_cast<std::size_t>(s)].data() + (j * kvh + g) * hd;
-      for (int64_t d = 0; d < hd; ++d) k[d] = round_to_dtype(static_cast<float>(factor * q[d]), c.kv_dtype);
+      const float ks = in.k_scales.empty() ? 1.0f : in.k_scales[static_cast<std::size_t>(g)];
+      for (int64_t d = 0; d < hd; ++d) k[d] = round_to_dtype(static_cast<float>(factor * q[d]), c.kv_dtype, ks);
     }
   }
 }
@@ -204,9 +226,11 @@ void fill_pool(const KernelCase& c, Inputs& in, bool nan_poison) {
       for (int64_t g = 0; g < c.num_kv_heads; ++g) {
         for (int64_t d = 0; d < c.head_dim; ++d) {
           const std::size_t dense = static_cast<std::size_t>((j * c.num_kv_heads + g) * c.head_dim + d);
-          store_element(k_base, layout_index(c, false, block, j % c.block_size, g, d), c.kv_dtype,
-                        in.k_dense[s][dense]);
-          store_element(v_base, layout_index(c, true, block, j % c.block_size, g, d), c.kv_dtype, in.v_dense[s][dense]);
+          const auto gi = static_cast<std::size_t>(g);
+          store_element(k_base, layout_index(c, false, block, j % c.block_size, g, d), c.kv_dtype, in.k_dense[s][dense],
+                        in.k_scales.empty() ? 1.0f : in.k_scales[gi]);
+          store_element(v_base, layout_index(c, true, block, j % c.block_size, g, d), c.kv_dtype, in.v_dense[s][dense],
+                        in.v_scales.empty() ? 1.0f : in.v_scales[gi]);
         }
       }
     }
@@ -277,8 +301,11 @@ void call_on_device(const CudaRuntime& rt, const kvp_attention_plugin& plugin, k
       {args.block_tables, ints(static_cast<int64_t>(shape.num_seqs) * shape.max_blocks_per_seq), "block_tables"},
       {in.k_pool.data(), in.k_pool.size(), combined ? "the KV pool" : "the K pool"},
       {in.v_pool.data(), in.v_pool.size(), "the V pool"},
+      {in.k_scales.data(), in.k_scales.size() * sizeof(float), "k_scale"},
+      {in.v_scales.data(), in.v_scales.size() * sizeof(float), "v_scale"},
       {o.buffer.data(), o.buffer.size() * sizeof(float), "out"},
   };
+  const std::size_t out_i = arrays.size() - 1;
   void* stream = nullptr;
   auto fail = [&](const std::string& why) {
     o.status = -1;
@@ -298,14 +325,18 @@ void call_on_device(const CudaRuntime& rt, const kvp_attention_plugin& plugin, k
     args.block_tables = static_cast<const int32_t*>(arrays[5].device);
     args.k_cache = arrays[6].device;
     args.v_cache = combined ? static_cast<const uint8_t*>(arrays[6].device) + in.v_offset_bytes : arrays[7].device;
-    args.out = static_cast<float*>(arrays[8].device) + kGuardFloats;
+    if (args.k_scale != nullptr) {
+      args.k_scale = static_cast<const float*>(arrays[8].device);
+      args.v_scale = static_cast<const float*>(arrays[9].device);
+    }
+    args.out = static_cast<float*>(arrays[out_i].device) + kGuardFloats;
     args.stream = stream;
     char err[512] = {};
     o.status = plugin.run(&args, err, sizeof err);
     if (o.status != 0) o.error = err[0] != '\0' ? std::string(err, strnlen(err, sizeof err)) : "(no message)";
     if (std::string e = rt.stream_synchronize(stream); !e.empty())
       return fail("the kernel's stream reported an error after run() returned " + std::to_string(o.status) + ": " + e);
-    if (std::string e = rt.to_host(o.buffer.data(), arrays[8].device, arrays[8].bytes); !e.empty())
+    if (std::string e = rt.to_host(o.buffer.data(), arrays[out_i].device, arrays[out_i].bytes); !e.empty())
       return fail("kernel-check: " + e);
     std::vector<uint8_t> back;
     for (std::size_t i = 0; i + 1 < arrays.size(); ++i) {
@@ -344,6 +375,8 @@ Output call_plugin(const kvp_attention_plugin& plugin, const Inputs& in, const k
   args.v_cache = in.v_pool.empty() ? in.k_pool.data() + in.v_offset_bytes : in.v_pool.data();
   args.scale = in.scale;
   args.stream = nullptr;
+  args.k_scale = in.k_scales.empty() ? nullptr : in.k_scales.data();
+  args.v_scale = in.v_scales.empty() ? nullptr : in.v_scales.data();
   if (plugin.device == KVP_DEVICE_CUDA) {
     std::string why;
     const CudaRuntime* rt = CudaRuntime::shared(why);
@@ -377,7 +410,11 @@ int64_t count_non_finite(const float* p, int64_t n) {
 }
 
 double ulp_of(double x, int32_t dtype) {
-  const int mantissa = dtype == KVP_KV_F32 ? 23 : dtype == KVP_KV_F16 ? 10 : 7;
+  const int mantissa = dtype == KVP_KV_F32        ? 23
+                       : dtype == KVP_KV_F16      ? 10
+                       : dtype == KVP_KV_BF16     ? 7
+                       : dtype == KVP_KV_FP8_E4M3 ? 3
+                                                  : 2;
   if (x <= 0.0) return std::ldexp(1.0, -mantissa - 14);
   return std::ldexp(1.0, std::ilogb(x) - mantissa);
 }

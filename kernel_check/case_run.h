@@ -23,7 +23,10 @@ constexpr int64_t kGuardFloats = 64;
 constexpr uint32_t kGuardBits = 0x7fa5a5a5u;  // a NaN payload no kernel computes
 constexpr float kUnwritten = 1.0e30f;         // `out` before the call: a row left unwritten fails accuracy
 
-inline int64_t element_size(int32_t dtype) { return dtype == KVP_KV_F32 ? 4 : 2; }
+inline int64_t element_size(int32_t dtype) {
+  return dtype == KVP_KV_F32 ? 4 : dtype == KVP_KV_FP8_E4M3 || dtype == KVP_KV_FP8_E5M2 ? 1 : 2;
+}
+inline bool is_fp8_dtype(int32_t dtype) { return dtype == KVP_KV_FP8_E4M3 || dtype == KVP_KV_FP8_E5M2; }
 
 // Whether a layout keeps K and V in one array (FlashInfer's), so that there is no V pool.
 bool combined_pool(int32_t layout);
@@ -36,6 +39,9 @@ struct Inputs {
   std::vector<uint8_t> k_pool, v_pool;               // v_pool empty for a combined layout
   int64_t v_offset_bytes = 0;                        // combined layout: v_cache = k_cache + this
   float scale = 1.0f;
+  // fp8 pools: per KV head, powers of two far from 1 (so that x / scale is exact and a kernel
+  // that drops them reads other values); empty for the other dtypes.
+  std::vector<float> k_scales, v_scales;
 };
 
 // A case's inputs, drawn from its seed (the pools not yet filled).

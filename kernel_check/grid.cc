@@ -18,7 +18,14 @@ const char* input_kind_name(InputKind kind) {
   return "?";
 }
 const char* dtype_name(int32_t kv_dtype) {
-  return kv_dtype == KVP_KV_F32 ? "f32" : kv_dtype == KVP_KV_F16 ? "f16" : kv_dtype == KVP_KV_BF16 ? "bf16" : "?";
+  switch (kv_dtype) {
+    case KVP_KV_F32: return "f32";
+    case KVP_KV_F16: return "f16";
+    case KVP_KV_BF16: return "bf16";
+    case KVP_KV_FP8_E4M3: return "fp8-e4m3";
+    case KVP_KV_FP8_E5M2: return "fp8-e5m2";
+  }
+  return "?";
 }
 const char* layout_name(int32_t kv_layout) {
   switch (kv_layout) {
@@ -34,6 +41,10 @@ double tolerance(int32_t kv_dtype) {
   switch (kv_dtype) {
     case KVP_KV_F16: return 2e-3;
     case KVP_KV_BF16: return 1.6e-2;
+    // The fp8 values are exact inputs too (code * a power-of-two scale); bf16's room, for a
+    // kernel that dequantises to bf16 and rounds P or V there.
+    case KVP_KV_FP8_E4M3:
+    case KVP_KV_FP8_E5M2: return 1.6e-2;
     default: return 1e-4;
   }
 }
@@ -189,13 +200,33 @@ struct GridBuilder {
       add(c);
     }
   }
+
+  // One reduction over more than 100k positions (a decode row at 131,073: one past 2^17),
+  // where a kernel's accumulation shows what short contexts hide (docs/fp8.md): quick, in the
+  // plug-in's last (narrowest) dtype; full, in every dtype. Added last, so the cases before
+  // keep their ids.
+  void long_reductions(Grid grid) {
+    const std::size_t first = grid == Grid::kQuick ? dtypes.size() - 1 : 0;
+    for (std::size_t i = first; i < dtypes.size(); ++i) {
+      KernelCase c;
+      c.label = "long-reduction";
+      c.num_heads = 4;
+      c.num_kv_heads = 1;
+      c.head_dim = 64;
+      c.block_size = 16;
+      c.kv_dtype = dtypes[i];
+      c.kv_layout = layouts[i % layouts.size()];
+      c.seqs = {{131073, 1}};
+      add(c);
+    }
+  }
 };
 
 }  // namespace
 
 std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_layouts) {
   GridBuilder b;
-  for (int32_t d = KVP_KV_F32; d <= KVP_KV_BF16; ++d)
+  for (int32_t d = KVP_KV_F32; d <= KVP_KV_FP8_E5M2; ++d)
     if (kv_dtypes & KVP_DTYPE_BIT(d)) b.dtypes.push_back(d);
   for (int32_t l = KVP_LAYOUT_KVPROOF; l <= KVP_LAYOUT_VLLM; ++l)
     if (kv_layouts & KVP_LAYOUT_BIT(l)) b.layouts.push_back(l);
@@ -203,6 +234,7 @@ std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_lay
   b.shapes(grid);
   b.partition_edges(grid);
   if (grid == Grid::kFull) b.long_contexts();
+  b.long_reductions(grid);
   return std::move(b.cases);
 }
 

@@ -139,7 +139,7 @@ int64_t Report::num_skipped() const {
 nlohmann::json Report::to_json() const {
   nlohmann::json list = nlohmann::json::array();
   std::map<std::string, int64_t> by_property;
-  double worst[3] = {0, 0, 0};
+  double worst[5] = {0, 0, 0, 0, 0};
   for (const CaseRecord& c : cases) {
     nlohmann::json j = c.spec.to_json();
     j.update(result_to_json(c.result));
@@ -148,29 +148,34 @@ nlohmann::json Report::to_json() const {
     std::set<std::string> seen;
     for (const Failure& f : c.result.failures)
       if (seen.insert(f.property).second) ++by_property[f.property];
-    if (c.spec.kv_dtype >= 0 && c.spec.kv_dtype < 3)
+    if (c.spec.kv_dtype >= 0 && c.spec.kv_dtype < 5)
       worst[c.spec.kv_dtype] = std::max(worst[c.spec.kv_dtype], c.result.max_rel_error);
   }
   nlohmann::json failed = nlohmann::json::object();
   for (const auto& [p, k] : by_property) failed[p] = k;
   const int64_t n = static_cast<int64_t>(cases.size());
-  return {
-      {"schema", "kvproof.kernel-check"},
-      {"version", 1},
-      {"plugin", {{"path", plugin_path}, {"name", plugin_name}}},
-      {"grid", grid_name(grid)},
-      {"shard", {{"index", shard_index}, {"count", shard_count}}},
-      {"tolerance", {{"f32", tolerance(KVP_KV_F32)}, {"f16", tolerance(KVP_KV_F16)}, {"bf16", tolerance(KVP_KV_BF16)}}},
-      {"max_rel_error", {{"f32", worst[0]}, {"f16", worst[1]}, {"bf16", worst[2]}}},
-      {"summary",
-       {{"cases", n},
-        {"passed", n - num_failed() - num_skipped()},
-        {"failed", num_failed()},
-        {"skipped", num_skipped()},
-        {"failed_by_property", failed},
-        {"seconds", seconds}}},
-      {"verdict", passed() ? "pass" : "fail"},
-      {"cases", list}};
+  return {{"schema", "kvproof.kernel-check"},
+          {"version", 1},
+          {"plugin", {{"path", plugin_path}, {"name", plugin_name}}},
+          {"grid", grid_name(grid)},
+          {"shard", {{"index", shard_index}, {"count", shard_count}}},
+          {"tolerance",
+           {{"f32", tolerance(KVP_KV_F32)},
+            {"f16", tolerance(KVP_KV_F16)},
+            {"bf16", tolerance(KVP_KV_BF16)},
+            {"fp8-e4m3", tolerance(KVP_KV_FP8_E4M3)},
+            {"fp8-e5m2", tolerance(KVP_KV_FP8_E5M2)}}},
+          {"max_rel_error",
+           {{"f32", worst[0]}, {"f16", worst[1]}, {"bf16", worst[2]}, {"fp8-e4m3", worst[3]}, {"fp8-e5m2", worst[4]}}},
+          {"summary",
+           {{"cases", n},
+            {"passed", n - num_failed() - num_skipped()},
+            {"failed", num_failed()},
+            {"skipped", num_skipped()},
+            {"failed_by_property", failed},
+            {"seconds", seconds}}},
+          {"verdict", passed() ? "pass" : "fail"},
+          {"cases", list}};
 }
 
 std::string Report::to_junit() const {

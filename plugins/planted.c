@@ -241,10 +241,13 @@ static const char* plugin_name(void) {
 }
 
 static kvp_attention_plugin descriptor = {
+/* Built as version-1 plug-ins (the v1 entry point, abi_version 1): they prove that libraries
+ * built before ABI version 2 still load and run. abi_v2 declares version 2 behind the v1
+ * entry point, a mismatch the loader refuses. */
 #if KVP_PLANTED == 11
     2,
 #else
-    KVP_ATTENTION_PLUGIN_ABI_VERSION,
+    1,
 #endif
     NULL,
 #if KVP_PLANTED_DEVICE

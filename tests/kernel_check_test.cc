@@ -147,6 +147,38 @@ TEST(KernelCheck, AHangingKernelTimesOutInItsChildAndTheHarnessCarriesOn) {
   EXPECT_NE(report->cases[0].reproduce.find("--case " + std::to_string(id)), std::string::npos);
 }
 
+// fp8 pools with scales (ABI version 2): kvproof's CPU kernel passes every fp8 case of the
+// quick grid (the long reduction over 131,073 positions included), and the same kernel with
+// its scales dropped before the kernel fails accuracy on every fp8 case and on nothing else.
+TEST(KernelCheck, Fp8CasesPassWithScalesAndFailWhenTheKernelDropsThem) {
+  auto good = load_or_die("kvproof_cpu");
+  auto dropped = load_or_die("kvproof_cpu_drop_scales");
+  ASSERT_TRUE(good && dropped);
+  const auto grid = make_grid(Grid::kQuick, good->descriptor().kv_dtypes, good->descriptor().kv_layouts);
+  int64_t fp8_cases = 0;
+  bool long_reduction = false;
+  for (const KernelCase& c : grid) {
+    const bool fp8 = c.kv_dtype == KVP_KV_FP8_E4M3 || c.kv_dtype == KVP_KV_FP8_E5M2;
+    if (c.label == "long-reduction") {
+      long_reduction = true;
+      EXPECT_GE(c.seqs[0].context_len, 100000);
+    }
+    if (!fp8 && c.label != "long-reduction") continue;
+    fp8_cases += fp8 ? 1 : 0;
+    const CaseResult ok = run_case(good->descriptor(), c);
+    EXPECT_TRUE(ok.failures.empty()) << "case " << c.id << " " << c.label << ": " << ok.failures[0].message;
+    const CaseResult bad = run_case(dropped->descriptor(), c);
+    if (fp8) {
+      EXPECT_TRUE(bad.failed("accuracy")) << "case " << c.id << " " << c.label;
+      for (const Failure& f : bad.failures) EXPECT_EQ(f.property, "accuracy") << f.message;
+    } else {
+      EXPECT_TRUE(bad.failures.empty()) << "case " << c.id;
+    }
+  }
+  EXPECT_GE(fp8_cases, 10);
+  EXPECT_TRUE(long_reduction);
+}
+
 TEST(KernelCheck, ShardsAreDisjointAndMergeIntoTheWholeGrid) {
   auto plugin = load_or_die("kvproof_cpu");
   ASSERT_TRUE(plugin);
@@ -239,7 +271,8 @@ TEST(AttentionPluginLoader, RefusesAMissingFileNamingIt) {
 TEST(AttentionPluginLoader, RefusesALibraryWithoutTheEntryPoint) {
   auto p = AttentionPlugin::load(plugin_path("no_entry"));
   ASSERT_FALSE(p);
-  EXPECT_NE(p.status().message().find(plugin_path("no_entry") + ": no entry point kvp_attention_plugin_v1"),
+  EXPECT_NE(p.status().message().find(plugin_path("no_entry") +
+                                      ": no entry point kvp_attention_plugin_v2 (nor kvp_attention_plugin_v1"),
             std::string::npos)
       << p.status().message();
 }
@@ -248,6 +281,20 @@ TEST(AttentionPluginLoader, RefusesAnotherAbiVersion) {
   auto p = AttentionPlugin::load(plugin_path("abi_v2"));
   ASSERT_FALSE(p);
   EXPECT_NE(p.status().message().find("ABI version 2"), std::string::npos) << p.status().message();
+}
+
+// ABI version 2 added fp8 pools and their scales at the end of kvp_attention_args; a library
+// built for version 1 (planted.c's builds: the v1 entry point, abi_version 1) still loads, and
+// kvproof's own plug-ins are version 2, declaring the fp8 dtypes.
+TEST(AttentionPluginLoader, LoadsVersionOneAndVersionTwoPlugins) {
+  auto v1 = AttentionPlugin::load(plugin_path("naive_c"));
+  ASSERT_TRUE(v1) << v1.status().message();
+  EXPECT_EQ(v1.value()->descriptor().abi_version, 1u);
+  auto v2 = AttentionPlugin::load(plugin_path("kvproof_cpu"));
+  ASSERT_TRUE(v2) << v2.status().message();
+  EXPECT_EQ(v2.value()->descriptor().abi_version, 2u);
+  EXPECT_NE(v2.value()->descriptor().kv_dtypes & KVP_DTYPE_BIT(KVP_KV_FP8_E4M3), 0u);
+  EXPECT_NE(v2.value()->descriptor().kv_dtypes & KVP_DTYPE_BIT(KVP_KV_FP8_E5M2), 0u);
 }
 
 TEST(AttentionPluginLoader, RefusesADescriptorWithoutRun) {

@@ -1,11 +1,12 @@
-/* kvproof attention plug-in ABI, version 1 (docs/plugins.md).
+/* kvproof attention plug-in ABI, version 2 (docs/plugins.md).
  *
  * A paged-attention kernel that kvproof did not write, in a shared library, so that
  * `kvproof kernel-check --plugin lib.so` can run kvproof's adversarial grid on it against
  * an fp64 reference. Plain C (C99 and C++ alike), no kvproof header needed.
  *
- * The library exports one function, kvp_attention_plugin_v1(), returning a descriptor that
- * lives as long as the library is loaded. kvproof reads the descriptor, asks supports() for
+ * The library exports one function, kvp_attention_plugin_v2(), returning a descriptor that
+ * lives as long as the library is loaded (a library built for version 1 exports
+ * kvp_attention_plugin_v1() instead, and still loads: kvproof looks for v2, then v1). kvproof reads the descriptor, asks supports() for
  * every shape of its grid, and calls run() on the shapes accepted. A kernel must report a
  * failure by returning nonzero from run() with a message in `err`, never by aborting.
  *
@@ -18,8 +19,13 @@
  * must not be read into the softmax; slots past context_lens[s] and blocks outside the tables
  * may hold anything (kvproof fills them with NaN).
  *
- * Everything is row-major and densely packed unless stated. Version 1: queries and outputs
- * are fp32; the KV pool is fp32, fp16 or bf16 (IEEE binary16 / the top half of binary32).
+ * Everything is row-major and densely packed unless stated. Queries and outputs are fp32; the
+ * KV pool is fp32, fp16 or bf16 (IEEE binary16 / the top half of binary32), and from version 2
+ * also OCP fp8 E4M3 or E5M2, scaled per KV head (k_scale, v_scale below).
+ *
+ * Version 2 over version 1: the fp8 dtypes, and k_scale/v_scale appended to
+ * kvp_attention_args (the fields before them are unchanged, so a version-1 plug-in reads the
+ * same struct). kvproof gives a version-1 plug-in only the dtypes version 1 names.
  */
 #ifndef KVPROOF_ATTENTION_PLUGIN_H_
 #define KVPROOF_ATTENTION_PLUGIN_H_
@@ -31,10 +37,12 @@
 extern "C" {
 #endif
 
-#define KVP_ATTENTION_PLUGIN_ABI_VERSION 1
+#define KVP_ATTENTION_PLUGIN_ABI_VERSION 2
 
-/* The entry point's name; kvproof looks this symbol up with dlsym. */
-#define KVP_ATTENTION_PLUGIN_ENTRY "kvp_attention_plugin_v1"
+/* The entry point's name; kvproof looks this symbol up with dlsym (then, for a library built
+ * for version 1, KVP_ATTENTION_PLUGIN_ENTRY_V1, whose descriptor says abi_version 1). */
+#define KVP_ATTENTION_PLUGIN_ENTRY "kvp_attention_plugin_v2"
+#define KVP_ATTENTION_PLUGIN_ENTRY_V1 "kvp_attention_plugin_v1"
 
 /* Where run() expects its pointers. */
 typedef enum kvp_device {
@@ -42,8 +50,17 @@ typedef enum kvp_device {
   KVP_DEVICE_CUDA = 1  /* CUDA device memory; args->stream is the cudaStream_t to launch on */
 } kvp_device;
 
-/* KV-pool element types. A descriptor's kv_dtypes is a bitmask of KVP_DTYPE_BIT(dtype). */
-typedef enum kvp_kv_dtype { KVP_KV_F32 = 0, KVP_KV_F16 = 1, KVP_KV_BF16 = 2 } kvp_kv_dtype;
+/* KV-pool element types. A descriptor's kv_dtypes is a bitmask of KVP_DTYPE_BIT(dtype).
+ * FP8 (version 2): the OCP 8-bit formats (OFP8 rev. 1.0): E4M3 (bias 7, max 448, no
+ * infinities, S.1111.111 NaN) and E5M2 (bias 15, max 57344, IEEE-like). An element of KV
+ * head g means code * k_scale[g] (K) or code * v_scale[g] (V). */
+typedef enum kvp_kv_dtype {
+  KVP_KV_F32 = 0,
+  KVP_KV_F16 = 1,
+  KVP_KV_BF16 = 2,
+  KVP_KV_FP8_E4M3 = 3,
+  KVP_KV_FP8_E5M2 = 4
+} kvp_kv_dtype;
 
 /* KV-pool layouts, with E the element type, nb num_blocks, bs block_size, H num_kv_heads,
  * D head_dim. A descriptor's kv_layouts is a bitmask of KVP_LAYOUT_BIT(layout).
@@ -109,10 +126,15 @@ typedef struct kvp_attention_args {
   float scale;
   /* KVP_DEVICE_CUDA: the cudaStream_t to run on (kvproof synchronises it); host: NULL. */
   void* stream;
+  /* Version 2. fp8 pools: the layer's dequantisation scales, float[num_kv_heads] each, in the
+   * plug-in's memory (device memory for a CUDA plug-in), read only: key dimension d of
+   * position j in KV head g is code * k_scale[g]. NULL for the other dtypes. */
+  const float* k_scale;
+  const float* v_scale;
 } kvp_attention_args;
 
 typedef struct kvp_attention_plugin {
-  uint32_t abi_version; /* KVP_ATTENTION_PLUGIN_ABI_VERSION the library was built with */
+  uint32_t abi_version; /* KVP_ATTENTION_PLUGIN_ABI_VERSION the library was built with (1 or 2) */
   const char* name;     /* non-empty, for reports */
   int32_t device;       /* a kvp_device */
   uint32_t kv_dtypes;   /* bitmask of KVP_DTYPE_BIT(kvp_kv_dtype), nonzero */

@@ -478,6 +478,8 @@ Status CudaBackend::attend(const BatchPlan& plan, std::size_t layer, const float
   batch.context_lens = d.context_lens.as<int32_t>();
   batch.block_tables = d.block_tables.as<int32_t>();
   batch.k_cache = d.k_pool[layer];
+  batch.k_scale = layer_scale(d.k_scales, layer);
+  batch.v_scale = layer_scale(d.v_scales, layer);
   batch.v_cache = d.v_pool[layer];
   batch.stream = nullptr;  // the legacy default stream, which this backend's kernels run on
   return plugin_attention(*config_.attention_plugin, plan, c.num_heads, config_.pool, batch);

@@ -11,6 +11,8 @@ kvp_kv_dtype plugin_kv_dtype(DType kv_dtype) {
   switch (kv_dtype) {
     case DType::kF16: return KVP_KV_F16;
     case DType::kBF16: return KVP_KV_BF16;
+    case DType::kF8E4M3: return KVP_KV_FP8_E4M3;
+    case DType::kF8E5M2: return KVP_KV_FP8_E5M2;
     default: return KVP_KV_F32;
   }
 }
@@ -24,9 +26,12 @@ Status check_plugin_for_backend(const kvp_attention_plugin& plugin, const char* 
                          (device == KVP_DEVICE_HOST ? ": not a host plug-in; this backend runs host ones"
                                                     : ": not a CUDA plug-in; this backend runs CUDA ones") +
                          under);
-  if (kv_dtype != DType::kF32 && kv_dtype != DType::kF16 && kv_dtype != DType::kBF16)
+  if (kv_dtype != DType::kF32 && kv_dtype != DType::kF16 && kv_dtype != DType::kBF16 && !is_fp8(kv_dtype))
     return Status::error(who + ": the pools are " + std::string(dtype_name(kv_dtype)) +
                          ", which the plug-in ABI has no name for" + under);
+  if (is_fp8(kv_dtype) && plugin.abi_version < 2)
+    return Status::error(who + ": the pools are " + std::string(dtype_name(kv_dtype)) + ", which plug-in ABI version " +
+                         std::to_string(plugin.abi_version) + " has no name for (fp8 came with version 2)" + under);
   if ((plugin.kv_dtypes & KVP_DTYPE_BIT(plugin_kv_dtype(kv_dtype))) == 0)
     return Status::error(who + ": does not take " + std::string(dtype_name(kv_dtype)) + " KV, the pools' element type" +
                          under);
@@ -67,6 +72,10 @@ Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& pla
   args.v_cache = batch.v_cache;
   args.scale = 1.0f / std::sqrt(static_cast<float>(pool.head_dim));
   args.stream = batch.stream;
+  if (plugin.abi_version >= 2) {  // version 1's struct ends before the scales
+    args.k_scale = batch.k_scale;
+    args.v_scale = batch.v_scale;
+  }
   char err[512] = {};
   if (plugin.run(&args, err, sizeof err) != 0)
     return Status::error(who + ": run() failed: " + std::string(err, strnlen(err, sizeof err)));

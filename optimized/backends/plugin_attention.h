@@ -22,7 +22,8 @@ namespace kvp {
 Status check_plugin_for_backend(const kvp_attention_plugin& plugin, const char* backend, int32_t device,
                                 DType kv_dtype);
 
-// The ABI's name for a pool element type (f32, f16, bf16); REQUIRES one of those.
+// The ABI's name for a pool element type (f32, f16, bf16, fp8-e4m3, fp8-e5m2); REQUIRES one
+// of those. A version-1 plug-in is refused fp8 pools (its ABI has no name for them).
 kvp_kv_dtype plugin_kv_dtype(DType kv_dtype);
 
 // Where the plug-in reads and writes, every pointer in the plug-in's memory (host, or CUDA
@@ -42,6 +43,9 @@ struct PluginBatch {
   const void* k_cache = nullptr;
   const void* v_cache = nullptr;
   void* stream = nullptr;
+  // fp8 pools: the layer's scales, float[num_kv_heads] each; null for the other dtypes.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
 };
 
 // out = attention of every plan token and query head, through `plugin`. The shape comes from
