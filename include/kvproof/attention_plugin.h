@@ -6,9 +6,9 @@
  *
  * The library exports one function, kvp_attention_plugin_v2(), returning a descriptor that
  * lives as long as the library is loaded (a library built for version 1 exports
- * kvp_attention_plugin_v1() instead, and still loads: kvproof looks for v2, then v1). kvproof reads the descriptor, asks supports() for
- * every shape of its grid, and calls run() on the shapes accepted. A kernel must report a
- * failure by returning nonzero from run() with a message in `err`, never by aborting.
+ * kvp_attention_plugin_v1() instead, and still loads: kvproof looks for v2, then v1). kvproof reads the descriptor,
+ * asks supports() for every shape of its grid, and calls run() on the shapes accepted. A kernel must report a failure
+ * by returning nonzero from run() with a message in `err`, never by aborting.
  *
  * One call computes, for every new token t of a batch and every query head h:
  *   out[t][h] = sum_j softmax_j(scale * q[t][h] . K[s][j][g]) V[s][j][g],  j = 0..positions[t]
