@@ -101,6 +101,7 @@ Result<int> audit_engine(const AuditFlags& f) {
                 a.engine.block_size, a.engine.num_blocks, a.engine.num_host_blocks,
                 a.engine.global_prefix_sharing ? "global" : "tenant-scoped", f.preemption.c_str());
   std::printf("kvproof audit: %s\n", context);
+  if (!a.engine.kv_scales_source.empty()) std::printf("fp8 KV scales: %s\n", a.engine.kv_scales_source.c_str());
   auto started = f.publish.start();
   if (!started) return started.status();
   const std::unique_ptr<kv_events::Publisher> publisher = std::move(*started);

@@ -32,7 +32,8 @@ void add_info_command(CLI::App& app, int& exit_code) {
     j["parameters"] = c.num_parameters();
     j["kv_bytes_per_token"] = {{"f32", c.kv_bytes_per_token(DType::kF32)},
                                {"f16", c.kv_bytes_per_token(DType::kF16)},
-                               {"bf16", c.kv_bytes_per_token(DType::kBF16)}};
+                               {"bf16", c.kv_bytes_per_token(DType::kBF16)},
+                               {"fp8", c.kv_bytes_per_token(DType::kF8E4M3)}};
     nlohmann::json tensors = nlohmann::json::array();
     for (const auto& t : named_tensors(model->config, model->weights))
       tensors.push_back({{"name", t.name}, {"shape", t.shape}});
@@ -66,10 +67,11 @@ void add_info_command(CLI::App& app, int& exit_code) {
     for (int32_t id : c.eos_token_ids) eos += (eos.empty() ? "" : ", ") + std::to_string(id);
     std::printf("  stop tokens (eos)   %s\n", eos.empty() ? "none" : eos.c_str());
     std::printf("  lm_head             %s\n", c.tie_word_embeddings ? "tied to embed_tokens" : "separate");
-    std::printf("  KV bytes per token  f32 %lld, f16 %lld, bf16 %lld\n",
+    std::printf("  KV bytes per token  f32 %lld, f16 %lld, bf16 %lld, fp8 %lld\n",
                 static_cast<long long>(c.kv_bytes_per_token(DType::kF32)),
                 static_cast<long long>(c.kv_bytes_per_token(DType::kF16)),
-                static_cast<long long>(c.kv_bytes_per_token(DType::kBF16)));
+                static_cast<long long>(c.kv_bytes_per_token(DType::kBF16)),
+                static_cast<long long>(c.kv_bytes_per_token(DType::kF8E4M3)));
     std::printf("backends:\n");
     for (const BackendKind b : kBackendKinds)
       std::printf("  %-9s %s\n", backend_name(b), j["backends"][backend_name(b)].get<std::string>().c_str());
