@@ -138,6 +138,22 @@ Status open_sharded(const fs::path& dir, OpenCheckpoint& out) {
   return Status::ok();
 }
 
+// A checkpoint directory's config and its open safetensors files: model.safetensors when it is
+// there (or when there is no index either, so that the error names it), else the shards.
+Result<ModelConfig> open_checkpoint(const fs::path& dir, OpenCheckpoint& open) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return Status::error(dir.string() + ": not a directory");
+  auto config = load_config(dir);
+  if (!config) return config.status();
+  const fs::path single = dir / kSingleFileName;
+  if (fs::exists(single, ec) || !fs::exists(dir / kShardIndexName, ec)) {
+    KVP_RETURN_IF_ERROR(open_single(single, open));
+  } else {
+    KVP_RETURN_IF_ERROR(open_sharded(dir, open));
+  }
+  return config;
+}
+
 }  // namespace
 
 Result<ShardIndex> parse_shard_index(std::string_view text) {
@@ -182,18 +198,10 @@ Result<ShardIndex> parse_shard_index(std::string_view text) {
 }
 
 Result<Model> load_checkpoint(const fs::path& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return Status::error(dir.string() + ": not a directory");
-  auto config = load_config(dir);
-  if (!config) return config.status();
-
   OpenCheckpoint open;
+  auto config = open_checkpoint(dir, open);
+  if (!config) return config.status();
   const fs::path single = dir / kSingleFileName;
-  if (fs::exists(single, ec) || !fs::exists(dir / kShardIndexName, ec)) {
-    KVP_RETURN_IF_ERROR(open_single(single, open));
-  } else {
-    KVP_RETURN_IF_ERROR(open_sharded(dir, open));
-  }
 
   Model m{*config, allocate_weights(*config)};
   std::vector<NamedTensor> expected = named_tensors(m.config, m.weights);
@@ -230,17 +238,9 @@ std::string kv_scale_tensor_name(int64_t layer, bool k) {
 }
 
 Result<std::optional<CheckpointKvScales>> load_kv_scales(const fs::path& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return Status::error(dir.string() + ": not a directory");
-  auto config = load_config(dir);
-  if (!config) return config.status();
   OpenCheckpoint open;
-  const fs::path single = dir / kSingleFileName;
-  if (fs::exists(single, ec) || !fs::exists(dir / kShardIndexName, ec)) {
-    KVP_RETURN_IF_ERROR(open_single(single, open));
-  } else {
-    KVP_RETURN_IF_ERROR(open_sharded(dir, open));
-  }
+  auto config = open_checkpoint(dir, open);
+  if (!config) return config.status();
   const int64_t layers = config->num_layers;
   const int64_t heads = config->num_kv_heads;
   int64_t found = 0;
