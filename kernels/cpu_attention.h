@@ -242,12 +242,13 @@ KVP_HOST_DEVICE inline float silu(float z) { return z / (1.0f + std::exp(-z)); }
 //
 // q: [kv_count * group, head_dim], the heads in order (query heads kv_begin * group .. of a
 // token's [num_heads, head_dim] row). k_pool, v_pool: the layer's pools, of element type
-// KvT (float, F16Bits or BF16Bits: each K/V element is converted to fp32 as it is read).
-// block_table: the sequence's block ids, at least blocks_for_tokens(position + 1, block_size)
-// of them. scratch: attention_scratch_size<KvT>(head_dim, kv_count * group) floats. out:
-// [kv_count * group, head_dim]; must not alias q or scratch.
-// REQUIRES: position >= 0, partition > 0, group > 0, 0 <= kv_begin < kv_begin + kv_count <=
-// num_kv_heads, every slot read lies inside the pools.
+// KvT (float, F16Bits, BF16Bits, F8E4M3Bits or F8E5M2Bits: each K/V element is converted to
+// fp32 as it is read). k_scale, v_scale: fp8 pools' dequantisation scales, float[num_kv_heads]
+// each (indexed by the absolute KV head), or null (1); an element reads as its value times its
+// KV head's scale, as in the CUDA kernel. block_table: the sequence's block ids, at least blocks_for_tokens(position +
+// 1, block_size) of them. scratch: attention_scratch_size<KvT>(head_dim, kv_count * group) floats. out: [kv_count *
+// group, head_dim]; must not alias q or scratch. REQUIRES: position >= 0, partition > 0, group > 0, 0 <= kv_begin <
+// kv_begin + kv_count <= num_kv_heads, every slot read lies inside the pools.
 inline constexpr int64_t kCpuAttentionTile = 32;
 template <typename KvT>
 inline constexpr int64_t kAttentionTileRows = 2 * kCpuAttentionTile;  // a tile of K and of V rows in fp32
@@ -261,11 +262,17 @@ KVP_HOST_DEVICE constexpr int64_t attention_scratch_size(int64_t head_dim, int64
   return (heads + kAttentionTileRows<KvT>)*head_dim + 2 * heads * kCpuAttentionTile + 4 * heads;
 }
 
-// A K or V row of the pool as fp32: the pool itself for fp32, else converted into `buffer`.
-KVP_HOST_DEVICE inline const float* kv_row_as_float(const float* row, float* /*buffer*/, int64_t /*n*/) { return row; }
+// A K or V row of the pool as fp32: the pool itself for fp32, else converted into `buffer`,
+// each element times `scale` (an fp8 pool's dequantisation scale of the row's KV head; 1 for
+// the other types, and x * 1 == x: the CUDA kernel's tile load, kv_to_float(x) * scale).
+// Scales are for fp8 pools only (KvPoolShape::validate_scales), so an fp32 row ignores it.
+KVP_HOST_DEVICE inline const float* kv_row_as_float(const float* row, float* /*buffer*/, int64_t /*n*/,
+                                                    float /*scale*/) {
+  return row;
+}
 template <typename KvT>
-KVP_HOST_DEVICE inline const float* kv_row_as_float(const KvT* row, float* buffer, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) buffer[i] = kv_to_float(row[i]);
+KVP_HOST_DEVICE inline const float* kv_row_as_float(const KvT* row, float* buffer, int64_t n, float scale) {
+  for (int64_t i = 0; i < n; ++i) buffer[i] = kv_to_float(row[i]) * scale;
   return buffer;
 }
 
@@ -319,7 +326,8 @@ KVP_HOST_DEVICE inline void paged_attention_kv_heads(const float* q, const KvT* 
                                                      const BlockId* block_table, int64_t block_size,
                                                      int64_t num_kv_heads, int64_t kv_begin, int64_t kv_count,
                                                      int64_t group, int64_t head_dim, int64_t position, float scale,
-                                                     int64_t partition, float* scratch, float* out) {
+                                                     int64_t partition, float* scratch, float* out,
+                                                     const float* k_scale = nullptr, const float* v_scale = nullptr) {
   const int64_t heads = kv_count * group;
   float* acc = scratch;  // [heads][head_dim]
   // One KV head's converted rows of a tile, [tile][head_dim] each (fp16/bf16 pools; none for fp32).
@@ -358,10 +366,12 @@ KVP_HOST_DEVICE inline void paged_attention_kv_heads(const float* q, const KvT* 
         }
       }
       for (int64_t g = 0; g < kv_count; ++g) {
+        const float ks = k_scale == nullptr ? 1.0f : k_scale[kv_begin + g];
+        const float vs = v_scale == nullptr ? 1.0f : v_scale[kv_begin + g];
         for (int64_t j = 0; j < count; ++j) {
           const int64_t at = record[j] + g * head_dim;  // kv_pool_offset(slot, kv_begin + g, ...)
-          k_rows[j] = kv_row_as_float(k_pool + at, kConverted ? k_buffer + j * head_dim : nullptr, head_dim);
-          v_rows[j] = kv_row_as_float(v_pool + at, kConverted ? v_buffer + j * head_dim : nullptr, head_dim);
+          k_rows[j] = kv_row_as_float(k_pool + at, kConverted ? k_buffer + j * head_dim : nullptr, head_dim, ks);
+          v_rows[j] = kv_row_as_float(v_pool + at, kConverted ? v_buffer + j * head_dim : nullptr, head_dim, vs);
         }
         for (int64_t h = g * group; h < (g + 1) * group; ++h) {
           float* p = p_tile + h * kCpuAttentionTile;
@@ -406,9 +416,10 @@ template <typename BlockId, typename KvT>
 KVP_HOST_DEVICE inline void paged_attention_head(const float* q, const KvT* k_pool, const KvT* v_pool,
                                                  const BlockId* block_table, int64_t block_size, int64_t num_kv_heads,
                                                  int64_t kv_head, int64_t head_dim, int64_t position, float scale,
-                                                 int64_t partition, float* scratch, float* out) {
+                                                 int64_t partition, float* scratch, float* out,
+                                                 const float* k_scale = nullptr, const float* v_scale = nullptr) {
   paged_attention_kv_heads(q, k_pool, v_pool, block_table, block_size, num_kv_heads, kv_head, 1, 1, head_dim, position,
-                           scale, partition, scratch, out);
+                           scale, partition, scratch, out, k_scale, v_scale);
 }
 
 }  // inline namespace

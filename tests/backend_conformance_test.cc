@@ -22,6 +22,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/dtype.h"
 #include "common/rng.h"
 #include "kernels/kv_index.h"
 #include "model/presets.h"
@@ -893,17 +894,26 @@ INSTANTIATE_TEST_SUITE_P(Cpu, BackendConformance, ::testing::Values(BackendFacto
 INSTANTIATE_TEST_SUITE_P(CudaEmu, BackendConformance, ::testing::Values(BackendFactory{"cuda-emu", make_cuda}),
                          factory_name);
 
+// Scales for an fp8 pool of `m` that differ per layer, per KV head and between K and V (so a
+// backend that used the wrong one, or none, would give other bits): 2^-5 .. about 0.1.
+void set_test_scales(const ModelConfig& m, KvPoolShape& pool) {
+  const auto n = static_cast<std::size_t>(m.num_layers * m.num_kv_heads);
+  pool.k_scales.resize(n);
+  pool.v_scales.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    pool.k_scales[i] = 0.03125f * (1.0f + 0.37f * static_cast<float>(i % 5));
+    pool.v_scales[i] = 0.015625f * (1.0f + 0.61f * static_cast<float>(i % 3));
+  }
+}
+
+constexpr DType kEveryKvDtype[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kF8E5M2};
+
 // The emulated CUDA kernels call the CPU backend's loops one output per CUDA thread, so they
-// give the CPU backend's bits: chunked prefill across several attention partitions, GQA, two
-// sequences batched through scrambled block tables, then decode.
-TEST(CudaEmu, GivesTheCpuBackendsBits) {
+// give the CPU backend's bits, for every KV dtype (the same conversions on write, the same
+// scaled reads): chunked prefill across several attention partitions, GQA, two sequences
+// batched through scrambled block tables, then decode.
+TEST(CudaEmu, GivesTheCpuBackendsBitsForEveryKvDtype) {
   const Model& m = tiny();
-  BackendParams p;
-  p.pool = pool_shape_for(m.config, 4, 128, 0);
-  p.attention_partition = 32;
-  auto cpu = make_cpu(m, p);
-  auto emu = make_cuda(m, p);
-  ASSERT_TRUE(cpu.is_ok() && emu.is_ok());
   std::vector<SeqSchedule> seqs(2);
   seqs[0].tokens = tokens_for(150, m.config.vocab_size, 1);
   seqs[0].chunks = chunks_of(150, {40, 37, 1});
@@ -913,12 +923,95 @@ TEST(CudaEmu, GivesTheCpuBackendsBits) {
   std::vector<int32_t> used = seqs[0].table;
   seqs[1].table = scrambled_table(23, 128, 6, used);
   seqs[1].start_step = 1;
-  const std::vector<Logits> a = run_schedule(**cpu, seqs);
-  const std::vector<Logits> b = run_schedule(**emu, seqs);
-  ASSERT_EQ(a.size(), b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    ASSERT_FALSE(a[i].empty());
-    EXPECT_TRUE(bitwise_equal(a[i], b[i])) << "sequence " << i;
+  std::vector<std::vector<Logits>> by_dtype;
+  for (const DType dtype : kEveryKvDtype) {
+    SCOPED_TRACE(dtype_name(dtype));
+    BackendParams p;
+    p.pool = pool_shape_for(m.config, 4, 128, 0, dtype);
+    if (is_fp8(dtype)) set_test_scales(m.config, p.pool);
+    p.attention_partition = 32;
+    auto cpu = make_cpu(m, p);
+    auto emu = make_cuda(m, p);
+    ASSERT_TRUE(cpu.is_ok()) << cpu.status().message();
+    ASSERT_TRUE(emu.is_ok()) << emu.status().message();
+    const std::vector<Logits> a = run_schedule(**cpu, seqs);
+    const std::vector<Logits> b = run_schedule(**emu, seqs);
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      ASSERT_FALSE(a[i].empty());
+      EXPECT_FALSE(all_nan(a[i]));
+      EXPECT_TRUE(bitwise_equal(a[i], b[i])) << "sequence " << i;
+    }
+    by_dtype.push_back(a);
+  }
+  // Not vacuous: each KV dtype rounds differently, so no two give the same logits.
+  for (std::size_t x = 0; x < by_dtype.size(); ++x)
+    for (std::size_t y = x + 1; y < by_dtype.size(); ++y)
+      EXPECT_FALSE(bitwise_equal(by_dtype[x][0], by_dtype[y][0]))
+          << dtype_name(kEveryKvDtype[x]) << " vs " << dtype_name(kEveryKvDtype[y]);
+}
+
+// The CPU backend's pools in every KV dtype: a written element reads back as a value of the
+// pool's type (times its KV head's scale, fp8), unwritten slots and poisoned blocks read as
+// NaN and make the logits that read them NaN, and a swap round trip keeps the next decode's
+// bits.
+TEST(CpuBackend, PoolsOfEveryKvDtypeHoldTheirTypesValuesAndPoison) {
+  const Model& m = tiny();
+  const int32_t bs = 4;
+  const auto tokens = tokens_for(12, m.config.vocab_size, 60);
+  const std::vector<int32_t> table = {2, 0, 4, 7};
+  const std::vector<int32_t> moved = {6, 1, 3, 5};
+  for (const DType dtype : kEveryKvDtype) {
+    SCOPED_TRACE(dtype_name(dtype));
+    BackendParams p;
+    p.pool = pool_shape_for(m.config, bs, 8, 4, dtype);
+    if (is_fp8(dtype)) set_test_scales(m.config, p.pool);
+    auto made = make_cpu(m, p);
+    ASSERT_TRUE(made.is_ok()) << made.status().message();
+    Backend& backend = **made;
+    std::vector<float> k, v;
+    ASSERT_TRUE(backend.read_block(PoolKind::kDevice, 0, 5, k, v).is_ok());
+    for (std::size_t i = 0; i < k.size(); ++i) ASSERT_TRUE(std::isnan(k[i]) && std::isnan(v[i])) << i;
+
+    StepOutput out;
+    ASSERT_TRUE(backend.execute(make_plan({{table, tokens, 0}}, bs), out).is_ok());
+    ASSERT_FALSE(all_nan(out.logits));
+    const auto heads = m.config.num_kv_heads;
+    for (int64_t l = 0; l < m.config.num_layers; ++l) {
+      ASSERT_TRUE(backend.read_block(PoolKind::kDevice, l, 0, k, v).is_ok());
+      for (std::size_t i = 0; i < k.size(); ++i) {
+        const int64_t head = static_cast<int64_t>(i) / m.config.head_dim % heads;
+        for (const bool is_k : {true, false}) {
+          const float x = is_k ? k[i] : v[i];
+          const float s = is_k ? p.pool.k_scale(l, head) : p.pool.v_scale(l, head);
+          // Back to the type and out again: the same value when it is one of the type's.
+          float again = x;
+          if (dtype == DType::kF16) again = f16_to_float(float_to_f16(x));
+          if (dtype == DType::kBF16) again = bf16_to_float(float_to_bf16(x));
+          if (dtype == DType::kF8E4M3) again = fp8_e4m3_to_float(float_to_fp8_e4m3(x / s)) * s;
+          if (dtype == DType::kF8E5M2) again = fp8_e5m2_to_float(float_to_fp8_e5m2(x / s)) * s;
+          ASSERT_FALSE(std::isnan(x)) << "layer " << l << " element " << i;
+          ASSERT_EQ(again, x) << "layer " << l << " element " << i << (is_k ? " K" : " V");
+        }
+      }
+    }
+
+    // Swap the sequence's blocks out and into other blocks: the next decode has the same bits.
+    auto twin = make_cpu(m, p);
+    ASSERT_TRUE(twin.is_ok());
+    const Logits expected = decode_after_prefill(**twin, tokens, table, 3);
+    KvPlanOps ops;
+    for (std::size_t i = 0; i < table.size(); ++i) ops.swap_out.push_back({table[i], static_cast<int32_t>(i)});
+    for (std::size_t i = 0; i < table.size(); ++i) ops.swap_in.push_back({static_cast<int32_t>(i), moved[i]});
+    for (int32_t b : table) ops.poison.push_back(b);
+    ASSERT_TRUE(backend.execute(make_plan({{moved, {3}, 12}}, bs, ops), out).is_ok());
+    EXPECT_TRUE(bitwise_equal(expected, out.logits));
+
+    // The old blocks were poisoned: they read as NaN, and a sequence reading them gets NaN logits.
+    ASSERT_TRUE(backend.read_block(PoolKind::kDevice, 1, table[0], k, v).is_ok());
+    for (std::size_t i = 0; i < k.size(); ++i) ASSERT_TRUE(std::isnan(k[i]) && std::isnan(v[i])) << i;
+    ASSERT_TRUE(backend.execute(make_plan({{table, {9}, 13}}, bs), out).is_ok());
+    EXPECT_TRUE(all_nan(out.logits));
   }
 }
 #endif

@@ -29,8 +29,14 @@ TEST(CpuBackend, CreateRejectsBadConfigs) {
   ASSERT_FALSE(wrong_model.is_ok());
   EXPECT_NE(wrong_model.status().message().find("num_layers"), std::string::npos) << wrong_model.status().message();
   c.pool.num_layers -= 1;
-  c.pool.kv_dtype = DType::kBF16;
-  EXPECT_FALSE(CpuBackend::create(tiny(), c).is_ok());
+  c.pool.kv_dtype = DType::kF64;
+  auto f64 = CpuBackend::create(tiny(), c);
+  ASSERT_FALSE(f64.is_ok());
+  EXPECT_NE(f64.status().message().find("kv_dtype"), std::string::npos) << f64.status().message();
+  c.pool.kv_dtype = DType::kF8E4M3;  // fp8 without its scales
+  auto unscaled = CpuBackend::create(tiny(), c);
+  ASSERT_FALSE(unscaled.is_ok());
+  EXPECT_NE(unscaled.status().message().find("k_scales"), std::string::npos) << unscaled.status().message();
   c.pool.kv_dtype = DType::kF32;
   c.pool.block_size = 0;
   EXPECT_FALSE(CpuBackend::create(tiny(), c).is_ok());

@@ -400,12 +400,19 @@ TEST(OracleChecks, AStreamIsComparedAfterTheStreamsBeforeIt) {
   EXPECT_EQ(logits_b.count, static_cast<int64_t>(b.size() - 12));
 }
 
-TEST(Verify, CpuBackendRefusesHalfPrecisionPools) {
+// The CPU backend keeps f16 pools (and bf16, fp8: CudaEmu.GivesTheCpuBackendsBitsForEveryKvDtype):
+// verify passes at f16's tolerance; an f64 pool is refused, naming kv_dtype.
+TEST(Verify, CpuBackendRunsHalfPrecisionPoolsAndRefusesF64) {
   VerifyOptions o;
   o.kv_dtype = DType::kF16;
-  auto r = run_verify(tiny(), mixed(), o);
-  ASSERT_FALSE(r.is_ok());
-  EXPECT_NE(r.status().message().find("kv_dtype"), std::string::npos) << r.status().message();
+  o.modes = {PreemptionMode::kRecompute};
+  auto r = run_verify(tiny(), *builtin_workload("short-chat", 512, 1), o);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_TRUE(r->passed()) << r->table();
+  o.kv_dtype = DType::kF64;
+  auto f64 = run_verify(tiny(), mixed(), o);
+  ASSERT_FALSE(f64.is_ok());
+  EXPECT_NE(f64.status().message().find("kv_dtype"), std::string::npos) << f64.status().message();
 }
 
 TEST(Verify, UnknownOrAbsentBackendIsAnError) {

@@ -52,7 +52,7 @@ void BackendChoice::add_options(CLI::App& cmd, const std::vector<std::string>& e
       ->check(CLI::IsMember(choices));
   cmd.add_option("--kv-dtype", kv_dtype,
                  "KV pool element type: f32, f16, bf16, fp8-e4m3 or fp8-e5m2 (rounded when written, read as fp32; "
-                 "cuda backends; fp8 scaled per layer and KV head, see --kv-scales)")
+                 "every backend; fp8 scaled per layer and KV head, see --kv-scales)")
       ->check(CLI::IsMember({"f32", "f16", "bf16", "fp8-e4m3", "fp8-e5m2"}));
   cmd.add_option("--kv-scales", kv_scales,
                  "fp8 KV scales: checkpoint (its k_scale/v_scale tensors), calibrate (max |K|, |V| of the "
@@ -76,10 +76,6 @@ Status BackendChoice::apply(verify::EngineOptions& v) const {
   const std::optional<DType> dtype = dtype_from_flag(kv_dtype);
   if (!dtype || *dtype == DType::kF64)
     return Status::error("--kv-dtype " + kv_dtype + ": not one of f32, f16, bf16, fp8-e4m3, fp8-e5m2");
-  if (*kind == BackendKind::kCpu && *dtype != DType::kF32)
-    return Status::error("--kv-dtype " + kv_dtype +
-                         ": the cpu backend keeps f32 KV pools only; f16, bf16 and fp8 run on --backend cuda-emu or "
-                         "cuda");
   if (!is_fp8(*dtype) && kv_scales != "auto")
     return Status::error("--kv-scales " + kv_scales + ": scales are for fp8 KV pools; --kv-dtype is " + kv_dtype);
   if (plant != "none" && *kind == BackendKind::kCpu)

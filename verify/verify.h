@@ -87,8 +87,8 @@ struct EngineOptions {
   // (cuda-emu: SIMT-emulated kernels on the CPU; cuda: nvcc kernels on a GPU, "no CUDA
   // device" without one).
   BackendKind backend = BackendKind::kCpu;
-  // The KV pool's element type: f32, or f16/bf16/fp8-e4m3/fp8-e5m2 on the CUDA backends
-  // (rounded when written, read as fp32; the CPU backend keeps f32 pools only).
+  // The KV pool's element type: f32, f16, bf16, fp8-e4m3 or fp8-e5m2, on every backend
+  // (rounded when written, read as fp32).
   DType kv_dtype = DType::kF32;
   // An fp8 pool's scales ([layers][kv heads], verify/kv_scales.h) and where they came from
   // (printed with the logits check); empty for other pools.

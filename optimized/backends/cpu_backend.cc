@@ -12,6 +12,7 @@
 
 #include "common/text.h"
 #include "kernels/gemm.h"
+#include "kernels/kv_element.h"
 #include "kernels/kv_index.h"
 #include "model/rope.h"
 #include "optimized/backends/plan_validation.h"
@@ -115,12 +116,26 @@ constexpr int64_t kMinParallelMacs = int64_t{1} << 20;
 
 const float* bias_or_null(const VectorF& bias) { return bias.size() != 0 ? bias.data() : nullptr; }
 
+// fn(KvT{}) with the pool element type of `dtype` (kernels/kv_element.h).
+template <typename Fn>
+void with_kv_type(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF16: fn(kernels::F16Bits{}); return;
+    case DType::kBF16: fn(kernels::BF16Bits{}); return;
+    case DType::kF8E4M3: fn(kernels::F8E4M3Bits{}); return;
+    case DType::kF8E5M2: fn(kernels::F8E5M2Bits{}); return;
+    case DType::kF32:
+    case DType::kF64: break;  // refused by CpuBackendConfig::validate
+  }
+  fn(float{});
+}
+
 }  // namespace
 
 Status CpuBackendConfig::validate() const {
   KVP_RETURN_IF_ERROR(pool.validate_for_backend());
-  if (pool.kv_dtype != DType::kF32)
-    return Status::error("kv_dtype must be f32 (the CPU backend keeps its pools in fp32), got " +
+  if (pool.kv_dtype == DType::kF64)
+    return Status::error("kv_dtype must be F32, F16, BF16, F8_E4M3 or F8_E5M2, got " +
                          std::string(dtype_name(pool.kv_dtype)));
   if (num_threads < 1 || num_threads > 256) return Status::error("num_threads must be in [1, 256]");
   if (attention_partition <= 0) return Status::error("attention_partition must be > 0");
@@ -143,12 +158,12 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::create(std::shared_ptr<const Mod
   KVP_RETURN_IF_ERROR(model.config.validate().with_context("model config"));
   KVP_RETURN_IF_ERROR(config.validate().with_context("cpu backend config"));
   KVP_RETURN_IF_ERROR(check_pool_matches_model(config.pool, model.config).with_context("cpu backend config"));
-  // Each pool of one layer must be addressable: blocks * block_size * kv_dim floats.
+  // Each pool of one layer must be addressable: blocks * block_size * kv_dim elements.
   const int64_t per_block = static_cast<int64_t>(config.pool.block_size) * model.config.kv_dim();
   const int64_t max_blocks = std::max(config.pool.num_device_blocks, config.pool.num_host_blocks);
   if (per_block > (int64_t{1} << 40) / std::max<int64_t>(max_blocks, 1))
     return Status::error("cpu backend config: pool of " + str(max_blocks) + " blocks of " + str(per_block) +
-                         " floats is too large");
+                         " elements is too large");
   return std::make_unique<CpuBackend>(std::move(shared), config);
 }
 
@@ -163,22 +178,39 @@ CpuBackend::CpuBackend(std::shared_ptr<const Model> model, const CpuBackendConfi
   KVP_CHECK(check_pool_matches_model(config_.pool, model_->config).is_ok());
   const ModelConfig& c = model_->config;
   inv_freq_ = rope_inv_freq<float>(c);
-  const float fill = config_.nan_fill_at_start ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
-  const auto device_floats = static_cast<std::size_t>(config_.pool.num_device_blocks * floats_per_block());
-  const auto host_floats = static_cast<std::size_t>(config_.pool.num_host_blocks * floats_per_block());
+  // Zeros, or every element the dtype's quiet NaN (kernels/kv_element.h).
+  const std::size_t element = dtype_size(config_.pool.kv_dtype);
+  std::vector<std::byte> one(element, std::byte{0});
+  if (config_.nan_fill_at_start) kernels::kv_element_store_nan(config_.pool.kv_dtype, one.data());
+  const auto filled = [&](int64_t blocks) {
+    std::vector<std::byte> pool(static_cast<std::size_t>(blocks) * bytes_per_block());
+    for (std::size_t i = 0; i < pool.size(); i += element) std::memcpy(pool.data() + i, one.data(), element);
+    return pool;
+  };
+  const std::vector<std::byte> device = filled(config_.pool.num_device_blocks);
+  const std::vector<std::byte> host = filled(config_.pool.num_host_blocks);
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    device_k_.emplace_back(device_floats, fill);
-    device_v_.emplace_back(device_floats, fill);
-    host_k_.emplace_back(host_floats, fill);
-    host_v_.emplace_back(host_floats, fill);
+    device_k_.push_back(device);
+    device_v_.push_back(device);
+    host_k_.push_back(host);
+    host_v_.push_back(host);
   }
   pool_ = std::make_unique<ThreadPool>(config_.num_threads);
 }
 
 CpuBackend::~CpuBackend() = default;
 
-int64_t CpuBackend::floats_per_block() const {
+int64_t CpuBackend::elements_per_block() const {
   return static_cast<int64_t>(config_.pool.block_size) * model_->config.kv_dim();
+}
+std::size_t CpuBackend::bytes_per_block() const {
+  return static_cast<std::size_t>(elements_per_block()) * dtype_size(config_.pool.kv_dtype);
+}
+const float* CpuBackend::k_scales_of(int64_t layer) const {
+  return config_.pool.k_scales.empty() ? nullptr : config_.pool.k_scales.data() + layer * model_->config.num_kv_heads;
+}
+const float* CpuBackend::v_scales_of(int64_t layer) const {
+  return config_.pool.v_scales.empty() ? nullptr : config_.pool.v_scales.data() + layer * model_->config.num_kv_heads;
 }
 int64_t CpuBackend::num_device_slots() const {
   return static_cast<int64_t>(config_.pool.num_device_blocks) * config_.pool.block_size;
@@ -188,11 +220,11 @@ int64_t CpuBackend::num_host_slots() const {
 }
 
 void CpuBackend::run_ops(const KvPlanOps& ops) {
-  const int64_t per_block = floats_per_block();
-  const auto copy_block = [per_block](const std::vector<float>& from, int64_t src, std::vector<float>& to,
+  const std::size_t per_block = bytes_per_block();
+  const auto copy_block = [per_block](const std::vector<std::byte>& from, int64_t src, std::vector<std::byte>& to,
                                       int64_t dst) {
-    std::memcpy(to.data() + dst * per_block, from.data() + src * per_block,
-                static_cast<std::size_t>(per_block) * sizeof(float));
+    std::memcpy(to.data() + static_cast<std::size_t>(dst) * per_block,
+                from.data() + static_cast<std::size_t>(src) * per_block, per_block);
   };
   const auto num_layers = static_cast<std::size_t>(model_->config.num_layers);
   for (const BlockCopy& s : ops.swap_out) {
@@ -207,11 +239,15 @@ void CpuBackend::run_ops(const KvPlanOps& ops) {
       copy_block(device_v_[l], s.src, device_v_[l], s.dst);
     }
   }
-  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // Poison: every element of the block the dtype's quiet NaN.
+  const std::size_t element = dtype_size(config_.pool.kv_dtype);
+  std::vector<std::byte> nan_block(per_block);
+  for (std::size_t i = 0; i < per_block; i += element)
+    kernels::kv_element_store_nan(config_.pool.kv_dtype, nan_block.data() + i);
   for (int32_t b : ops.poison) {
     for (std::size_t l = 0; l < num_layers; ++l) {
-      std::fill_n(device_k_[l].data() + b * per_block, per_block, nan);
-      std::fill_n(device_v_[l].data() + b * per_block, per_block, nan);
+      std::memcpy(device_k_[l].data() + static_cast<std::size_t>(b) * per_block, nan_block.data(), per_block);
+      std::memcpy(device_v_[l].data() + static_cast<std::size_t>(b) * per_block, nan_block.data(), per_block);
     }
   }
   for (const BlockCopy& s : ops.swap_in) {
@@ -231,10 +267,21 @@ Status CpuBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std::
   if (block < 0 || block >= blocks) return Status::error("read_block: block " + str(block) + " out of range");
   const auto& kp = host ? host_k_ : device_k_;
   const auto& vp = host ? host_v_ : device_v_;
-  const auto begin = static_cast<std::ptrdiff_t>(block * floats_per_block());
-  const auto end = begin + static_cast<std::ptrdiff_t>(floats_per_block());
-  k.assign(kp[static_cast<std::size_t>(layer)].begin() + begin, kp[static_cast<std::size_t>(layer)].begin() + end);
-  v.assign(vp[static_cast<std::size_t>(layer)].begin() + begin, vp[static_cast<std::size_t>(layer)].begin() + end);
+  // To fp32 (exact from every KV type), times the KV head's scale (fp8): what attention reads.
+  const std::size_t element = dtype_size(config_.pool.kv_dtype);
+  const std::size_t at = static_cast<std::size_t>(block) * bytes_per_block();
+  const int64_t head_dim = model_->config.head_dim;
+  const int64_t heads = model_->config.num_kv_heads;
+  const auto convert = [&](const std::vector<std::byte>& raw, std::vector<float>& to, bool is_k) {
+    to.resize(static_cast<std::size_t>(elements_per_block()));
+    for (std::size_t i = 0; i < to.size(); ++i) {
+      const int64_t head = static_cast<int64_t>(i) / head_dim % heads;
+      const float s = is_k ? config_.pool.k_scale(layer, head) : config_.pool.v_scale(layer, head);
+      to[i] = kernels::kv_element_to_float(config_.pool.kv_dtype, raw.data() + at + i * element) * s;
+    }
+  };
+  convert(kp[static_cast<std::size_t>(layer)], k, true);
+  convert(vp[static_cast<std::size_t>(layer)], v, false);
   return Status::ok();
 }
 
@@ -287,8 +334,10 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
   const int64_t d = c.head_dim;
   const int64_t n = plan.num_tokens();
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const float* k_pool = device_k_[static_cast<std::size_t>(layer)].data();
-  const float* v_pool = device_v_[static_cast<std::size_t>(layer)].data();
+  const std::byte* k_bytes = device_k_[static_cast<std::size_t>(layer)].data();
+  const std::byte* v_bytes = device_v_[static_cast<std::size_t>(layer)].data();
+  const float* k_scale = k_scales_of(layer);
+  const float* v_scale = v_scales_of(layer);
   const std::vector<int32_t>& seq_of_token = scratch_->seq_of_token;
   if (config_.attention_plugin != nullptr) {
     PluginBatch batch;
@@ -299,8 +348,10 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
     batch.positions = plan.positions.data();
     batch.context_lens = plan.context_lens.data();
     batch.block_tables = plan.block_tables.data();
-    batch.k_cache = k_pool;
-    batch.v_cache = v_pool;
+    batch.k_cache = k_bytes;
+    batch.v_cache = v_bytes;
+    batch.k_scale = k_scale;
+    batch.v_scale = v_scale;
     Status s = plugin_attention(*config_.attention_plugin, plan, c.num_heads, config_.pool, batch);
     if (attention_status_.is_ok() && !s.is_ok()) attention_status_ = s;
     return;
@@ -317,18 +368,23 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
   const int64_t kv_per_item = parallel && n < 4 * static_cast<int64_t>(pool_->num_threads()) ? 1 : c.num_kv_heads;
   const int64_t items_per_token = c.num_kv_heads / kv_per_item;
   const auto items = [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(
-        static_cast<std::size_t>(kernels::attention_scratch_size<float>(d, kv_per_item * group)));
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / items_per_token;
-      const int64_t kv_begin = item % items_per_token * kv_per_item;
-      const auto seq = static_cast<std::size_t>(seq_of_token[static_cast<std::size_t>(t)]);
-      const int32_t* table = plan.block_tables.data() + seq * static_cast<std::size_t>(plan.max_blocks_per_seq);
-      const int64_t row = t * c.q_dim() + kv_begin * group * d;
-      kernels::paged_attention_kv_heads(q + row, k_pool, v_pool, table, config_.pool.block_size, c.num_kv_heads,
-                                        kv_begin, kv_per_item, group, d, plan.positions[static_cast<std::size_t>(t)],
-                                        scale, config_.attention_partition, scratch.data(), out + row);
-    }
+    with_kv_type(config_.pool.kv_dtype, [&]<typename KvT>(KvT /*tag*/) {
+      const auto* k_pool = reinterpret_cast<const KvT*>(k_bytes);
+      const auto* v_pool = reinterpret_cast<const KvT*>(v_bytes);
+      std::vector<float> scratch(
+          static_cast<std::size_t>(kernels::attention_scratch_size<KvT>(d, kv_per_item * group)));
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t t = item / items_per_token;
+        const int64_t kv_begin = item % items_per_token * kv_per_item;
+        const auto seq = static_cast<std::size_t>(seq_of_token[static_cast<std::size_t>(t)]);
+        const int32_t* table = plan.block_tables.data() + seq * static_cast<std::size_t>(plan.max_blocks_per_seq);
+        const int64_t row = t * c.q_dim() + kv_begin * group * d;
+        kernels::paged_attention_kv_heads(q + row, k_pool, v_pool, table, config_.pool.block_size, c.num_kv_heads,
+                                          kv_begin, kv_per_item, group, d, plan.positions[static_cast<std::size_t>(t)],
+                                          scale, config_.attention_partition, scratch.data(), out + row, k_scale,
+                                          v_scale);
+      }
+    });
   };
   const int64_t num_items = n * items_per_token;
   if (!parallel) {
@@ -358,15 +414,30 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
 void CpuBackend::write_new_kv(const BatchPlan& plan, int64_t layer) {
   const ModelConfig& c = model_->config;
   const Scratch& s = *scratch_;
-  float* k_pool = device_k_[static_cast<std::size_t>(layer)].data();
-  float* v_pool = device_v_[static_cast<std::size_t>(layer)].data();
-  for (int64_t t = 0; t < plan.num_tokens(); ++t) {
-    const int64_t slot = plan.slot_mapping[static_cast<std::size_t>(t)];
-    if (slot == kernels::kSkipSlot) continue;
-    const int64_t at = kernels::kv_pool_offset(slot, 0, c.num_kv_heads, c.head_dim);
-    std::copy_n(s.k.data() + t * c.kv_dim(), c.kv_dim(), k_pool + at);
-    std::copy_n(s.v.data() + t * c.kv_dim(), c.kv_dim(), v_pool + at);
-  }
+  // As the CUDA kernel writes (kernels/cuda/model_kernels.cu, write_kv_kernel): each element
+  // rounded to the pool's type, an fp8 one divided by its KV head's scale first.
+  const float* k_scale = k_scales_of(layer);
+  const float* v_scale = v_scales_of(layer);
+  with_kv_type(config_.pool.kv_dtype, [&]<typename KvT>(KvT /*tag*/) {
+    auto* k_pool = reinterpret_cast<KvT*>(device_k_[static_cast<std::size_t>(layer)].data());
+    auto* v_pool = reinterpret_cast<KvT*>(device_v_[static_cast<std::size_t>(layer)].data());
+    for (int64_t t = 0; t < plan.num_tokens(); ++t) {
+      const int64_t slot = plan.slot_mapping[static_cast<std::size_t>(t)];
+      if (slot == kernels::kSkipSlot) continue;
+      const int64_t at = kernels::kv_pool_offset(slot, 0, c.num_kv_heads, c.head_dim);
+      const float* k = s.k.data() + t * c.kv_dim();
+      const float* v = s.v.data() + t * c.kv_dim();
+      for (int64_t i = 0; i < c.kv_dim(); ++i) {
+        if (k_scale == nullptr) {
+          kernels::kv_store(k_pool + at + i, k[i]);
+          kernels::kv_store(v_pool + at + i, v[i]);
+        } else {
+          kernels::kv_store(k_pool + at + i, k[i] / k_scale[i / c.head_dim]);
+          kernels::kv_store(v_pool + at + i, v[i] / v_scale[i / c.head_dim]);
+        }
+      }
+    }
+  });
 }
 
 void CpuBackend::mlp(const LayerWeights& w, int64_t n) {

@@ -15,9 +15,14 @@
 // So a sequence's logits are bitwise the same whatever the block size, block ids, chunking
 // of its prefill, batch composition or thread count.
 //
-// Pools: per layer K and V, each [num_blocks, block_size, num_kv_heads, head_dim] float.
+// Pools: per layer K and V, each [num_blocks, block_size, num_kv_heads, head_dim] of the pool's
+// kv_dtype (f32, f16, bf16, fp8-e4m3, fp8-e5m2: rounded to nearest even when written, fp8
+// divided by its layer's KV head's scale first and saturated; read as fp32, times the scale).
+// Every type runs the same kernels as the CUDA backend's (kernels/kv_element.h's conversions),
+// so the two give the same bits for every KV dtype.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,8 +39,8 @@
 namespace kvp {
 
 struct CpuBackendConfig {
-  // The pools: its layers, KV heads and head dim must be the model's, kv_dtype f32;
-  // num_device_blocks > 0.
+  // The pools: its layers, KV heads and head dim must be the model's; any KV dtype (fp8
+  // with its scales); num_device_blocks > 0.
   KvPoolShape pool;
   int num_threads = 1;  // >= 1; results are bitwise independent of it
   // Positions per attention partition. N1 (bitwise equality across schedules) holds for
@@ -127,13 +132,18 @@ class CpuBackend final : public Backend {
   void split_rows(int64_t rows, int64_t macs, const std::function<void(int64_t, int64_t)>& fn);
   void attention(const BatchPlan& plan, int64_t layer, const float* q, float* out);
 
-  int64_t floats_per_block() const;
+  // Elements and bytes of one block of one layer's K (or V) pool.
+  int64_t elements_per_block() const;
+  std::size_t bytes_per_block() const;
+  // The layer's fp8 scales (num_kv_heads each), or null for the other dtypes.
+  const float* k_scales_of(int64_t layer) const;
+  const float* v_scales_of(int64_t layer) const;
 
   std::shared_ptr<const Model> model_;
   CpuBackendConfig config_;
   std::vector<float> inv_freq_;  // [head_dim / 2]
-  // Per layer K and V pools.
-  std::vector<std::vector<float>> device_k_, device_v_, host_k_, host_v_;
+  // Per layer K and V pools, raw elements of config_.pool.kv_dtype.
+  std::vector<std::vector<std::byte>> device_k_, device_v_, host_k_, host_v_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Scratch> scratch_;
 };
