@@ -20,9 +20,11 @@
 // in the [num_blocks, block_size, num_kv_heads, head_dim] pool layout.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "common/host_device.h"
 #include "kernels/kv_element.h"
@@ -270,8 +272,30 @@ KVP_HOST_DEVICE inline const float* kv_row_as_float(const float* row, float* /*b
                                                     float /*scale*/) {
   return row;
 }
+#if !defined(__CUDA_ARCH__)
+// Every code of an fp8 or f16 format decoded once (kv_to_float's values, NaN codes included):
+// the host's row conversion reads this table instead of decoding bit by bit, the same values
+// (256 floats for fp8, 64Ki for f16; bf16's decode is a shift already).
+template <typename KvT, int kCodes>
+inline const float* kv_decode_table() {
+  static const auto table = [] {
+    std::array<float, kCodes> t{};
+    for (int code = 0; code < kCodes; ++code)
+      t[static_cast<std::size_t>(code)] = kv_to_float(KvT{static_cast<decltype(KvT::bits)>(code)});
+    return t;
+  }();
+  return table.data();
+}
+#endif
 template <typename KvT>
 KVP_HOST_DEVICE inline const float* kv_row_as_float(const KvT* row, float* buffer, int64_t n, float scale) {
+#if !defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<KvT, F8E4M3Bits> || std::is_same_v<KvT, F8E5M2Bits> || std::is_same_v<KvT, F16Bits>) {
+    const float* table = kv_decode_table<KvT, (1 << (8 * sizeof(KvT::bits)))>();
+    for (int64_t i = 0; i < n; ++i) buffer[i] = table[row[i].bits] * scale;
+    return buffer;
+  }
+#endif
   for (int64_t i = 0; i < n; ++i) buffer[i] = kv_to_float(row[i]) * scale;
   return buffer;
 }
