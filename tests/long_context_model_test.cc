@@ -42,8 +42,8 @@ constexpr int32_t kBlockSize = 16;
 constexpr int64_t kChunk = 512;  // prefill chunk (tokens per step)
 
 // A small model with room for 64k positions: one KV head shared by two query heads (GQA),
-// two layers (the second layer's K/V carry the first's error). Big enough that attention mixes many positions, small enough that the fp64
-// oracle runs 32k positions in seconds.
+// two layers (the second layer's K/V carry the first's error). Big enough that attention mixes many positions, small
+// enough that the fp64 oracle runs 32k positions in seconds.
 const Model& long_model() {
   static const Model m = [] {
     ModelConfig c;
@@ -105,8 +105,8 @@ WindowRows oracle_rows(const std::vector<int32_t>& tokens, const std::vector<int
   WindowRows rows(ends.size(), std::vector<float>(static_cast<std::size_t>(kWindow * vocab)));
   for (int64_t begin = 0; begin < static_cast<int64_t>(tokens.size()); begin += kChunk) {
     const int64_t n = std::min<int64_t>(kChunk, static_cast<int64_t>(tokens.size()) - begin);
-    auto logits = ref.forward(std::span(tokens).subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(n)),
-                              cache);
+    auto logits =
+        ref.forward(std::span(tokens).subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(n)), cache);
     EXPECT_TRUE(logits.is_ok()) << logits.status().message();
     if (!logits) return rows;
     for (int64_t i = 0; i < n; ++i) {
@@ -182,10 +182,10 @@ double window_error(const std::vector<float>& engine, const std::vector<float>& 
 }
 
 struct Variant {
-  const char* name;     // the row's label
-  DType dtype;          // KV dtype
-  const char* scales;   // "calibrated", "1.0" or "" (not fp8)
-  bool cuda_emu;        // planted kernels live in the CUDA kernel (cuda-emu)
+  const char* name;    // the row's label
+  DType dtype;         // KV dtype
+  const char* scales;  // "calibrated", "1.0" or "" (not fp8)
+  bool cuda_emu;       // planted kernels live in the CUDA kernel (cuda-emu)
   PlantedAttentionBug planted;
 };
 
@@ -204,8 +204,7 @@ KvPoolShape pool_for(const Variant& v, int64_t context) {
         for (int32_t& x : p) x = static_cast<int32_t>(rng.next_u64() % 256);
         prompts.push_back(p);
       }
-      const verify::KvScales s =
-          verify::calibrate_kv_scales(m, prompts, v.dtype, verify::KvScaleGranularity::kHead, 2);
+      const verify::KvScales s = verify::calibrate_kv_scales(m, prompts, v.dtype, verify::KvScaleGranularity::kHead, 2);
       pool.k_scales = s.k;
       pool.v_scales = s.v;
     } else {
@@ -297,8 +296,8 @@ TEST(LongContextModel, ErrorStaysWithinTheDtypesToleranceAndDoesNotGrowWithTheCo
       err.push_back(window_error(rows[w], oracle[w], vocab));
       std::printf(" %9.2e", err.back());
       if (csv != nullptr)
-        std::fprintf(csv, "%s,%s,%s,%lld,%.6e,%.6e\n", std::string(dtype_flag_name(v.dtype)).c_str(), v.name,
-                     v.scales, static_cast<long long>(lengths[w]), err.back(), tol);
+        std::fprintf(csv, "%s,%s,%s,%lld,%.6e,%.6e\n", std::string(dtype_flag_name(v.dtype)).c_str(), v.name, v.scales,
+                     static_cast<long long>(lengths[w]), err.back(), tol);
     }
     std::printf("  %-7.2g (%.1f s)\n", tol, seconds());
     if (v.planted == PlantedAttentionBug::kDropKvScales) {
