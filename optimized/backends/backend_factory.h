@@ -35,8 +35,8 @@ Status backend_runs_here(BackendKind kind);
 
 struct BackendSpec {
   BackendKind kind = BackendKind::kCpu;
-  // The pools: the model's layers, KV heads and head dim; kv_dtype f32 (cpu), or f32, f16,
-  // bf16, fp8-e4m3 or fp8-e5m2 with its scales (cuda-emu, cuda).
+  // The pools: the model's layers, KV heads and head dim; kv_dtype f32, f16, bf16,
+  // fp8-e4m3 or fp8-e5m2 with its scales (every backend).
   KvPoolShape pool;
   int num_threads = 1;  // the cpu backend's threads; results do not depend on it
   // The attention from this plug-in (not owned, must outlive the backend); nullptr: kvproof's
