@@ -267,21 +267,9 @@ Status CpuBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std::
   if (block < 0 || block >= blocks) return Status::error("read_block: block " + str(block) + " out of range");
   const auto& kp = host ? host_k_ : device_k_;
   const auto& vp = host ? host_v_ : device_v_;
-  // To fp32 (exact from every KV type), times the KV head's scale (fp8): what attention reads.
-  const std::size_t element = dtype_size(config_.pool.kv_dtype);
   const std::size_t at = static_cast<std::size_t>(block) * bytes_per_block();
-  const int64_t head_dim = model_->config.head_dim;
-  const int64_t heads = model_->config.num_kv_heads;
-  const auto convert = [&](const std::vector<std::byte>& raw, std::vector<float>& to, bool is_k) {
-    to.resize(static_cast<std::size_t>(elements_per_block()));
-    for (std::size_t i = 0; i < to.size(); ++i) {
-      const int64_t head = static_cast<int64_t>(i) / head_dim % heads;
-      const float s = is_k ? config_.pool.k_scale(layer, head) : config_.pool.v_scale(layer, head);
-      to[i] = kernels::kv_element_to_float(config_.pool.kv_dtype, raw.data() + at + i * element) * s;
-    }
-  };
-  convert(kp[static_cast<std::size_t>(layer)], k, true);
-  convert(vp[static_cast<std::size_t>(layer)], v, false);
+  config_.pool.block_to_float(layer, true, kp[static_cast<std::size_t>(layer)].data() + at, k);
+  config_.pool.block_to_float(layer, false, vp[static_cast<std::size_t>(layer)].data() + at, v);
   return Status::ok();
 }
 

@@ -308,19 +308,8 @@ Status CudaBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std:
     KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_host(raw_k.data(), dev_->k_pool[l] + at, bytes));
     KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_host(raw_v.data(), dev_->v_pool[l] + at, bytes));
   }
-  // To fp32 (exact from every KV type), times the KV head's scale (fp8): what attention reads.
-  const int64_t head_dim = config_.pool.head_dim;
-  const int64_t heads = config_.pool.num_kv_heads;
-  const auto convert = [&](const std::vector<std::byte>& raw, std::vector<float>& to, bool is_k) {
-    to.resize(static_cast<std::size_t>(per_block));
-    for (std::size_t i = 0; i < to.size(); ++i) {
-      const int64_t head = static_cast<int64_t>(i) / head_dim % heads;
-      const float s = is_k ? config_.pool.k_scale(layer, head) : config_.pool.v_scale(layer, head);
-      to[i] = kernels::kv_element_to_float(config_.pool.kv_dtype, raw.data() + i * element) * s;
-    }
-  };
-  convert(raw_k, k, true);
-  convert(raw_v, v, false);
+  config_.pool.block_to_float(layer, true, raw_k.data(), k);
+  config_.pool.block_to_float(layer, false, raw_v.data(), v);
   return Status::ok();
 }
 

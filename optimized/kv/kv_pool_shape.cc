@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <utility>
 
+#include "kernels/kv_element.h"
+
 namespace kvp {
 
 Status KvPoolShape::validate() const {
@@ -48,6 +50,16 @@ Status KvPoolShape::validate_for_backend() const {
   if (head_dim <= 0) return Status::error("head_dim must be > 0");
   if (num_device_blocks <= 0) return Status::error("num_device_blocks must be > 0");
   return Status::ok();
+}
+
+void KvPoolShape::block_to_float(int64_t layer, bool is_k, const std::byte* raw, std::vector<float>& out) const {
+  const std::size_t element = dtype_size(kv_dtype);
+  out.resize(static_cast<std::size_t>(elements_per_block()));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const int64_t head = static_cast<int64_t>(i) / head_dim % num_kv_heads;
+    const float s = is_k ? k_scale(layer, head) : v_scale(layer, head);
+    out[i] = kernels::kv_element_to_float(kv_dtype, raw + i * element) * s;
+  }
 }
 
 std::string KvPoolShape::to_string() const {

@@ -8,6 +8,7 @@
 // (num_device_blocks) and the host swap pool (num_host_blocks).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -34,6 +35,10 @@ struct KvPoolShape {
 
   // Elements (of kv_dtype) of one block of K (or V) in one layer.
   int64_t elements_per_block() const { return static_cast<int64_t>(block_size) * num_kv_heads * head_dim; }
+  // One block of one layer's K (is_k) or V pool, raw elements of kv_dtype, as fp32 (exact from
+  // every KV type) times the KV head's scale (fp8): what attention reads. `out` gets
+  // elements_per_block() values. Both backends' read_block use it.
+  void block_to_float(int64_t layer, bool is_k, const std::byte* raw, std::vector<float>& out) const;
   int64_t num_device_slots() const { return static_cast<int64_t>(num_device_blocks) * block_size; }
   int64_t num_host_slots() const { return static_cast<int64_t>(num_host_blocks) * block_size; }
 
