@@ -102,6 +102,14 @@ Result<LogprobHeader> parse_header(const json& j) {
   if (auto m = j.find("model"); m != j.end()) {
     if (!m->is_object()) return Status::error("model: not an object");
     h.model = *m;
+    if (auto d = m->find("kv_dtype"); d != m->end()) {
+      static const char* const kNames[] = {"f64", "f32", "f16", "bf16", "fp8-e4m3", "fp8-e5m2"};
+      const bool known =
+          d->is_string() && std::find(std::begin(kNames), std::end(kNames), d->get<std::string>()) != std::end(kNames);
+      if (!known)
+        return Status::error("model.kv_dtype: " + d->dump() + ", expected f64, f32, f16, bf16, fp8-e4m3 or fp8-e5m2");
+      h.kv_dtype = d->get<std::string>();
+    }
   }
   const bool golden = h.role == "golden";
   if (golden) {
@@ -230,6 +238,7 @@ std::string to_jsonl(const LogprobFile& f) {
             {"role", f.header.role},
             {"producer", f.header.producer},
             {"model", f.header.model}};
+  if (!f.header.kv_dtype.empty()) h["model"]["kv_dtype"] = f.header.kv_dtype;
   if (f.header.top_k > 0) h["top_k"] = f.header.top_k;
   out << h.dump() << "\n";
   for (const ScoredRequest& r : f.requests) {
@@ -361,6 +370,8 @@ Result<CompareReport> compare_logprobs(const LogprobFile& golden, const LogprobF
   report.golden_source = golden.source;
   report.candidate_source = candidate.source;
   report.model = golden.header.model;
+  report.golden_kv_dtype = golden.header.kv_dtype;
+  report.candidate_kv_dtype = candidate.header.kv_dtype;
   report.tolerance = tolerance;
   for (const ScoredRequest& g : golden.requests) {
     auto it = by_id.find(g.id);
@@ -403,14 +414,34 @@ std::string CompareReport::table() const {
     out << line << detail << "\n";
   }
   if (positions_compared() == 0) out << "nothing compared: the candidate scores no position the golden shares\n";
+  if (!golden_kv_dtype.empty() || !candidate_kv_dtype.empty())
+    out << "KV dtype: golden " << (golden_kv_dtype.empty() ? "not recorded" : golden_kv_dtype) << ", candidate "
+        << (candidate_kv_dtype.empty() ? "not recorded" : candidate_kv_dtype) << "\n";
+  if (const std::string note = tolerance_note(); !note.empty()) out << "note: " << note << "\n";
   out << "tolerance " << num(tolerance) << ", " << positions_compared() << " positions compared\n";
   out << "verdict: " << (passed() ? "PASS" : "FAIL") << "\n";
   return out.str();
 }
 
+std::string CompareReport::tolerance_note() const {
+  const bool rounds =
+      candidate_kv_dtype == "f16" || candidate_kv_dtype == "bf16" || candidate_kv_dtype.starts_with("fp8");
+  if (!rounds || tolerance > 1e-3) return "";
+  return "the candidate's KV cache is " + candidate_kv_dtype + " and the tolerance " + num(tolerance) +
+         " is sized for fp32 engines; every stored key and value is rounded to " + candidate_kv_dtype +
+         ", so a divergence here may be that rounding: measure the engine and set --tolerance (docs/golden.md)";
+}
+
 nlohmann::json CompareReport::to_json() const {
-  json j = {{"passed", passed()},       {"golden", golden_source}, {"candidate", candidate_source},
-            {"model", model},           {"tolerance", tolerance},  {"positions_compared", positions_compared()},
+  json j = {{"passed", passed()},
+            {"golden", golden_source},
+            {"candidate", candidate_source},
+            {"model", model},
+            {"tolerance", tolerance},
+            {"positions_compared", positions_compared()},
+            {"golden_kv_dtype", golden_kv_dtype.empty() ? json(nullptr) : json(golden_kv_dtype)},
+            {"candidate_kv_dtype", candidate_kv_dtype.empty() ? json(nullptr) : json(candidate_kv_dtype)},
+            {"tolerance_note", tolerance_note().empty() ? json(nullptr) : json(tolerance_note())},
             {"requests", json::array()}};
   for (const RequestComparison& r : requests) {
     json e = {{"id", r.id},

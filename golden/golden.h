@@ -53,6 +53,9 @@ struct LogprobHeader {
   // Golden: {"source", "config_sha256", "weights_sha256", "vocab_size"}; candidate: free.
   nlohmann::json model = nlohmann::json::object();
   int32_t top_k = 0;  // golden: the length of every top list (>= 2); candidate: at most
+  // The engine's KV cache element type, from model.kv_dtype (optional: f64 for the oracle's
+  // dense cache, f32, f16, bf16, fp8-e4m3 or fp8-e5m2); empty when the file does not say.
+  std::string kv_dtype;
 };
 
 struct LogprobFile {
@@ -97,7 +100,9 @@ struct RequestComparison {
 
 struct CompareReport {
   std::string golden_source, candidate_source;
-  nlohmann::json model;  // the golden's model identity
+  nlohmann::json model;            // the golden's model identity
+  std::string golden_kv_dtype;     // the golden's model.kv_dtype; empty when it does not say
+  std::string candidate_kv_dtype;  // the candidate's model.kv_dtype; empty when it does not say
   double tolerance = 0;
   std::vector<RequestComparison> requests;  // in the golden's order
   int64_t positions_compared() const;
@@ -105,6 +110,9 @@ struct CompareReport {
   bool passed() const;
   std::string table() const;
   nlohmann::json to_json() const;
+  // A warning when the candidate's KV dtype rounds more than fp32 and the tolerance is fp32's
+  // (compare's default, 1e-3 nats or less); empty otherwise. In table() and to_json().
+  std::string tolerance_note() const;
   std::string to_junit() const;
 };
 

@@ -136,6 +136,8 @@ Result<LogprobFile> make_golden(const Model& model, const Workload& workload, co
   f.header.role = "golden";
   f.header.producer = "kvproof reference (fp64 oracle)";
   f.header.model = model_identity(model, options.source);
+  f.header.model["kv_dtype"] = "f64";  // the oracle's dense cache
+  f.header.kv_dtype = "f64";
   f.header.top_k = static_cast<int32_t>(std::min<int64_t>(options.top_k, model.config.vocab_size));
   Oracle oracle(model);
   oracle.set_threads(options.threads);

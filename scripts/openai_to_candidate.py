@@ -143,11 +143,15 @@ def main(argv):
     ap.add_argument("--out", required=True, help="candidate JSONL to write")
     ap.add_argument("--producer", default="openai-compatible server (scripts/openai_to_candidate.py)")
     ap.add_argument("--sampled", action="store_true", help="the responses were sampled, not greedy")
+    ap.add_argument("--kv-dtype", choices=["f32", "f16", "bf16", "fp8-e4m3", "fp8-e5m2"],
+                    help="the server's KV cache dtype, recorded as model.kv_dtype (compare prints it)")
     args = ap.parse_args(argv)
     try:
         prompts = read_golden_prompts(args.golden)
-        lines = [json.dumps({"schema": "kvproof.logprobs", "version": 1, "role": "candidate",
-                             "producer": args.producer})]
+        header = {"schema": "kvproof.logprobs", "version": 1, "role": "candidate", "producer": args.producer}
+        if args.kv_dtype:
+            header["model"] = {"kv_dtype": args.kv_dtype}
+        lines = [json.dumps(header)]
         base = 0
         for path in args.responses:
             with open(path, encoding="utf-8") as f:

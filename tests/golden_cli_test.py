@@ -70,6 +70,18 @@ def main():
     check(rc == 0, f"compare passes (exit 0): {out}")
     check("explained" in out and "position 4: candidate token 14, golden 13" in out, f"near tie explained: {out}")
 
+    # The server's KV dtype, recorded and reported; a rounding one at fp32's tolerance is warned about.
+    fp8 = os.path.join(tmp, "fp8.jsonl")
+    rc, out = run([sys.executable, CONVERTER, "--golden", GOLDEN, "--out", fp8, "--kv-dtype", "fp8-e4m3",
+                   os.path.join(DATA, "completion_echo.json"), os.path.join(DATA, "chat_completion.json")])
+    check(rc == 0 and json.loads(open(fp8).readline())["model"] == {"kv_dtype": "fp8-e4m3"}, f"--kv-dtype: {out}")
+    rc, out = run([kvproof, "compare", GOLDEN, fp8])
+    check(rc == 0 and "KV dtype: golden not recorded, candidate fp8-e4m3" in out
+          and "note: the candidate's KV cache is fp8-e4m3" in out, f"KV dtype reported: {out}")
+    rc, out = run([kvproof, "compare", GOLDEN, fp8, "--tolerance", "0.05"])
+    check(rc == 0 and "candidate fp8-e4m3" in out and "note:" not in out, f"no note at 0.05: {out}")
+    check(json.loads(open(golden).readline())["model"]["kv_dtype"] == "f64", "reference records f64")
+
     lines[1]["positions"][2]["logprob"] += 0.01
     bad = os.path.join(tmp, "perturbed.jsonl")
     with open(bad, "w") as f:

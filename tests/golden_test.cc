@@ -138,7 +138,7 @@ TEST(Golden, OnePerturbedLogprobFailsNamingRequestAndPosition) {
 LogprobFile tie_golden(double second) {
   LogprobFile g;
   g.source = "tie.jsonl";
-  g.header = {"golden", "test", {{"source", "t"}, {"config_sha256", "c"}, {"weights_sha256", "w"}}, 2};
+  g.header = {"golden", "test", {{"source", "t"}, {"config_sha256", "c"}, {"weights_sha256", "w"}}, 2, ""};
   ScoredRequest r;
   r.prompt = {1, 2};
   r.tokens = {1, 2, 5, 6};
@@ -354,6 +354,55 @@ TEST(Golden, ACandidateRequestTheGoldenLacksIsAnErrorNamingIt) {
   auto r = compare_logprobs(tiny_golden(), c, 1e-3);
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().message(), "candidate.jsonl:5: request 9: not in the golden file golden.jsonl");
+}
+
+// Golden files record the KV dtype (model.kv_dtype): the oracle's golden says f64, a candidate
+// says its engine's, compare prints both and warns when a rounding KV dtype meets the fp32
+// tolerance; a value that is not a KV dtype is refused by name.
+TEST(Golden, FilesRecordTheKvDtypeAndCompareReportsIt) {
+  EXPECT_EQ(tiny_golden().header.kv_dtype, "f64");
+  EXPECT_EQ(tiny_golden().header.model.at("kv_dtype"), "f64");
+  for (const char* dtype : {"f32", "f16", "bf16", "fp8-e4m3", "fp8-e5m2"}) {
+    LogprobFile c = as_candidate(tiny_golden());
+    c.header.kv_dtype = dtype;
+    const LogprobFile back = reparse(to_jsonl(c), "candidate.jsonl");
+    EXPECT_EQ(back.header.kv_dtype, dtype);
+    auto report = compare_logprobs(tiny_golden(), back, 1e-3);
+    ASSERT_TRUE(report.is_ok()) << report.status().message();
+    EXPECT_TRUE(report->passed()) << report->table();
+    EXPECT_NE(report->table().find(std::string("KV dtype: golden f64, candidate ") + dtype + "\n"), std::string::npos)
+        << report->table();
+    EXPECT_EQ(report->to_json().at("candidate_kv_dtype"), dtype);
+    EXPECT_EQ(report->to_json().at("golden_kv_dtype"), "f64");
+    const bool rounds = std::string(dtype) != "f32";
+    EXPECT_EQ(report->table().find("note: the candidate's KV cache is") != std::string::npos, rounds)
+        << report->table();
+    EXPECT_EQ(report->to_json().at("tolerance_note").is_string(), rounds);
+    // A tolerance set above fp32's: no warning.
+    auto wider = compare_logprobs(tiny_golden(), back, 2e-2);
+    ASSERT_TRUE(wider.is_ok());
+    EXPECT_EQ(wider->tolerance_note(), "");
+  }
+  // Not recorded: said so, no warning.
+  auto unrecorded = compare_logprobs(tiny_golden(), as_candidate(tiny_golden()), 1e-3);
+  ASSERT_TRUE(unrecorded.is_ok());
+  LogprobFile plain = as_candidate(tiny_golden());
+  plain.header.kv_dtype.clear();
+  plain.header.model.erase("kv_dtype");
+  auto none = compare_logprobs(tiny_golden(), reparse(to_jsonl(plain), "c.jsonl"), 1e-3);
+  ASSERT_TRUE(none.is_ok());
+  EXPECT_NE(none->table().find("KV dtype: golden f64, candidate not recorded\n"), std::string::npos) << none->table();
+  EXPECT_TRUE(none->to_json().at("candidate_kv_dtype").is_null());
+  // Bad values: refused naming the field.
+  const std::string golden = to_jsonl(tiny_golden());
+  for (const char* bad : {"\"fp8\"", "\"F16\"", "16", "null"}) {
+    std::string text = golden;
+    const std::string from = "\"kv_dtype\":\"f64\"";
+    ASSERT_NE(text.find(from), std::string::npos) << text.substr(0, 300);
+    text.replace(text.find(from), from.size(), std::string("\"kv_dtype\":") + bad);
+    EXPECT_EQ(parse_error(text), std::string("f.jsonl:1: model.kv_dtype: ") + bad +
+                                     ", expected f64, f32, f16, bf16, fp8-e4m3 or fp8-e5m2");
+  }
 }
 
 }  // namespace
