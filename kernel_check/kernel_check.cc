@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -28,13 +29,62 @@
 namespace kvp::verify::kernel_check {
 
 namespace {
+// Every property a case can fail, in the order the summary and the plots list them.
+constexpr const char* kProperties[] = {
+    "accuracy",         "no-poison-leak", "finite-output", "guard-zones", "inputs-unchanged",
+    "batch-invariance", "repeatability",  "run-error",     "crash",       "timeout"};
+}  // namespace
 
-nlohmann::json result_to_json(const CaseResult& r) {
+const std::vector<std::string>& all_properties() {
+  static const std::vector<std::string> all(std::begin(kProperties), std::end(kProperties));
+  return all;
+}
+
+bool always_required(const std::string& property) {
+  return property == "run-error" || property == "crash" || property == "timeout";
+}
+
+Status check_property_names(const std::vector<std::string>& names) {
+  for (const std::string& n : names) {
+    const auto& all = all_properties();
+    if (std::find(all.begin(), all.end(), n) == all.end()) {
+      std::string known;
+      for (const std::string& p : all) known += (known.empty() ? "" : ", ") + p;
+      return Status::error("--properties: '" + n + "' is not a property (" + known + ")");
+    }
+  }
+  return Status::ok();
+}
+
+bool Report::gates(const std::string& property) const {
+  return required.empty() || always_required(property) ||
+         std::find(required.begin(), required.end(), property) != required.end();
+}
+
+bool Report::case_failed(const CaseResult& r) const {
+  return std::any_of(r.failures.begin(), r.failures.end(), [&](const Failure& f) { return gates(f.property); });
+}
+
+std::vector<std::string> Report::not_required() const {
+  std::vector<std::string> out;
+  for (const std::string& p : all_properties())
+    if (!gates(p)) out.push_back(p);
+  return out;
+}
+
+int64_t Report::num_failed_not_required() const {
+  return std::count_if(cases.begin(), cases.end(),
+                       [&](const CaseRecord& c) { return !c.result.failures.empty() && !case_failed(c.result); });
+}
+
+namespace {
+
+nlohmann::json result_to_json(const CaseResult& r, bool failed) {
   nlohmann::json failures = nlohmann::json::array();
   for (const Failure& f : r.failures) failures.push_back({{"property", f.property}, {"message", f.message}});
-  return {{"status", r.skipped    ? "skip"
-                     : r.passed() ? "pass"
-                                  : "fail"},
+  return {{"status", r.skipped ? "skip"
+                     : failed  ? "fail"
+                               : "pass"},
           {"failures", failures},
           {"max_rel_error", r.max_rel_error},
           {"max_error_ulps", r.max_error_ulps},
@@ -75,7 +125,9 @@ CaseResult run_case_isolated(const kvp_attention_plugin& plugin, const KernelCas
     close(fds[0]);
     // The kernel's fault is reported as its signal, not through a sanitizer's handler.
     for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) signal(sig, SIG_DFL);
-    const std::string text = result_to_json(run_case(plugin, c)).dump();
+    // The child's status is the measured one; the parent's report decides what gates.
+    const CaseResult measured = run_case(plugin, c);
+    const std::string text = result_to_json(measured, !measured.passed()).dump();
     std::size_t done = 0;
     while (done < text.size()) {
       const ssize_t w = write(fds[1], text.data() + done, text.size() - done);
@@ -130,7 +182,7 @@ CaseResult run_case_isolated(const kvp_attention_plugin& plugin, const KernelCas
 }
 
 int64_t Report::num_failed() const {
-  return std::count_if(cases.begin(), cases.end(), [](const CaseRecord& c) { return !c.result.passed(); });
+  return std::count_if(cases.begin(), cases.end(), [&](const CaseRecord& c) { return case_failed(c.result); });
 }
 int64_t Report::num_skipped() const {
   return std::count_if(cases.begin(), cases.end(), [](const CaseRecord& c) { return c.result.skipped; });
@@ -142,7 +194,7 @@ nlohmann::json Report::to_json() const {
   double worst[5] = {0, 0, 0, 0, 0};
   for (const CaseRecord& c : cases) {
     nlohmann::json j = c.spec.to_json();
-    j.update(result_to_json(c.result));
+    j.update(result_to_json(c.result, case_failed(c.result)));
     j["reproduce"] = c.reproduce;
     list.push_back(j);
     std::set<std::string> seen;
@@ -159,6 +211,8 @@ nlohmann::json Report::to_json() const {
           {"plugin", {{"path", plugin_path}, {"name", plugin_name}}},
           {"grid", grid_name(grid)},
           {"shard", {{"index", shard_index}, {"count", shard_count}}},
+          {"required_properties", required.empty() ? all_properties() : required},
+          {"not_required_properties", not_required()},
           {"tolerance",
            {{"f32", tolerance(KVP_KV_F32)},
             {"f16", tolerance(KVP_KV_F16)},
@@ -171,6 +225,7 @@ nlohmann::json Report::to_json() const {
            {{"cases", n},
             {"passed", n - num_failed() - num_skipped()},
             {"failed", num_failed()},
+            {"failed_not_required", num_failed_not_required()},
             {"skipped", num_skipped()},
             {"failed_by_property", failed},
             {"seconds", seconds}}},
@@ -183,7 +238,7 @@ std::string Report::to_junit() const {
   for (const CaseRecord& c : cases) {
     JUnitCase j;
     j.name = "case " + std::to_string(c.spec.id) + " " + c.spec.label;
-    if (!c.result.passed()) {
+    if (case_failed(c.result)) {
       std::string message;
       for (const Failure& f : c.result.failures) message += f.property + ": " + f.message + "\n";
       j.failure = message;
@@ -199,7 +254,7 @@ std::string Report::summary() const {
   std::map<std::string, int64_t> by_property;
   for (const CaseRecord& c : cases) {
     if (c.result.passed()) continue;
-    o << "FAIL " << c.spec.describe() << "\n";
+    o << (case_failed(c.result) ? "FAIL " : "NOT REQUIRED ") << c.spec.describe() << "\n";
     std::set<std::string> seen;
     for (const Failure& f : c.result.failures) {
       o << "  " << f.property << ": " << f.message << "\n";
@@ -212,18 +267,17 @@ std::string Report::summary() const {
   if (shard_count > 1) o << " shard " << shard_index << "/" << shard_count;
   o << ": " << n << " cases, " << (n - num_failed() - num_skipped()) << " passed, " << num_failed() << " failed, "
     << num_skipped() << " skipped (declined by supports()) in " << seconds << " s\n";
-  for (const auto& [p, k] : by_property) o << "  " << p << ": " << k << " cases\n";
+  for (const auto& [p, k] : by_property)
+    o << "  " << p << ": " << k << " cases" << (gates(p) ? "" : " (not required: measured, not gating)") << "\n";
+  if (!required.empty()) {
+    std::string list;
+    for (const std::string& p : not_required()) list += (list.empty() ? "" : ", ") + p;
+    o << "properties not required (--properties): " << (list.empty() ? "none" : list) << "\n";
+  }
   if (num_failed() == 0 && !passed()) o << "nothing was checked: supports() declined every case\n";
   o << (passed() ? "PASS" : "FAIL") << "\n";
   return o.str();
 }
-
-namespace {
-// Every property a case can fail, in the order the summary and the plots list them.
-constexpr const char* kProperties[] = {
-    "accuracy",         "no-poison-leak", "finite-output", "guard-zones", "inputs-unchanged",
-    "batch-invariance", "repeatability",  "run-error",     "crash",       "timeout"};
-}  // namespace
 
 Summary Report::to_summary(std::string reproducer) const {
   Summary s;
@@ -233,7 +287,10 @@ Summary Report::to_summary(std::string reproducer) const {
   const int64_t n = static_cast<int64_t>(cases.size()), ran = n - num_skipped();
   s.verdict_detail = std::to_string(n) + " cases: " + std::to_string(ran - num_failed()) + " passed, " +
                      std::to_string(num_failed()) + " failed, " + std::to_string(num_skipped()) +
-                     " skipped (declined by supports())" + (ran == 0 ? "; nothing was checked" : "");
+                     " skipped (declined by supports())" + (ran == 0 ? "; nothing was checked" : "") +
+                     (num_failed_not_required() > 0 ? "; " + std::to_string(num_failed_not_required()) +
+                                                          " more broke only properties not required (--properties)"
+                                                    : "");
   s.context = {"plug-in " + plugin_name + " (" + plugin_path + "), grid " + grid_name(grid) +
                (shard_count > 1 ? ", shard " + std::to_string(shard_index) + "/" + std::to_string(shard_count) : "")};
   s.rows_title = "Properties";
@@ -261,10 +318,16 @@ Summary Report::to_summary(std::string reproducer) const {
       o << "worst error " << worst << " of the row's largest reference value";
       detail = o.str();
     }
+    if (!gates(property)) {
+      std::string note = "not required (--properties): measured, not gating";
+      if (!detail.empty()) note += "; " + detail;
+      detail = note;
+    }
     s.rows.push_back({property,
-                      failed > 0 ? "FAIL"
-                      : ran > 0  ? "PASS"
-                                 : "n/a",
+                      !gates(property) ? "not required"
+                      : failed > 0     ? "FAIL"
+                      : ran > 0        ? "PASS"
+                                       : "n/a",
                       {std::to_string(failed), std::to_string(ran)},
                       detail,
                       first != nullptr ? first->reproduce : ""});
@@ -272,7 +335,7 @@ Summary Report::to_summary(std::string reproducer) const {
   constexpr int kShown = 20;
   int shown = 0;
   for (const CaseRecord& c : cases) {
-    if (c.result.passed() || shown++ >= kShown) continue;
+    if (!case_failed(c.result) || shown++ >= kShown) continue;
     std::string what;
     for (const Failure& f : c.result.failures) what += (what.empty() ? "" : ", ") + f.property;
     s.notes.push_back("FAIL " + c.spec.describe() + " (" + what + "): " + c.reproduce);
@@ -346,6 +409,8 @@ Result<Report> run_kernel_check(const AttentionPlugin& plugin, const Options& op
   report.grid = options.grid;
   report.shard_index = options.shard_index;
   report.shard_count = options.shard_count;
+  KVP_RETURN_IF_ERROR(check_property_names(options.required_properties));
+  report.required = options.required_properties;
   for (const KernelCase& c : grid) {
     if (options.case_id ? c.id != *options.case_id : shard_of(c.id, options.shard_count) != options.shard_index)
       continue;
@@ -354,6 +419,11 @@ Result<Report> run_kernel_check(const AttentionPlugin& plugin, const Options& op
     record.result = options.isolate ? run_case_isolated(d, c, options.timeout_s) : run_case(d, c);
     record.reproduce = "kvproof kernel-check --plugin " + plugin.path() + " --grid " + grid_name(options.grid) +
                        " --case " + std::to_string(c.id);
+    if (!options.required_properties.empty()) {
+      std::string list;
+      for (const std::string& p : options.required_properties) list += (list.empty() ? "" : ",") + p;
+      record.reproduce += " --properties " + list;
+    }
     if (on_case) on_case(record);
     report.cases.push_back(std::move(record));
     if (options.max_failures > 0 && report.num_failed() >= options.max_failures) break;
@@ -370,7 +440,7 @@ Result<nlohmann::json> merge_reports(const std::vector<nlohmann::json>& reports)
     std::set<int64_t> shards;
     nlohmann::json cases = nlohmann::json::array();
     std::map<std::string, int64_t> by_property;
-    int64_t failed = 0, skipped = 0;
+    int64_t failed = 0, skipped = 0, failed_not_required = 0;
     double seconds = 0.0;
     for (std::size_t i = 0; i < reports.size(); ++i) {
       const nlohmann::json& r = reports[i];
@@ -381,12 +451,15 @@ Result<nlohmann::json> merge_reports(const std::vector<nlohmann::json>& reports)
                    first.at("plugin").at("name").get<std::string>());
       if (r.at("grid") != first.at("grid")) return bad("another grid than the first report's");
       if (r.at("shard").at("count") != count) return bad("a shard of another count than the first report's");
+      if (r.value("required_properties", nlohmann::json()) != first.value("required_properties", nlohmann::json()))
+        return bad("other --properties than the first report's");
       const int64_t index = r.at("shard").at("index");
       if (!shards.insert(index).second) return bad("shard " + std::to_string(index) + " given twice");
       for (const auto& c : r.at("cases")) {
         cases.push_back(c);
         if (c.at("status") == "fail") ++failed;
         if (c.at("status") == "skip") ++skipped;
+        if (c.at("status") == "pass" && !c.at("failures").empty()) ++failed_not_required;
         std::set<std::string> seen;
         for (const auto& f : c.at("failures"))
           if (seen.insert(f.at("property").get<std::string>()).second)
@@ -407,8 +480,10 @@ Result<nlohmann::json> merge_reports(const std::vector<nlohmann::json>& reports)
     merged["shard"] = {{"index", 0}, {"count", 1}, {"merged_from", count}};
     merged["cases"] = cases;
     const int64_t n = static_cast<int64_t>(cases.size());
-    merged["summary"] = {{"cases", n},         {"passed", n - failed - skipped},  {"failed", failed},
-                         {"skipped", skipped}, {"failed_by_property", failed_by}, {"seconds", seconds}};
+    merged["summary"] = {{"cases", n},         {"passed", n - failed - skipped},
+                         {"failed", failed},   {"failed_not_required", failed_not_required},
+                         {"skipped", skipped}, {"failed_by_property", failed_by},
+                         {"seconds", seconds}};
     merged["verdict"] = failed == 0 && skipped < n ? "pass" : "fail";
     merged.erase("max_rel_error");
     return merged;

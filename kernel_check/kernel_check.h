@@ -99,8 +99,21 @@ CaseResult run_case_isolated(const kvp_attention_plugin& plugin, const KernelCas
 // mix of scenarios and sizes whatever N is.
 int shard_of(int64_t case_id, int shard_count);
 
+// Every property a case can fail, in the order reports list them.
+const std::vector<std::string>& all_properties();
+// The properties that gate whatever --properties says: a case that did not produce its output
+// (run-error, crash, timeout) was not measured at all.
+bool always_required(const std::string& property);
+// Ok when every name is a property (all_properties()); else an error naming the first that is
+// not, and listing them.
+Status check_property_names(const std::vector<std::string>& names);
+
 struct Options {
   Grid grid = Grid::kQuick;
+  // The properties a case must hold to pass (--properties); empty: all of them. The others are
+  // still measured and reported ("not required"), never the verdict. always_required() ones
+  // gate either way.
+  std::vector<std::string> required_properties;
   std::optional<int64_t> case_id;        // only this case
   int shard_index = 0, shard_count = 1;  // the cases with shard_of(id, shard_count) == shard_index
   double timeout_s = 30.0;
@@ -120,8 +133,17 @@ struct Report {
   int shard_index = 0, shard_count = 1;
   std::vector<CaseRecord> cases;
   double seconds = 0.0;
+  std::vector<std::string> required;  // Options::required_properties (empty: all)
 
-  int64_t num_failed() const;
+  // Whether a failure of `property` fails its case (see Options::required_properties).
+  bool gates(const std::string& property) const;
+  // The case broke a property that gates.
+  bool case_failed(const CaseResult& r) const;
+  // The properties not required (empty when all are), in all_properties() order.
+  std::vector<std::string> not_required() const;
+  // Cases that broke only properties not required (measured, reported, passing).
+  int64_t num_failed_not_required() const;
+  int64_t num_failed() const;  // cases that broke a property that gates
   int64_t num_skipped() const;
   // No case failed and at least one ran (a plug-in that declines every shape checks nothing).
   bool passed() const { return num_failed() == 0 && num_skipped() < static_cast<int64_t>(cases.size()); }

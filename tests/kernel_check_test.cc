@@ -179,6 +179,49 @@ TEST(KernelCheck, Fp8CasesPassWithScalesAndFailWhenTheKernelDropsThem) {
   EXPECT_TRUE(long_reduction);
 }
 
+// --properties: the batch-split kernel (planted: rows depend on their batch) passes when
+// batch-invariance is not required, every other property still gating, and the report names
+// it as not required with the cases that broke it; a crash gates whatever is required; an
+// unknown name is refused.
+TEST(KernelCheck, PropertiesNotRequiredAreMeasuredAndReportedButDoNotGate) {
+  auto split = load_or_die("batch_split");
+  ASSERT_TRUE(split);
+  Options all;
+  all.isolate = false;
+  auto strict = run_kernel_check(*split, all);
+  ASSERT_TRUE(strict);
+  ASSERT_FALSE(strict->passed());
+  Options relaxed = all;
+  for (const std::string& p : all_properties())
+    if (p != "batch-invariance") relaxed.required_properties.push_back(p);
+  auto r = run_kernel_check(*split, relaxed);
+  ASSERT_TRUE(r);
+  EXPECT_TRUE(r->passed()) << r->summary();
+  EXPECT_EQ(r->num_failed(), 0);
+  EXPECT_EQ(r->num_failed_not_required(), strict->num_failed());
+  EXPECT_EQ(r->not_required(), std::vector<std::string>{"batch-invariance"});
+  EXPECT_NE(r->summary().find("properties not required (--properties): batch-invariance"), std::string::npos);
+  const nlohmann::json j = r->to_json();
+  EXPECT_EQ(j["verdict"], "pass");
+  EXPECT_EQ(j["summary"]["failed_not_required"], strict->num_failed());
+  EXPECT_EQ(j["not_required_properties"], nlohmann::json::array({"batch-invariance"}));
+  // Requiring only accuracy does not let a crash through.
+  auto crash = load_or_die("crash");
+  ASSERT_TRUE(crash);
+  Options only_accuracy;
+  only_accuracy.required_properties = {"accuracy"};
+  only_accuracy.max_failures = 1;
+  auto c = run_kernel_check(*crash, only_accuracy);
+  ASSERT_TRUE(c);
+  EXPECT_FALSE(c->passed());
+  EXPECT_TRUE(always_required("crash"));
+  Options bogus;
+  bogus.required_properties = {"accuracy", "speed"};
+  auto b = run_kernel_check(*split, bogus);
+  ASSERT_FALSE(b);
+  EXPECT_NE(b.status().message().find("'speed' is not a property"), std::string::npos) << b.status().message();
+}
+
 TEST(KernelCheck, ShardsAreDisjointAndMergeIntoTheWholeGrid) {
   auto plugin = load_or_die("kvproof_cpu");
   ASSERT_TRUE(plugin);

@@ -19,10 +19,13 @@ struct KernelCheckFlags {
   int64_t max_failures = 0;
   bool in_process = false;
   std::vector<std::string> merge;
+  std::vector<std::string> properties;
 };
 
 void add_kernel_check_flags(CLI::App& cmd, KernelCheckFlags& f) {
-  cmd.add_option("--plugin", f.plugin, "the plug-in: a shared library exporting kvp_attention_plugin_v1");
+  cmd.add_option("--plugin", f.plugin,
+                 "the plug-in: a shared library exporting kvp_attention_plugin_v2 (or, built for ABI version 1, "
+                 "kvp_attention_plugin_v1)");
   cmd.add_option("--grid", f.grid, "quick (seconds, CI) or full (every block size and dtype, contexts past 32k)")
       ->check(CLI::IsMember({"quick", "full"}));
   cmd.add_option("--case", f.case_id, "run only this case of the grid (the reproducer a failure prints)")
@@ -33,6 +36,12 @@ void add_kernel_check_flags(CLI::App& cmd, KernelCheckFlags& f) {
       ->check(CLI::Range(0.01, 86400.0));
   cmd.add_option("--max-failures", f.max_failures, "stop after this many failing cases (default 0: run them all)")
       ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--properties", f.properties,
+                 "the properties a case must hold to pass, comma-separated (default: all); the others are still "
+                 "measured and reported as not required. run-error, crash and timeout always gate. Properties: "
+                 "accuracy, no-poison-leak, finite-output, guard-zones, inputs-unchanged, batch-invariance, "
+                 "repeatability, run-error, crash, timeout")
+      ->delimiter(',');
   cmd.add_flag("--in-process", f.in_process,
                "run the cases in this process, not one forked child per case (for a debugger; a crash ends the run)");
   cmd.add_option("--json", f.json_out, "write the report as JSON to this file");
@@ -77,6 +86,8 @@ Result<int> merge_shards(const KernelCheckFlags& f) {
 Result<kc::Options> options_from(const KernelCheckFlags& f) {
   kc::Options options;
   options.grid = f.grid == "full" ? kc::Grid::kFull : kc::Grid::kQuick;
+  KVP_RETURN_IF_ERROR(kc::check_property_names(f.properties));
+  options.required_properties = f.properties;
   if (f.case_id >= 0) options.case_id = f.case_id;
   options.timeout_s = f.timeout_s;
   options.isolate = !f.in_process;
