@@ -22,6 +22,8 @@
 //   crash, timeout    the case's child process died by a signal or ran past its time limit
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -95,6 +97,29 @@ CaseResult run_case(const kvp_attention_plugin& plugin, const KernelCase& c);
 // failure (property crash or timeout).
 CaseResult run_case_isolated(const kvp_attention_plugin& plugin, const KernelCase& c, double timeout_s);
 
+// A long-lived forked worker that runs cases one at a time, isolated from this process: a
+// crash or a hang kills only the worker (the case reported with its signal or timeout), and
+// the next case starts a fresh one. The plug-in and `cases` must outlive it.
+class CaseWorker {
+ public:
+  CaseWorker(const kvp_attention_plugin& plugin, const std::vector<KernelCase>& cases);
+  ~CaseWorker();
+  CaseWorker(const CaseWorker&) = delete;
+  CaseWorker& operator=(const CaseWorker&) = delete;
+  // cases[index], within timeout_s seconds (the worker's start included).
+  CaseResult run(std::size_t index, double timeout_s);
+  int64_t started() const { return started_; }  // workers forked so far
+
+ private:
+  std::string start();  // empty, or why no worker started
+  void stop();
+  const kvp_attention_plugin& plugin_;
+  const std::vector<KernelCase>& cases_;
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  int64_t started_ = 0;
+};
+
 // The shard (0..shard_count-1) a case belongs to: a hash of its id, so that every shard gets a
 // mix of scenarios and sizes whatever N is.
 int shard_of(int64_t case_id, int shard_count);
@@ -117,7 +142,7 @@ struct Options {
   std::optional<int64_t> case_id;        // only this case
   int shard_index = 0, shard_count = 1;  // the cases with shard_of(id, shard_count) == shard_index
   double timeout_s = 30.0;
-  bool isolate = true;       // fork per case
+  bool isolate = true;       // run the cases in a forked worker (CaseWorker)
   int64_t max_failures = 0;  // stop after this many failing cases (0: run them all)
 };
 
@@ -133,6 +158,7 @@ struct Report {
   int shard_index = 0, shard_count = 1;
   std::vector<CaseRecord> cases;
   double seconds = 0.0;
+  int64_t workers_started = 0;        // worker processes forked (isolated runs: 1 + one per crash or timeout)
   std::vector<std::string> required;  // Options::required_properties (empty: all)
 
   // Whether a failure of `property` fails its case (see Options::required_properties).

@@ -43,7 +43,7 @@ void add_kernel_check_flags(CLI::App& cmd, KernelCheckFlags& f) {
                  "repeatability, run-error, crash, timeout")
       ->delimiter(',');
   cmd.add_flag("--in-process", f.in_process,
-               "run the cases in this process, not one forked child per case (for a debugger; a crash ends the run)");
+               "run the cases in this process, not in a forked worker process (for a debugger; a crash ends the run)");
   cmd.add_option("--json", f.json_out, "write the report as JSON to this file");
   cmd.add_option("--junit", f.junit_out, "write the report as JUnit XML to this file");
   cmd.add_option(
