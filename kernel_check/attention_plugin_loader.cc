@@ -2,7 +2,9 @@
 
 #include <dlfcn.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -40,18 +42,61 @@ AttentionPlugin::~AttentionPlugin() {
   if (handle_ != nullptr) dlclose(handle_);
 }
 
+std::string python_adapter_path() {
+  if (const char* env = std::getenv("KVPROOF_PYTHON_ADAPTER"); env != nullptr && env[0] != '\0') return env;
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return "kvp_python_adapter.so";
+  std::string dir(exe, static_cast<std::size_t>(n));
+  dir = dir.substr(0, dir.find_last_of('/'));
+  return dir.substr(0, dir.find_last_of('/')) + "/plugins/kvp_python_adapter.so";
+}
+
 Result<std::unique_ptr<AttentionPlugin>> AttentionPlugin::load(const std::string& path) {
   auto error = [&path](const std::string& why) { return Status::error("attention plug-in " + path + ": " + why); };
+  const bool python = path.rfind("python:", 0) == 0;
+  std::string library = path, where, function = "paged_attention";
+  if (python) {
+    where = path.substr(7);
+    const auto colon = where.find_last_of(':');
+    if (colon != std::string::npos && where.find('/', colon) == std::string::npos) {
+      function = where.substr(colon + 1);
+      where = where.substr(0, colon);
+    }
+    if (where.empty() || function.empty()) return error("want python:FILE.py:FUNCTION or python:MODULE:FUNCTION");
+    library = python_adapter_path();
+  }
   struct stat info {};
-  if (stat(path.c_str(), &info) != 0) return error("no such file");
+  if (python && where.size() > 3 && where.compare(where.size() - 3, 3, ".py") == 0 && stat(where.c_str(), &info) != 0)
+    return error(where + ": no such file");
+  if (stat(library.c_str(), &info) != 0)
+    return error(python ? "the Python adapter " + library +
+                              " is not there (built where CPython's python3-embed is: Debian python3-dev; "
+                              "KVPROOF_PYTHON_ADAPTER names another)"
+                        : std::string("no such file"));
   // dlopen searches the library path for a bare name; a plug-in is named by its path.
-  const std::string open_path = path.find('/') == std::string::npos ? "./" + path : path;
+  const std::string open_path = library.find('/') == std::string::npos ? "./" + library : library;
   void* handle = dlopen(open_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = dlerror();
     return error(std::string("cannot load: ") + (why != nullptr ? why : "dlopen failed"));
   }
   dlerror();
+  if (python) {
+    using Configure = int (*)(const char*, const char*, char*, size_t);
+    void* symbol = dlsym(handle, "kvp_python_plugin_configure");
+    if (symbol == nullptr) {
+      dlclose(handle);
+      return error(library + ": no kvp_python_plugin_configure (not kvproof's Python adapter)");
+    }
+    Configure configure;
+    std::memcpy(&configure, &symbol, sizeof configure);
+    std::string why(8192, '\0');
+    if (configure(where.c_str(), function.c_str(), why.data(), why.size()) != 0) {
+      // The interpreter stays loaded (CPython cannot be unloaded safely).
+      return error(why.c_str());
+    }
+  }
   uint32_t entry_version = KVP_ATTENTION_PLUGIN_ABI_VERSION;
   const char* entry_name = KVP_ATTENTION_PLUGIN_ENTRY;
   void* symbol = dlsym(handle, entry_name);

@@ -27,6 +27,10 @@ class AttentionPlugin {
   // (dlerror's words); the entry point is absent; it returns NULL; the descriptor's
   // abi_version is not KVP_ATTENTION_PLUGIN_ABI_VERSION; a bad descriptor (no name, no
   // run(), an unknown device, no dtype or layout, or bits for unknown ones).
+  // `python:FILE.py:FUNCTION` (or python:MODULE:FUNCTION; FUNCTION defaults to
+  // paged_attention) loads kvproof's Python adapter (plugins/python_adapter.cc: next to the
+  // binary in ../plugins/, or KVPROOF_PYTHON_ADAPTER) and has it import the kernel; its errors
+  // (no such file, an import error with its traceback, a bad KVPROOF_PLUGIN dict) are the same.
   static Result<std::unique_ptr<AttentionPlugin>> load(const std::string& path);
 
  private:

@@ -331,7 +331,7 @@ void call_on_device(const CudaRuntime& rt, const kvp_attention_plugin& plugin, k
     }
     args.out = static_cast<float*>(arrays[out_i].device) + kGuardFloats;
     args.stream = stream;
-    char err[512] = {};
+    char err[4096] = {};
     o.status = plugin.run(&args, err, sizeof err);
     if (o.status != 0) o.error = err[0] != '\0' ? std::string(err, strnlen(err, sizeof err)) : "(no message)";
     if (std::string e = rt.stream_synchronize(stream); !e.empty())
@@ -388,7 +388,7 @@ Output call_plugin(const kvp_attention_plugin& plugin, const Inputs& in, const k
     }
     return o;
   }
-  char err[512] = {};
+  char err[4096] = {};
   o.status = plugin.run(&args, err, sizeof err);
   if (o.status != 0) o.error = err[0] != '\0' ? std::string(err, strnlen(err, sizeof err)) : "(no message)";
   return o;

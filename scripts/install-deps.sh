@@ -10,7 +10,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libssl-dev
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
   clang clang-format libclang-rt-14-dev llvm valgrind
-  python3 python3-matplotlib
+  python3 python3-matplotlib python3-dev python3-numpy
   chromium poppler-utils
 )
 

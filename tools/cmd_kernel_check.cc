@@ -25,7 +25,8 @@ struct KernelCheckFlags {
 void add_kernel_check_flags(CLI::App& cmd, KernelCheckFlags& f) {
   cmd.add_option("--plugin", f.plugin,
                  "the plug-in: a shared library exporting kvp_attention_plugin_v2 (or, built for ABI version 1, "
-                 "kvp_attention_plugin_v1)");
+                 "kvp_attention_plugin_v1), or python:FILE.py:FUNCTION / python:MODULE:FUNCTION, a Python kernel "
+                 "(docs/plugins.md)");
   cmd.add_option("--grid", f.grid, "quick (seconds, CI) or full (every block size and dtype, contexts past 32k)")
       ->check(CLI::IsMember({"quick", "full"}));
   cmd.add_option("--case", f.case_id, "run only this case of the grid (the reproducer a failure prints)")
