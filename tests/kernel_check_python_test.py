@@ -47,7 +47,9 @@ def broken_then_passing(report, prop):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kvproof", required=True)
-    kvproof = ap.parse_args().kvproof
+    ap.add_argument("--fake-cudart", help="plugins/fake_cudart.c's library: runs the device path without a GPU")
+    parsed = ap.parse_args()
+    kvproof = parsed.kvproof
 
     rc, out, r = run(kvproof, f"python:{NUMPY}:paged_attention")
     check(rc == 0 and r and r["summary"]["failed"] == 0 and r["summary"]["skipped"] == 0
@@ -76,6 +78,15 @@ def main():
 
     rc, out, r = run(kvproof, f"python:{FAULTS}:writes_input", "--shard", "0/6")
     check(rc == 1 and r and "inputs-unchanged" in r["summary"]["failed_by_property"], f"writes_input\n{out[-1500:]}")
+
+    if parsed.fake_cudart:
+        # A "cuda" Python kernel: every array through __cuda_array_interface__, in the fake
+        # runtime's host-memory "device" buffers.
+        os.environ["KVPROOF_CUDART"] = parsed.fake_cudart
+        rc, out, r = run(kvproof, f"python:{os.path.join(HERE, 'data', 'python_kernels', 'cai_on_host.py')}")
+        check(rc == 0 and r and r["summary"]["failed"] == 0 and r["summary"]["skipped"] == 0,
+              f"the device path through __cuda_array_interface__: rc {rc}\n{out[-2000:]}")
+        del os.environ["KVPROOF_CUDART"]
 
     tmp = tempfile.mkdtemp(prefix="kc_python_bad.")
     no_dict = os.path.join(tmp, "no_dict.py")
