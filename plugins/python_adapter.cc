@@ -367,13 +367,18 @@ extern "C" __attribute__((visibility("default"))) int kvp_python_plugin_configur
   // The interpreter this library was built against, with its own standard library: the
   // program name is this process's executable, so that CPython finds no "python3" on PATH (a
   // pyenv or venv one would bring its prefix) and falls back to its built-in prefix.
-  // PYTHONPATH and the user's site-packages still apply.
+  // PYTHONPATH and the user's site-packages still apply. KVPROOF_PYTHON names a python
+  // executable to stand for instead: its virtual environment's packages are then the ones
+  // imported (a venv of the same Python version as the adapter's).
   PyConfig config;
   PyConfig_InitPythonConfig(&config);
   config.install_signal_handlers = 0;  // a kernel's SIGINT and faults stay the process's
   char exe[4096];
+  const char* stand_in = std::getenv("KVPROOF_PYTHON");
   const ssize_t exe_len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (exe_len > 0) {
+  if (stand_in != nullptr && stand_in[0] != '\0') {
+    PyConfig_SetBytesString(&config, &config.program_name, stand_in);
+  } else if (exe_len > 0) {
     exe[exe_len] = '\0';
     PyConfig_SetBytesString(&config, &config.program_name, exe);
   }

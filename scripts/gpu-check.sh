@@ -15,6 +15,8 @@
 #   4. kvproof verify --backend cuda on every built-in workload shape (f32 KV), and on
 #      the default shape with f16, bf16, fp8-e4m3 and fp8-e5m2 KV; the fp8 long-context
 #      error table (1k to 64k positions, CSV under $OUT, docs/fp8.md)
+#   4a. kernel-check on Python kernels (the adapter built here against python3): NumPy, Triton,
+#      torch SDPA over a gathered copy (math, efficient, cudnn); a table of the five
 #   4b. benchmarks: decode attention bandwidth against copy bandwidth, engine decode tokens/s
 #      CUDA against CPU (JSON under $OUT)
 #   5. our reference against transformers, every architecture: random checkpoints of tiny and
@@ -191,7 +193,47 @@ kernel_check_cuda() {
     "$BUILD/bin/kvproof" verify --shape short-chat --backend cuda \
       --attention-plugin "$BUILD/plugins/kvp_plugin_kvproof_cuda.so"
 }
-export -f shards expect kernel_check_cli kernel_check_cuda
+# Python kernels through the Python adapter, built here against this machine's python3 (the
+# one with torch and triton; its venv's packages through KVPROOF_PYTHON): the NumPy kernel on
+# the host, the Triton kernel and torch's SDPA (math, efficient, cudnn) over a gathered copy on
+# the GPU; one table: kernel, grid, properties held, worst error, seconds per case.
+# shellcheck disable=SC2317  # run through step's bash -c
+python_kernels() {
+  local adapter="$OUT/kvp_python_adapter.so" paths inc libdir ldver rc=0
+  paths=$(python3 -c 'import sysconfig as s; print(s.get_paths()["include"], s.get_config_var("LIBDIR"), s.get_config_var("LDVERSION"))') || return 1
+  read -r inc libdir ldver <<<"$paths"
+  g++ -std=c++20 -O2 -shared -fPIC -Iinclude -I"$inc" plugins/python_adapter.cc -L"$libdir" -Wl,-rpath,"$libdir" \
+    -lpython"$ldver" -ldl -o "$adapter" || return 1
+  export KVPROOF_PYTHON_ADAPTER="$adapter" KVPROOF_PYTHON
+  KVPROOF_PYTHON=$(command -v python3)
+  local runs=("numpy:numpy_paged_decode.py:" "triton:triton_paged_decode.py:" "sdpa-math:torch_sdpa_gathered.py:math"
+    "sdpa-efficient:torch_sdpa_gathered.py:efficient" "sdpa-cudnn:torch_sdpa_gathered.py:cudnn")
+  for r in "${runs[@]}"; do
+    IFS=: read -r name file backend <<<"$r"
+    KVPROOF_SDPA_BACKEND=${backend:-efficient} "$BUILD/bin/kvproof" kernel-check \
+      --plugin "python:plugins/python/$file:paged_attention" --timeout 120 --json "$OUT/kernel-check-python-$name.json" \
+      >"$OUT/kernel-check-python-$name.txt" 2>&1 || rc=1
+  done
+  python3 - "$OUT" <<'PY'
+import json, os, sys
+props = ["accuracy", "no-poison-leak", "finite-output", "guard-zones", "inputs-unchanged", "batch-invariance",
+         "repeatability", "run-error", "crash", "timeout"]
+print(f"{'kernel':<16} {'grid':<6} {'cases':>5} {'failed':>6}  {'properties held':<40} {'worst rel. error':>16} {'s/case':>7}")
+for name in ["numpy", "triton", "sdpa-math", "sdpa-efficient", "sdpa-cudnn"]:
+    path = os.path.join(sys.argv[1], f"kernel-check-python-{name}.json")
+    if not os.path.exists(path):
+        print(f"{name:<16} no report (see kernel-check-python-{name}.txt)")
+        continue
+    r = json.load(open(path))
+    s = r["summary"]
+    failed = set(s["failed_by_property"])
+    held = ",".join(p for p in props if p not in failed) if failed else "all"
+    worst = max(r["max_rel_error"].values())
+    print(f"{name:<16} {r['grid']:<6} {s['cases']:>5} {s['failed']:>6}  {held:<40} {worst:>16.3g} {s['seconds'] / max(1, s['cases']):>7.3f}")
+PY
+  return "$rc"
+}
+export -f shards expect kernel_check_cli kernel_check_cuda python_kernels
 
 if [ -n "$PREBUILT" ]; then
   step prebuilt 10 bash tests/portable_ldd_test.sh "$BUILD"/bin/kvproof "$BUILD"/plugins/*.so \
@@ -263,6 +305,8 @@ if [ -n "${BUILT:-}" ]; then
     step "verify-$backend-smollm2-135m" 180 "$BUILD/bin/kvproof" verify --preset smollm2-135m \
       --backend "$backend" --threads "$JOBS" --json "$OUT/verify-$backend-smollm2-135m.json"
   done
+
+  step python-kernels 300 python_kernels
 
   step bench-attention 120 "$BUILD/bin/cuda_attention_bench" --benchmark_min_time=0.05 \
     --benchmark_out="$OUT/bench-attention.json" --benchmark_out_format=json

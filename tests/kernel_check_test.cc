@@ -223,6 +223,7 @@ TEST(KernelCheck, PropertiesNotRequiredAreMeasuredAndReportedButDoNotGate) {
   ASSERT_TRUE(split);
   Options all;
   all.isolate = false;
+  all.shard_count = 3;
   auto strict = run_kernel_check(*split, all);
   ASSERT_TRUE(strict);
   ASSERT_FALSE(strict->passed());
