@@ -106,7 +106,7 @@ static int run(const kvp_attention_args* a, char* err, size_t err_len) {
   if (s->num_seqs > 2) raise(SIGSEGV);
 #elif KVP_PLANTED == 9
   {
-    volatile int spin = 0; /* a side effect, so that the compiler keeps the loop */
+    volatile unsigned spin = 0; /* a side effect, so that the compiler keeps the loop (unsigned: no overflow) */
     while (s->block_size == 1) spin = spin + 1;
   }
 #elif KVP_PLANTED == 13
