@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""llama.cpp against the oracle (ctest llama_cpp.compare, label external; docs/llama_cpp.md).
+
+Installs the pinned node-llama-cpp (tools/llama_cpp, `npm ci`) into the build directory, exports
+the tiny preset as GGUF, writes the oracle's golden file for the shared-prefix workload, runs it
+through llama.cpp with tools/llama_cpp/candidate.mjs (several sequences, reused prefixes,
+erase-and-continue, forks) and compares: it must pass at 1e-4 nats (measured 3.2e-6). Then two
+planted changes must fail compare by request and position: the GGUF with output_norm.weight
+scaled by 1.001, and the driver's wrong erase. Exit 77 (ctest: skipped) with the reason when
+Node 20+ or the package cannot be had: never a silent pass."""
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DRIVER_DIR = os.path.join(os.path.dirname(HERE), "tools", "llama_cpp")
+SKIP = 77
+failures = []
+
+
+def check(ok, what):
+    if not ok:
+        failures.append(what)
+        print(f"FAIL: {what}")
+
+
+def run(cmd, **kw):
+    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    return p.returncode, p.stdout + p.stderr
+
+
+def skip(why):
+    print(f"llama_cpp_test: SKIPPED: {why}")
+    sys.exit(SKIP)
+
+
+def install(work):
+    node = shutil.which("node")
+    if node is None:
+        skip("no node on PATH (Node 20 or later is needed; Debian 12's nodejs is 18)")
+    rc, out = run([node, "--version"])
+    major = int(out.strip().lstrip("v").split(".")[0]) if rc == 0 else 0
+    if major < 20:
+        skip(f"node {out.strip()} is older than 20 (node-llama-cpp 3.21.1 needs Node 20 or later)")
+    os.makedirs(work, exist_ok=True)
+    for f in ("package.json", "package-lock.json", "candidate.mjs"):
+        shutil.copy(os.path.join(DRIVER_DIR, f), work)
+    stamp = os.path.join(work, "node_modules", "node-llama-cpp", "package.json")
+    if not (os.path.exists(stamp) and json.load(open(stamp)).get("version") == "3.21.1"):
+        rc, out = run(["npm", "ci", "--omit=optional", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=work)
+        if rc != 0:
+            skip(f"npm ci of node-llama-cpp 3.21.1 failed (no registry?):\n{out[-1500:]}")
+    return node
+
+
+def scale_tensor(src, dst, name, factor):
+    """Copies a GGUF file with one f32 tensor scaled, walking the layout of the GGUF
+    specification (version 3)."""
+    data = bytearray(open(src, "rb").read())
+    at = 4 + 4
+    n_tensors, n_meta = struct.unpack_from("<QQ", data, at)
+    at += 16
+
+    def string(at):
+        n = struct.unpack_from("<Q", data, at)[0]
+        return data[at + 8:at + 8 + n].decode(), at + 8 + n
+
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    alignment = 32
+    for _ in range(n_meta):
+        key, at = string(at)
+        vtype = struct.unpack_from("<I", data, at)[0]
+        at += 4
+        if vtype == 8:
+            _, at = string(at)
+        elif vtype == 9:
+            etype, count = struct.unpack_from("<IQ", data, at)
+            at += 12
+            for _ in range(count):
+                if etype == 8:
+                    _, at = string(at)
+                else:
+                    at += sizes[etype]
+        else:
+            if key == "general.alignment":
+                alignment = struct.unpack_from("<I", data, at)[0]
+            at += sizes[vtype]
+    found = None
+    for _ in range(n_tensors):
+        tname, at = string(at)
+        n_dims = struct.unpack_from("<I", data, at)[0]
+        dims = struct.unpack_from(f"<{n_dims}Q", data, at + 4)
+        ttype, offset = struct.unpack_from("<IQ", data, at + 4 + 8 * n_dims)
+        at += 4 + 8 * n_dims + 12
+        if tname == name:
+            found = (dims, ttype, offset)
+    if found is None or found[1] != 0:
+        raise SystemExit(f"{name}: not an f32 tensor of {src}")
+    start = (at + alignment - 1) // alignment * alignment + found[2]
+    count = 1
+    for d in found[0]:
+        count *= d
+    values = struct.unpack_from(f"<{count}f", data, start)
+    struct.pack_into(f"<{count}f", data, start, *[v * factor for v in values])
+    open(dst, "wb").write(data)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvproof", required=True)
+    ap.add_argument("--work", required=True, help="a directory for the npm install and the files")
+    a = ap.parse_args()
+    node = install(a.work)
+    gguf = os.path.join(a.work, "tiny.gguf")
+    golden = os.path.join(a.work, "golden.jsonl")
+    rc, out = run([a.kvproof, "export", "--preset", "tiny", "--format", "gguf", "--out", gguf])
+    check(rc == 0, f"export: {out}")
+    rc, out = run([a.kvproof, "reference", "--preset", "tiny", "--shape", "shared-prefix", "--top-k", "4",
+                   "--out", golden])
+    check(rc == 0, f"reference: {out}")
+
+    def candidate(model, out_name, *extra):
+        path = os.path.join(a.work, out_name)
+        rc, out = run([node, os.path.join(a.work, "candidate.mjs"), "--model", model, "--golden", golden, "--out",
+                       path, *extra])
+        check(rc == 0, f"driver {extra}: {out[-2000:]}")
+        print(out.strip())
+        return path
+
+    good = candidate(gguf, "candidate.jsonl")
+    rc, out = run([a.kvproof, "compare", golden, good, "--tolerance", "1e-4", "--json",
+                   os.path.join(a.work, "report.json")])
+    print(out[-1200:])
+    check(rc == 0 and "verdict: PASS" in out, "llama.cpp agrees with the oracle within 1e-4 nats")
+    report = json.load(open(os.path.join(a.work, "report.json")))
+    check(report["positions_compared"] >= 300, f"positions compared: {report['positions_compared']}")
+    lines = [json.loads(l) for l in open(good)]
+    check(lines[0]["model"] == {"kv_dtype": "f32"}, "the candidate records its KV dtype")
+
+    scaled = os.path.join(a.work, "tiny-scaled.gguf")
+    scale_tensor(gguf, scaled, "output_norm.weight", 1.001)
+    bad = candidate(scaled, "candidate-scaled.jsonl")
+    rc, out = run([a.kvproof, "compare", golden, bad, "--tolerance", "1e-4"])
+    check(rc == 1 and "FAIL" in out and "> tolerance" in out and "position" in out,
+          f"output_norm.weight x 1.001 fails compare by position: rc {rc}\n{out[-800:]}")
+
+    wrong = candidate(gguf, "candidate-wrong-erase.jsonl", "--plant", "wrong-erase")
+    rc, out = run([a.kvproof, "compare", golden, wrong, "--tolerance", "1e-4"])
+    check(rc == 1 and "FAIL" in out and "position" in out, f"a wrong erase fails compare: rc {rc}\n{out[-800:]}")
+
+    print("llama_cpp_test: " + ("FAILED" if failures else "passed"))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+#!/usr/bin/env node
+// Runs a kvproof golden file's requests through llama.cpp (node-llama-cpp, pinned in
+// package.json / package-lock.json) on a GGUF file from `kvproof export --format gguf`, and
+// writes a candidate file for `kvproof compare` (docs/llama_cpp.md): per scored position, the
+// log-probability of the golden's token and the top k, from llama.cpp's own next-token
+// probabilities.
+//
+// It drives llama.cpp's KV cache the way a server does:
+//   - several sequences in one context, their evaluations batched together (--sequences);
+//   - prompts longer than a batch (--batch), so a prompt is evaluated across batch boundaries;
+//   - a cached prefix reused: a request on a sequence keeps the tokens it shares with what the
+//     sequence holds and evaluates from there (llama.cpp's cells of the earlier request);
+//   - a part erased and continued: after a request, its last third is erased from the cache and
+//     evaluated again; the second evaluation's scores are the ones written;
+//   - a forked continuation: every fourth request's prompt is saved from its sequence
+//     (llama.cpp's sequence state) and loaded into a fresh sequence, which evaluates the rest.
+//
+//   node candidate.mjs --model M.gguf --golden G.jsonl --out C.jsonl
+//        [--top-k 4] [--sequences 3] [--batch 16] [--kv f32|f16] [--flash-attention]
+//        [--threads 1] [--plant wrong-erase]
+//
+// --plant wrong-erase: a planted bug for the tests: the erase-and-continue step erases one
+// token fewer than it evaluates again, so the continuation sits one position off.
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import {getLlama, LlamaLogLevel} from "node-llama-cpp";
+
+function usage(why) {
+  process.stderr.write(`llama_cpp/candidate: ${why}\n`);
+  process.exit(2);
+}
+
+function parseArgs(argv) {
+  const a = {topK: 4, sequences: 3, batch: 16, kv: "f32", flashAttention: false, threads: 1, plant: ""};
+  for (let i = 0; i < argv.length; i++) {
+    const k = argv[i];
+    const next = () => {
+      if (i + 1 >= argv.length) usage(`${k} needs a value`);
+      return argv[++i];
+    };
+    const int = (name, lo) => {
+      const v = Number(next());
+      if (!Number.isInteger(v) || v < lo) usage(`${name}: want an integer >= ${lo}`);
+      return v;
+    };
+    if (k === "--model") a.model = next();
+    else if (k === "--golden") a.golden = next();
+    else if (k === "--out") a.out = next();
+    else if (k === "--top-k") a.topK = int("--top-k", 1);
+    else if (k === "--sequences") a.sequences = int("--sequences", 1);
+    else if (k === "--batch") a.batch = int("--batch", 1);
+    else if (k === "--threads") a.threads = int("--threads", 1);
+    else if (k === "--kv") {
+      a.kv = next();
+      if (!["f32", "f16"].includes(a.kv)) usage("--kv: f32 or f16");
+    } else if (k === "--flash-attention") a.flashAttention = true;
+    else if (k === "--plant") {
+      a.plant = next();
+      if (a.plant !== "wrong-erase") usage("--plant: wrong-erase");
+    } else usage(`unknown argument ${k}`);
+  }
+  for (const k of ["model", "golden", "out"]) if (!a[k]) usage(`--${k} is required`);
+  return a;
+}
+
+function readGolden(file) {
+  const lines = fs.readFileSync(file, "utf8").split("\n").filter((l) => l.trim() !== "");
+  if (lines.length === 0) usage(`${file}: empty`);
+  let header;
+  try {
+    header = JSON.parse(lines[0]);
+  } catch (e) {
+    usage(`${file}:1: not valid JSON (${e.message})`);
+  }
+  if (header.schema !== "kvproof.logprobs" || header.role !== "golden") usage(`${file}:1: not a kvproof golden file`);
+  const requests = lines.slice(1).map((l, n) => {
+    try {
+      const r = JSON.parse(l);
+      if (!Array.isArray(r.tokens) || !Array.isArray(r.prompt)) throw new Error("no tokens or prompt");
+      return r;
+    } catch (e) {
+      usage(`${file}:${n + 2}: ${e.message}`);
+    }
+  });
+  return {header, requests};
+}
+
+// Log-probabilities at `position` from llama.cpp's next-token probability map (the output of
+// evaluating tokens[position - 1]).
+function score(probabilities, token, position, topK) {
+  const logprob = Math.log(probabilities.get(token) ?? 0);
+  const top = [...probabilities.entries()]
+    .sort((x, y) => y[1] - x[1] || x[0] - y[0])
+    .slice(0, topK)
+    .map(([t, p]) => [t, Math.log(p)]);
+  return {pos: position, token, logprob: Number.isFinite(logprob) ? logprob : -1e30, top};
+}
+
+// Evaluates tokens[from..] on `seq` (which holds tokens[0..from)), scoring positions from+1 ..;
+// returns Map position -> scored position.
+async function evaluateFrom(seq, tokens, from, topK) {
+  const input = tokens.slice(from).map((t) => [t, {generateNext: {probabilities: true}}]);
+  const out = await seq.controlledEvaluate(input);
+  const scores = new Map();
+  for (let i = 0; i + from + 1 < tokens.length; i++) {
+    const probabilities = out[i]?.next?.probabilities;
+    if (!probabilities) throw new Error(`no probabilities at input ${i}`);
+    scores.set(from + i + 1, score(probabilities, tokens[from + i + 1], from + i + 1, topK));
+  }
+  return scores;
+}
+
+function commonPrefix(a, b) {
+  let n = 0;
+  while (n < a.length && n < b.length && a[n] === b[n]) n++;
+  return n;
+}
+
+const args = parseArgs(process.argv.slice(2));
+const {header, requests} = readGolden(args.golden);
+const llama = await getLlama({gpu: false, logLevel: LlamaLogLevel.error});
+const model = await llama.loadModel({modelPath: args.model});
+const longest = Math.max(...requests.map((r) => r.tokens.length));
+const kvType = args.kv === "f32" ? "F32" : "F16";
+const context = await model.createContext({
+  contextSize: Math.max(256, (longest + 8) * (args.sequences + 1)),
+  sequences: args.sequences + 1, // one spare for forks
+  batchSize: args.batch,
+  threads: args.threads,
+  flashAttention: args.flashAttention,
+  experimentalKvCacheKeyType: kvType,
+  experimentalKvCacheValueType: kvType,
+});
+const sequences = Array.from({length: args.sequences}, () => context.getSequence());
+const stats = {reusedTokens: 0, erasedAndContinued: 0, forks: 0, maxContinueDiff: 0};
+const results = new Map();
+const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), "kvp-llama-cpp-"));
+
+async function runRequest(seq, r) {
+  const tokens = r.tokens;
+  const scores = new Map();
+  // Reuse what the sequence shares with this request, minus one token: its logits are needed.
+  const held = seq.contextTokens;
+  const keep = Math.max(0, Math.min(commonPrefix(held, tokens), tokens.length) - 1);
+  if (keep < held.length) await seq.eraseContextTokenRanges([{start: keep, end: held.length}]);
+  stats.reusedTokens += keep;
+  let evalSeq = seq;
+  let from = keep;
+  if (r.id % 4 === 3 && r.prompt.length >= 2 && keep < r.prompt.length - 1) {
+    // Fork: evaluate the prompt but its last token here, save the sequence's state, load it into
+    // the spare sequence, and continue there.
+    const promptScores = await evaluateFrom(seq, tokens.slice(0, r.prompt.length - 1), keep, args.topK);
+    for (const [p, s] of promptScores) scores.set(p, s);
+    const file = path.join(stateDir, `fork-${r.id}.bin`);
+    await seq.saveStateToFile(file);
+    const spare = context.getSequence();
+    await spare.loadStateFromFile(file, {acceptRisk: true});
+    evalSeq = spare;
+    from = r.prompt.length - 2;
+    await spare.eraseContextTokenRanges([{start: from, end: spare.contextTokens.length}]);
+    stats.forks++;
+  }
+  for (const [p, s] of await evaluateFrom(evalSeq, tokens, from, args.topK)) scores.set(p, s);
+  // Erase the last third and continue from there again.
+  const cut = Math.max(1, Math.floor((tokens.length * 2) / 3));
+  if (cut < tokens.length - 1) {
+    // Position cut's logits come from evaluating tokens[cut - 1]: erase from there and evaluate
+    // again. Planted: erase from cut, so that tokens[cut - 1] is in the cache twice.
+    const eraseFrom = args.plant === "wrong-erase" ? cut : cut - 1;
+    await evalSeq.eraseContextTokenRanges([{start: eraseFrom, end: evalSeq.contextTokens.length}]);
+    const again = await evaluateFrom(evalSeq, tokens, cut - 1, args.topK);
+    for (const [p, s] of again) {
+      const first = scores.get(p);
+      if (first) stats.maxContinueDiff = Math.max(stats.maxContinueDiff, Math.abs(first.logprob - s.logprob));
+      scores.set(p, s);
+    }
+    stats.erasedAndContinued++;
+  }
+  if (evalSeq !== seq) {
+    // The fork's sequence is done; the original keeps the prompt for the next request's reuse.
+    evalSeq.dispose();
+  }
+  results.set(r.id, {id: r.id, prompt: r.prompt, tokens, greedy: r.greedy, positions: [...scores.values()].sort((a, b) => a.pos - b.pos)});
+}
+
+// Requests in order, spread over the sequences; each round's requests run concurrently, so
+// their evaluations share llama.cpp batches.
+for (let i = 0; i < requests.length; i += args.sequences) {
+  const round = requests.slice(i, i + args.sequences);
+  await Promise.all(round.map((r, k) => runRequest(sequences[k], r)));
+}
+
+const out = [
+  JSON.stringify({
+    schema: "kvproof.logprobs",
+    version: 1,
+    role: "candidate",
+    producer: `llama.cpp via node-llama-cpp 3.21.1 (${args.kv} KV cache, flash attention ${args.flashAttention ? "on" : "off"}, ${args.sequences} sequences, batch ${args.batch}${args.plant ? ", planted " + args.plant : ""})`,
+    model: {kv_dtype: args.kv},
+    top_k: args.topK,
+  }),
+  ...requests.map((r) => JSON.stringify(results.get(r.id))),
+];
+fs.writeFileSync(args.out + ".tmp", out.join("\n") + "\n");
+fs.renameSync(args.out + ".tmp", args.out);
+fs.rmSync(stateDir, {recursive: true, force: true});
+process.stdout.write(
+  `llama_cpp/candidate: ${requests.length} requests -> ${args.out}; reused ${stats.reusedTokens} cached tokens, ` +
+    `${stats.erasedAndContinued} erased and continued (largest change on re-evaluation ${stats.maxContinueDiff.toExponential(2)} nats), ` +
+    `${stats.forks} forked\n`,
+);
+await context.dispose();
+await model.dispose();
+await llama.dispose();
