@@ -10,9 +10,14 @@ Accepted responses (one JSON object per file):
   /v1/completions       choices[i].logprobs = {tokens, token_logprobs, top_logprobs}; with
                         "echo": true the prompt comes back too (its first token_logprob is null)
   /v1/chat/completions  choices[i].logprobs.content[j] = {token, logprob, top_logprobs: [{token, logprob}]}
-Tokens must be ids: ask the server with "return_tokens_as_token_ids": true (vLLM), so each token
-reads "token_id:123". Text tokens cannot be mapped back to ids without the tokenizer and are
-refused.
+  llama-server (llama.cpp), its own /completion with "n_probs": K:
+                        completion_probabilities[j] = {id, token, logprob, top_logprobs: [{id, token, logprob}]}
+                        (one request per response); its OpenAI-compatible endpoints as above, each
+                        entry carrying the token's integer "id"
+Tokens must be ids: ask vLLM with "return_tokens_as_token_ids": true, so each token reads
+"token_id:123"; llama-server gives each entry's integer "id". Text tokens cannot be mapped back
+to ids without the tokenizer and are refused. llama-server's "post_sampling_probs": true gives
+the sampler's probabilities, not the model's, and is refused.
 
 Request ids: choice `index` i of the first response is request i (send the golden's prompts as
 one batch, in order); each further response's choices continue after the previous ones.
@@ -38,6 +43,20 @@ def token_id(text, where):
         if rest.isdigit():
             return int(rest)
     raise ConvertError(f"{where}: {text!r} is not a token id; request with \"return_tokens_as_token_ids\": true")
+
+
+def entry_token(e, where):
+    """An entry's token id: llama-server's integer "id", else vLLM's "token": "token_id:N"."""
+    if isinstance(e.get("id"), int) and not isinstance(e.get("id"), bool) and e["id"] >= 0:
+        return e["id"]
+    return token_id(e.get("token"), f"{where}.token")
+
+
+def entry_logprob(e, where):
+    if "logprob" not in e and ("prob" in e or "top_probs" in e):
+        raise ConvertError(f"{where}: probabilities after sampling (llama-server \"post_sampling_probs\": true) "
+                           "are not the model's; request with \"post_sampling_probs\": false")
+    return logprob(e.get("logprob"), f"{where}.logprob")
 
 
 def logprob(value, where):
@@ -72,10 +91,8 @@ def scored_tokens(choice, where):
             for k, t in enumerate(e.get("top_logprobs") or []):
                 if not isinstance(t, dict):
                     raise ConvertError(f"{at}.top_logprobs[{k}]: not an object")
-                top.append((token_id(t.get("token"), f"{at}.top_logprobs[{k}].token"),
-                            logprob(t.get("logprob"), f"{at}.top_logprobs[{k}].logprob")))
-            out.append((token_id(e.get("token"), f"{at}.token"), logprob(e.get("logprob"), f"{at}.logprob"),
-                        top_list(top)))
+                top.append((entry_token(t, f"{at}.top_logprobs[{k}]"), entry_logprob(t, f"{at}.top_logprobs[{k}]")))
+            out.append((entry_token(e, at), entry_logprob(e, at), top_list(top)))
         return out
     tokens, values = lp.get("tokens"), lp.get("token_logprobs")  # completions
     tops = lp.get("top_logprobs") or [None] * len(tokens or [])
@@ -159,6 +176,13 @@ def main(argv):
                     response = json.load(f)
                 except ValueError as e:
                     raise ConvertError(f"{path}: not valid JSON ({e})") from e
+            if isinstance(response, dict) and "choices" not in response and "completion_probabilities" in response:
+                # llama-server's /completion: one request, its generated tokens' probabilities.
+                probs = response["completion_probabilities"]
+                if not isinstance(probs, list):
+                    raise ConvertError(f"{path}: completion_probabilities: not a list")
+                response = {"choices": [{"index": 0, "logprobs": {"content": probs}}]}
+                path = f"{path} (llama-server /completion; completion_probabilities read as choices[0].logprobs.content)"
             choices = response.get("choices") if isinstance(response, dict) else None
             if not isinstance(choices, list) or not choices:
                 raise ConvertError(f"{path}: choices: missing or empty")

@@ -70,6 +70,25 @@ def main():
     check(rc == 0, f"compare passes (exit 0): {out}")
     check("explained" in out and "position 4: candidate token 14, golden 13" in out, f"near tie explained: {out}")
 
+    # llama-server's /completion (request 1 after completion_echo's request 0): the same scores
+    # as the vLLM chat sample, read from completion_probabilities with integer ids.
+    llama = os.path.join(tmp, "llama.jsonl")
+    rc, out = convert(llama, os.path.join(DATA, "completion_echo.json"), os.path.join(DATA, "llama_server_completion.json"))
+    check(rc == 0, f"llama-server /completion converts: {out}")
+    llama_lines = [json.loads(l) for l in open(llama)]
+    check(llama_lines[2] == lines[2], f"llama-server request 1 as the chat sample's: {llama_lines[2]} vs {lines[2]}")
+    rc, out = run([kvproof, "compare", GOLDEN, llama])
+    check(rc == 0 and "position 4: candidate token 14, golden 13" in out, f"llama-server candidate compares: {out}")
+    post = json.load(open(os.path.join(DATA, "llama_server_completion.json")))
+    for e in post["completion_probabilities"]:
+        e["prob"] = 0.5
+        del e["logprob"]
+    post_path = os.path.join(tmp, "post_sampling.json")
+    json.dump(post, open(post_path, "w"))
+    rc, out = convert(os.path.join(tmp, "x.jsonl"), post_path)
+    check(rc == 2 and "post_sampling_probs" in out and "completion_probabilities" in out,
+          f"post-sampling probabilities refused by name: {rc} {out}")
+
     # The server's KV dtype, recorded and reported; a rounding one at fp32's tolerance is warned about.
     fp8 = os.path.join(tmp, "fp8.jsonl")
     rc, out = run([sys.executable, CONVERTER, "--golden", GOLDEN, "--out", fp8, "--kv-dtype", "fp8-e4m3",
