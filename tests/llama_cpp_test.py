@@ -3,8 +3,10 @@
 
 Installs the pinned node-llama-cpp (tools/llama_cpp, `npm ci`) into the build directory, exports
 the tiny preset as GGUF, writes the oracle's golden file for the shared-prefix workload, runs it
-through llama.cpp with tools/llama_cpp/candidate.mjs (several sequences, reused prefixes,
-erase-and-continue, forks) and compares: it must pass at 1e-4 nats (measured 3.2e-6). Then two
+through llama.cpp with tools/llama_cpp/candidate.mjs (reused prefixes, erase-and-continue,
+forks into a second sequence, batch boundaries) and compares: it must pass at 1e-4 nats (measured
+3.2e-6). Three concurrent sequences are run and compared too, measured and printed but not
+gating (node-llama-cpp 3.21.1 intermittently mixes their outputs up; docs/llama_cpp.md). Then two
 planted changes must fail compare by request and position: the GGUF with output_norm.weight
 scaled by 1.001, and the driver's wrong erase. Exit 77 (ctest: skipped) with the reason when
 Node 20+ or the package cannot be had: never a silent pass."""
@@ -131,7 +133,7 @@ def main():
         print(out.strip())
         return path
 
-    good = candidate(gguf, "candidate.jsonl")
+    good = candidate(gguf, "candidate.jsonl", "--sequences", "1")
     rc, out = run([a.kvproof, "compare", golden, good, "--tolerance", "1e-4", "--json",
                    os.path.join(a.work, "report.json")])
     print(out[-1200:])
@@ -141,14 +143,21 @@ def main():
     lines = [json.loads(l) for l in open(good)]
     check(lines[0]["model"] == {"kv_dtype": "f32"}, "the candidate records its KV dtype")
 
+    # Three sequences evaluated concurrently: measured and printed, not gating (node-llama-cpp
+    # 3.21.1 intermittently returns another sequence's probabilities; docs/llama_cpp.md).
+    concurrent = candidate(gguf, "candidate-3-sequences.jsonl", "--sequences", "3")
+    rc, out = run([a.kvproof, "compare", golden, concurrent, "--tolerance", "1e-4"])
+    print("three concurrent sequences (measured, not gating): " + out.strip().splitlines()[-1] +
+          ("" if rc == 0 else "\n" + "\n".join(l for l in out.splitlines() if "FAIL" in l)))
+
     scaled = os.path.join(a.work, "tiny-scaled.gguf")
     scale_tensor(gguf, scaled, "output_norm.weight", 1.001)
-    bad = candidate(scaled, "candidate-scaled.jsonl")
+    bad = candidate(scaled, "candidate-scaled.jsonl", "--sequences", "1")
     rc, out = run([a.kvproof, "compare", golden, bad, "--tolerance", "1e-4"])
     check(rc == 1 and "FAIL" in out and "> tolerance" in out and "position" in out,
           f"output_norm.weight x 1.001 fails compare by position: rc {rc}\n{out[-800:]}")
 
-    wrong = candidate(gguf, "candidate-wrong-erase.jsonl", "--plant", "wrong-erase")
+    wrong = candidate(gguf, "candidate-wrong-erase.jsonl", "--sequences", "1", "--plant", "wrong-erase")
     rc, out = run([a.kvproof, "compare", golden, wrong, "--tolerance", "1e-4"])
     check(rc == 1 and "FAIL" in out and "position" in out, f"a wrong erase fails compare: rc {rc}\n{out[-800:]}")
 

@@ -6,7 +6,12 @@
 // probabilities.
 //
 // It drives llama.cpp's KV cache the way a server does:
-//   - several sequences in one context, their evaluations batched together (--sequences);
+//   - with --sequences N > 1, N sequences in one context, their evaluations batched together.
+//     The default is 1: with 3 concurrent sequences, node-llama-cpp 3.21.1 intermittently
+//     returned one sequence's next-token probabilities for another's token (the wrong rows are
+//     exactly other sequences' right ones; about 1 run in 20 here, 2026-12-06,
+//     docs/llama_cpp.md), so the gate runs one sequence at a time and the concurrent run is
+//     measured beside it;
 //   - prompts longer than a batch (--batch), so a prompt is evaluated across batch boundaries;
 //   - a cached prefix reused: a request on a sequence keeps the tokens it shares with what the
 //     sequence holds and evaluates from there (llama.cpp's cells of the earlier request);
@@ -17,7 +22,13 @@
 //
 //   node candidate.mjs --model M.gguf --golden G.jsonl --out C.jsonl
 //        [--top-k 4] [--sequences 3] [--batch 16] [--kv f32|f16] [--flash-attention]
-//        [--threads 1] [--plant wrong-erase]
+//        [--threads 1] [--plant wrong-erase] [--stats FILE]
+//
+// The summary line (and --stats, as JSON) gives, per KV-cache operation, the positions llama.cpp
+// scored that way and the worst |log-probability difference| from the golden's: "fresh" (a
+// sequence evaluated from its start), "reused-prefix" (after keeping cells of an earlier
+// request), "erased-continued" (evaluated again after an erase), "forked" (in a sequence loaded
+// from another's saved state). Every evaluation counts, the superseded ones included.
 //
 // --plant wrong-erase: a planted bug for the tests: the erase-and-continue step erases one
 // token fewer than it evaluates again, so the continuation sits one position off.
@@ -32,7 +43,7 @@ function usage(why) {
 }
 
 function parseArgs(argv) {
-  const a = {topK: 4, sequences: 3, batch: 16, kv: "f32", flashAttention: false, threads: 1, plant: ""};
+  const a = {topK: 4, sequences: 1, batch: 16, kv: "f32", flashAttention: false, threads: 1, plant: "", stats: ""};
   for (let i = 0; i < argv.length; i++) {
     const k = argv[i];
     const next = () => {
@@ -51,6 +62,7 @@ function parseArgs(argv) {
     else if (k === "--sequences") a.sequences = int("--sequences", 1);
     else if (k === "--batch") a.batch = int("--batch", 1);
     else if (k === "--threads") a.threads = int("--threads", 1);
+    else if (k === "--stats") a.stats = next();
     else if (k === "--kv") {
       a.kv = next();
       if (!["f32", "f16"].includes(a.kv)) usage("--kv: f32 or f16");
@@ -99,6 +111,18 @@ function score(probabilities, token, position, topK) {
 
 // Evaluates tokens[from..] on `seq` (which holds tokens[0..from)), scoring positions from+1 ..;
 // returns Map position -> scored position.
+const golden = new Map();  // request id -> Map position -> logprob
+const byOperation = {};
+function record(requestId, tag, scores) {
+  const g = golden.get(requestId);
+  const entry = (byOperation[tag] ??= {positions: 0, worst: 0});
+  for (const [p, s] of scores) {
+    if (!g?.has(p)) continue;
+    entry.positions++;
+    entry.worst = Math.max(entry.worst, Math.abs(s.logprob - g.get(p)));
+  }
+}
+
 async function evaluateFrom(seq, tokens, from, topK) {
   const input = tokens.slice(from).map((t) => [t, {generateNext: {probabilities: true}}]);
   const out = await seq.controlledEvaluate(input);
@@ -119,6 +143,7 @@ function commonPrefix(a, b) {
 
 const args = parseArgs(process.argv.slice(2));
 const {header, requests} = readGolden(args.golden);
+for (const r of requests) golden.set(r.id, new Map((r.positions ?? []).map((p) => [p.pos, p.logprob])));
 const llama = await getLlama({gpu: false, logLevel: LlamaLogLevel.error});
 const model = await llama.loadModel({modelPath: args.model});
 const longest = Math.max(...requests.map((r) => r.tokens.length));
@@ -147,10 +172,11 @@ async function runRequest(seq, r) {
   stats.reusedTokens += keep;
   let evalSeq = seq;
   let from = keep;
-  if (r.id % 4 === 3 && r.prompt.length >= 2 && keep < r.prompt.length - 1) {
+  if (forks(r) && keep < r.prompt.length - 1) {
     // Fork: evaluate the prompt but its last token here, save the sequence's state, load it into
     // the spare sequence, and continue there.
     const promptScores = await evaluateFrom(seq, tokens.slice(0, r.prompt.length - 1), keep, args.topK);
+    record(r.id, keep > 0 ? "reused-prefix" : "fresh", promptScores);
     for (const [p, s] of promptScores) scores.set(p, s);
     const file = path.join(stateDir, `fork-${r.id}.bin`);
     await seq.saveStateToFile(file);
@@ -161,7 +187,9 @@ async function runRequest(seq, r) {
     await spare.eraseContextTokenRanges([{start: from, end: spare.contextTokens.length}]);
     stats.forks++;
   }
-  for (const [p, s] of await evaluateFrom(evalSeq, tokens, from, args.topK)) scores.set(p, s);
+  const main = await evaluateFrom(evalSeq, tokens, from, args.topK);
+  record(r.id, evalSeq !== seq ? "forked" : keep > 0 ? "reused-prefix" : "fresh", main);
+  for (const [p, s] of main) scores.set(p, s);
   // Erase the last third and continue from there again.
   const cut = Math.max(1, Math.floor((tokens.length * 2) / 3));
   if (cut < tokens.length - 1) {
@@ -170,6 +198,7 @@ async function runRequest(seq, r) {
     const eraseFrom = args.plant === "wrong-erase" ? cut : cut - 1;
     await evalSeq.eraseContextTokenRanges([{start: eraseFrom, end: evalSeq.contextTokens.length}]);
     const again = await evaluateFrom(evalSeq, tokens, cut - 1, args.topK);
+    record(r.id, "erased-continued", again);
     for (const [p, s] of again) {
       const first = scores.get(p);
       if (first) stats.maxContinueDiff = Math.max(stats.maxContinueDiff, Math.abs(first.logprob - s.logprob));
@@ -185,10 +214,13 @@ async function runRequest(seq, r) {
 }
 
 // Requests in order, spread over the sequences; each round's requests run concurrently, so
-// their evaluations share llama.cpp batches.
+// their evaluations share llama.cpp batches. A forking request runs after the others of its
+// round, alone, so that a state save or load never overlaps another sequence's evaluation.
+const forks = (r) => r.id % 4 === 3 && r.prompt.length >= 2;
 for (let i = 0; i < requests.length; i += args.sequences) {
   const round = requests.slice(i, i + args.sequences);
-  await Promise.all(round.map((r, k) => runRequest(sequences[k], r)));
+  await Promise.all(round.map((r, k) => (forks(r) ? null : runRequest(sequences[k], r))));
+  for (let k = 0; k < round.length; k++) if (forks(round[k])) await runRequest(sequences[k], round[k]);
 }
 
 const out = [
@@ -205,11 +237,16 @@ const out = [
 fs.writeFileSync(args.out + ".tmp", out.join("\n") + "\n");
 fs.renameSync(args.out + ".tmp", args.out);
 fs.rmSync(stateDir, {recursive: true, force: true});
+const operations = Object.entries(byOperation)
+  .map(([tag, e]) => `${tag} ${e.positions} positions, worst ${e.worst.toExponential(2)}`)
+  .join("; ");
 process.stdout.write(
   `llama_cpp/candidate: ${requests.length} requests -> ${args.out}; reused ${stats.reusedTokens} cached tokens, ` +
     `${stats.erasedAndContinued} erased and continued (largest change on re-evaluation ${stats.maxContinueDiff.toExponential(2)} nats), ` +
-    `${stats.forks} forked\n`,
+    `${stats.forks} forked\n` +
+    `llama_cpp/candidate: against the golden, per KV-cache operation: ${operations}\n`,
 );
+if (args.stats) fs.writeFileSync(args.stats, JSON.stringify({...stats, byOperation}, null, 2) + "\n");
 await context.dispose();
 await model.dispose();
 await llama.dispose();
