@@ -130,14 +130,15 @@ CaseWorker::CaseWorker(const kvp_attention_plugin& plugin, const std::vector<Ker
 
 CaseWorker::~CaseWorker() { stop(); }
 
-void CaseWorker::stop() {
-  if (pid_ < 0) return;
+int CaseWorker::stop() {
+  if (pid_ < 0) return 0;
   close(fd_);  // the worker reads EOF and exits
   fd_ = -1;
   int status = 0;
   while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
   pid_ = -1;
+  return status;
 }
 
 std::string CaseWorker::start() {
@@ -214,12 +215,7 @@ CaseResult CaseWorker::run(std::size_t index, double timeout_s) {
   if (timed_out || eof) {
     // The worker is gone or stuck in the kernel: kill it; the next case gets a fresh one.
     if (timed_out) kill(pid_, SIGKILL);
-    close(fd_);
-    fd_ = -1;
-    int status = 0;
-    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-    }
-    pid_ = -1;
+    const int status = stop();
     if (timed_out) {
       r.failures.push_back({"timeout", "the case ran past its time limit of " + std::to_string(timeout_s) +
                                            " s (killed; --timeout sets the limit)"});

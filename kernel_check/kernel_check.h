@@ -112,7 +112,7 @@ class CaseWorker {
 
  private:
   std::string start();  // empty, or why no worker started
-  void stop();
+  int stop();           // closes the socket and reaps the worker; its wait status (0 when none ran)
   const kvp_attention_plugin& plugin_;
   const std::vector<KernelCase>& cases_;
   pid_t pid_ = -1;
