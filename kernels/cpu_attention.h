@@ -223,10 +223,13 @@ KVP_HOST_DEVICE inline float silu(float z) { return z / (1.0f + std::exp(-z)); }
 // Causal attention of one token at `position` over its sequence's context, for the query
 // heads that read KV heads kv_begin .. kv_begin + kv_count - 1 (`group` query heads per KV
 // head, GQA), read through the block table from one layer's K and V pools: for each head h,
-//   out_h = sum_j softmax_j(q_h . k_j * scale) v_j,  j = 0..position.
-// The positions are cut into partitions [0, P), [P, 2P), ... of `partition` positions; each
-// partition keeps, per head, its own online-softmax state (max, sum, accumulator), and the
-// partitions are merged in order. A NaN anywhere in the K/V read (a poisoned block) reaches
+//   out_h = sum_j softmax_j(q_h . k_j * scale) v_j,  j = first..position,
+// first = window_first(position, window): 0, or the sliding window's first position (window
+// > 0). The positions are cut into partitions [0, P), [P, 2P), ... of `partition` positions,
+// fixed in positions whatever the window; the partitions wholly before `first` are skipped
+// (their blocks are never read: a window's freed blocks may be anything), the one holding
+// `first` starts there. Each partition keeps, per head, its own online-softmax state (max,
+// sum, accumulator), and the partitions are merged in order. A NaN anywhere in the K/V read (a poisoned block) reaches
 // `out`.
 //
 // Within a partition the positions are taken a tile of kCpuAttentionTile at a time: the
@@ -248,9 +251,10 @@ KVP_HOST_DEVICE inline float silu(float z) { return z / (1.0f + std::exp(-z)); }
 // fp32 as it is read). k_scale, v_scale: fp8 pools' dequantisation scales, float[num_kv_heads]
 // each (indexed by the absolute KV head), or null (1); an element reads as its value times its
 // KV head's scale, as in the CUDA kernel. block_table: the sequence's block ids, at least blocks_for_tokens(position +
-// 1, block_size) of them. scratch: attention_scratch_size<KvT>(head_dim, kv_count * group) floats. out: [kv_count *
-// group, head_dim]; must not alias q or scratch. REQUIRES: position >= 0, partition > 0, group > 0, 0 <= kv_begin <
-// kv_begin + kv_count <= num_kv_heads, every slot read lies inside the pools.
+// 1, block_size) of them (entries before block_index_of(first) are not read). scratch:
+// attention_scratch_size<KvT>(head_dim, kv_count * group) floats. out: [kv_count * group, head_dim]; must not alias q
+// or scratch. REQUIRES: position >= 0, partition > 0, group > 0, 0 <= kv_begin < kv_begin + kv_count <= num_kv_heads,
+// every slot read lies inside the pools.
 inline constexpr int64_t kCpuAttentionTile = 32;
 template <typename KvT>
 inline constexpr int64_t kAttentionTileRows = 2 * kCpuAttentionTile;  // a tile of K and of V rows in fp32
@@ -351,8 +355,10 @@ KVP_HOST_DEVICE inline void paged_attention_kv_heads(const float* q, const KvT* 
                                                      int64_t num_kv_heads, int64_t kv_begin, int64_t kv_count,
                                                      int64_t group, int64_t head_dim, int64_t position, float scale,
                                                      int64_t partition, float* scratch, float* out,
-                                                     const float* k_scale = nullptr, const float* v_scale = nullptr) {
+                                                     const float* k_scale = nullptr, const float* v_scale = nullptr,
+                                                     int64_t window = 0) {
   const int64_t heads = kv_count * group;
+  const int64_t first = window_first(position, window);
   float* acc = scratch;  // [heads][head_dim]
   // One KV head's converted rows of a tile, [tile][head_dim] each (fp16/bf16 pools; none for fp32).
   constexpr bool kConverted = kAttentionTileRows < KvT >> 0;
@@ -367,8 +373,9 @@ KVP_HOST_DEVICE inline void paged_attention_kv_heads(const float* q, const KvT* 
   int64_t record[kCpuAttentionTile];  // offset of each position's row of KV head kv_begin
   const float* k_rows[kCpuAttentionTile];
   const float* v_rows[kCpuAttentionTile];
-  for (int64_t begin = 0; begin <= position; begin += partition) {
-    const int64_t end = (position + 1 - begin < partition) ? position + 1 : begin + partition;
+  for (int64_t part_begin = first / partition * partition; part_begin <= position; part_begin += partition) {
+    const int64_t begin = part_begin > first ? part_begin : first;
+    const int64_t end = (position + 1 - part_begin < partition) ? position + 1 : part_begin + partition;
     // This partition's state; the first position's score initialises each head's max so
     // that a NaN score cannot be skipped by a comparison.
     for (int64_t h = 0; h < heads; ++h) {
@@ -417,7 +424,7 @@ KVP_HOST_DEVICE inline void paged_attention_kv_heads(const float* q, const KvT* 
     for (int64_t h = 0; h < heads; ++h) {
       float* o = out + h * head_dim;
       const float* a_h = acc + h * head_dim;
-      if (begin == 0) {
+      if (begin == first) {  // the first partition read
         running_max[h] = part_max[h];
         running_sum[h] = part_sum[h];
         for (int64_t d = 0; d < head_dim; ++d) o[d] = a_h[d];
@@ -441,9 +448,10 @@ KVP_HOST_DEVICE inline void paged_attention_head(const float* q, const KvT* k_po
                                                  const BlockId* block_table, int64_t block_size, int64_t num_kv_heads,
                                                  int64_t kv_head, int64_t head_dim, int64_t position, float scale,
                                                  int64_t partition, float* scratch, float* out,
-                                                 const float* k_scale = nullptr, const float* v_scale = nullptr) {
+                                                 const float* k_scale = nullptr, const float* v_scale = nullptr,
+                                                 int64_t window = 0) {
   paged_attention_kv_heads(q, k_pool, v_pool, block_table, block_size, num_kv_heads, kv_head, 1, 1, head_dim, position,
-                           scale, partition, scratch, out, k_scale, v_scale);
+                           scale, partition, scratch, out, k_scale, v_scale, window);
 }
 
 }  // inline namespace

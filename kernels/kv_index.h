@@ -33,6 +33,15 @@ KVP_HOST_DEVICE constexpr int64_t offset_in_block(int64_t position, int64_t bloc
   return position % block_size;
 }
 
+// The first position a query at `position` attends to: 0, or in a layer with a sliding
+// window of `window` positions (window > 0) max(0, position - window + 1): the window holds
+// the query's own position and the window - 1 before it (transformers' sliding-window mask,
+// reference/ops.h attention_first). Blocks wholly before it are never read.
+// REQUIRES: position >= 0, window >= 0.
+KVP_HOST_DEVICE constexpr int64_t window_first(int64_t position, int64_t window) {
+  return window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
+}
+
 // Slot of (block id, offset): block_id * block_size + offset.
 // REQUIRES: block_id >= 0, 0 <= offset < block_size.
 KVP_HOST_DEVICE constexpr int64_t slot_of_block(int64_t block_id, int64_t offset, int64_t block_size) {

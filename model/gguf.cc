@@ -106,6 +106,9 @@ Status save_gguf(const Model& model, const std::string& path, const GgufOptions&
         "gguf: rope_scaling is not written (llama.cpp takes Llama 3's as a rope_freqs tensor, linear as "
         "rope.scaling.*; neither is exported yet): export a preset without it");
   if (c.mlp_bias) return Status::error("gguf: mlp_bias (gate/up/down biases) has no llama.cpp tensor");
+  if (c.sliding_window > 0)
+    return Status::error("gguf: sliding_window " + std::to_string(c.sliding_window) +
+                         " is not written (llama.cpp's llama architecture would attend to the whole past)");
   const bool qwen2 = c.architecture == Architecture::kQwen2;
   const std::string arch = qwen2 ? "qwen2" : "llama";
   const ModelWeights& w = model.weights;

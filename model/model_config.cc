@@ -181,9 +181,11 @@ Status refuse_unimplemented(const nlohmann::json& j, Architecture arch) {
     for (const auto& t : *it)
       if (t != "full_attention") return not_implemented("layer_types", t, "only full_attention layers are");
   }
-  // Qwen2 ignores sliding_window unless use_sliding_window (refused above) is true.
-  if (arch != Architecture::kQwen2 && is_set(j, "sliding_window"))
-    return not_implemented("sliding_window", j.at("sliding_window"), "windowed attention is not implemented");
+  // Qwen2 ignores sliding_window unless use_sliding_window (refused above) is true; Mistral
+  // reads it (from_json); Llama's modelling code has no window, so a value there is refused
+  // rather than guessed at.
+  if (arch == Architecture::kLlama && is_set(j, "sliding_window"))
+    return not_implemented("sliding_window", j.at("sliding_window"), "LlamaForCausalLM has no attention window");
   return Status::ok();
 }
 
@@ -216,6 +218,12 @@ Status ModelConfig::validate() const {
   KVP_RETURN_IF_ERROR(positive("num_key_value_heads", num_kv_heads, 4096));
   KVP_RETURN_IF_ERROR(positive("head_dim", head_dim, 65536));
   KVP_RETURN_IF_ERROR(positive("max_position_embeddings", max_position_embeddings));
+  if (sliding_window != 0) {
+    KVP_RETURN_IF_ERROR(positive("sliding_window", sliding_window));
+    if (architecture != Architecture::kMistral)
+      return Status::error(std::string("sliding_window is MistralForCausalLM's; ") +
+                           architecture_class_name(architecture) + " has none");
+  }
   if (num_heads % num_kv_heads != 0)
     return Status::error("num_attention_heads (" + std::to_string(num_heads) +
                          ") must be a multiple of num_key_value_heads (" + std::to_string(num_kv_heads) + ")");
@@ -327,6 +335,12 @@ Result<ModelConfig> ModelConfig::from_json(const nlohmann::json& j) {
     c.qkv_bias = c.o_bias = *attention_bias;
     c.mlp_bias = *mlp_bias;
   }
+  if (c.architecture == Architecture::kMistral) {
+    KVP_RETURN_IF_ERROR(take(c.sliding_window, "sliding_window", int64_t{0}));
+    if (is_set(j, "sliding_window") && c.sliding_window <= 0)
+      return Status::error("key 'sliding_window' must be a positive integer or null, got " +
+                           std::to_string(c.sliding_window));
+  }
   auto eos = read_eos(j);
   if (!eos) return eos.status();
   c.eos_token_ids = std::move(*eos);
@@ -379,7 +393,9 @@ nlohmann::json ModelConfig::to_json() const {
       j["mlp_bias"] = mlp_bias;
       break;
     case Architecture::kQwen2: j["use_sliding_window"] = false; break;
-    case Architecture::kMistral: j["sliding_window"] = nullptr; break;
+    case Architecture::kMistral:
+      j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
+      break;
   }
   if (eos_token_ids.size() == 1) j["eos_token_id"] = eos_token_ids[0];
   if (eos_token_ids.size() > 1) j["eos_token_id"] = eos_token_ids;

@@ -4,7 +4,8 @@
 //   LlamaForCausalLM / llama      rope_scaling none, "linear" or "llama3"; attention_bias
 //                                 (q, k, v and o biases) and mlp_bias (gate, up, down)
 //   Qwen2ForCausalLM / qwen2      q, k and v biases always; use_sliding_window must be false
-//   MistralForCausalLM / mistral  sliding_window must be null
+//   MistralForCausalLM / mistral  sliding_window null, or W: every layer attends to the last W
+//                                 positions, itself included (windowed_attention_first())
 // docs/checkpoints.md lists every key that is read, ignored or refused.
 #pragma once
 
@@ -59,6 +60,11 @@ struct ModelConfig {
   bool qkv_bias = false;  // q_proj, k_proj, v_proj: Qwen2 always, Llama with attention_bias
   bool o_bias = false;    // o_proj: Llama with attention_bias
   bool mlp_bias = false;  // gate_proj, up_proj, down_proj: Llama with mlp_bias
+  // Sliding-window attention (Mistral's `sliding_window`): 0 for none, else W > 0, and every
+  // layer's query at position p attends to positions max(0, p - W + 1) .. p, W of them
+  // itself included: transformers' sliding_window_overlay, `kv_idx > q_idx - sliding_window`
+  // (masking_utils.py), ANDed with the causal mask.
+  int64_t sliding_window = 0;
   // Stop tokens: eos_token_id of config.json, replaced by generation_config.json's when that
   // file gives one (an integer or a list, as Hugging Face's generate reads them).
   std::vector<int32_t> eos_token_ids;
@@ -76,12 +82,14 @@ struct ModelConfig {
     return 2 * num_layers * kv_dim() * static_cast<int64_t>(dtype_size(kv_dtype));
   }
   int64_t num_parameters() const;
+  // The attention window of layer `layer`: 0 (all of the past) or sliding_window.
+  int64_t layer_window(int64_t /*layer*/) const { return sliding_window; }
 
   // Hugging Face config.json of one of the architectures above. Keys that change nothing
   // here (dropout, initializer_range, use_cache, torch_dtype, bos_token_id, ...) are
   // ignored; required keys missing, of the wrong type or out of range are errors naming the
   // key. An architecture or model_type not listed above, and every key that would change
-  // the math and is not implemented (another rope type, a sliding window, logit
+  // the math and is not implemented (another rope type, a window outside Mistral, logit
   // soft-capping, q/k norms, another activation, a quantization config, ...), is refused
   // with an error naming the key: silently ignoring it would give wrong numbers.
   static Result<ModelConfig> from_json(const nlohmann::json& j);

@@ -59,18 +59,29 @@ T silu(T z) {
   return z / (T(1) + std::exp(-z));
 }
 
+// The first position a query at `position` attends to: 0, or with a sliding window of W
+// positions (W > 0) max(0, position - W + 1). transformers' sliding-window mask keeps key
+// kv_idx for query q_idx when kv_idx > q_idx - W (masking_utils.sliding_window_overlay)
+// and kv_idx <= q_idx (the causal mask): W positions, the query's own included.
+inline int64_t attention_first(int64_t position, int64_t window) {
+  return window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
+}
+
 // Causal attention of one query head at position `position` over the keys and values of
 // one KV head, rows 0..capacity-1 of K and V ([positions, head_dim]). Only rows
-// 0..position are read: that is the causal mask. REQUIRES: 0 <= position < K.rows().
+// attention_first(position, window)..position are read: that is the causal mask, banded by
+// the window when there is one (window 0: none). REQUIRES: 0 <= position < K.rows().
 template <typename T>
-Vector<T> causal_attention(const Vector<T>& q, const Matrix<T>& k, const Matrix<T>& v, int64_t position) {
-  const int64_t n = position + 1;
+Vector<T> causal_attention(const Vector<T>& q, const Matrix<T>& k, const Matrix<T>& v, int64_t position,
+                           int64_t window = 0) {
+  const int64_t first = attention_first(position, window);
+  const int64_t n = position + 1 - first;
   const T scale = T(1) / std::sqrt(static_cast<T>(q.size()));
   Vector<T> scores(n);
-  for (int64_t j = 0; j < n; ++j) scores(j) = k.row(j).dot(q.transpose()) * scale;
+  for (int64_t j = 0; j < n; ++j) scores(j) = k.row(first + j).dot(q.transpose()) * scale;
   const Vector<T> p = softmax<T>(scores);
   Vector<T> out = Vector<T>::Zero(v.cols());
-  for (int64_t j = 0; j < n; ++j) out += p(j) * v.row(j).transpose();
+  for (int64_t j = 0; j < n; ++j) out += p(j) * v.row(first + j).transpose();
   return out;
 }
 

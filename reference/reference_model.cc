@@ -320,11 +320,15 @@ typename ReferenceModel<T>::Matrix ReferenceModel<T>::attend_block(const Matrix&
       ref::product_abt<T>(isa_, qh.data(), d, kp.data(), d, rows, kAttentionPanel, d, s.data(), kAttentionPanel);
       scores.middleCols(p * kAttentionPanel, kAttentionPanel) = s * scale;
     }
-    // The causal mask: query i (position start + i) weighs positions 0..start+i.
+    // The causal mask: query i (position start + i) weighs positions first..start+i, where
+    // first is 0 or, in a windowed layer, the window's first position (ref::attention_first);
+    // every other weight is 0.
+    const int64_t window = config_.layer_window(layer);
     Matrix weights = Matrix::Zero(rows, panels * kAttentionPanel);
     for (Eigen::Index i = 0; i < n; ++i) {
-      const Eigen::Index ctx = start + i + 1;
-      weights.row(i).head(ctx) = ref::softmax<T>(scores.row(i).head(ctx).transpose()).transpose();
+      const Eigen::Index first = ref::attention_first(start + i, window);
+      const Eigen::Index ctx = start + i + 1 - first;
+      weights.row(i).segment(first, ctx) = ref::softmax<T>(scores.row(i).segment(first, ctx).transpose()).transpose();
     }
     Matrix o = Matrix::Zero(rows, d);
     Matrix part(rows, d);
@@ -418,8 +422,8 @@ typename ReferenceModel<T>::Vector ReferenceModel<T>::forward_one(int32_t token,
     Vector attn(config_.q_dim());
     for (int64_t head = 0; head < config_.num_heads; ++head) {
       const int64_t kvh = head / config_.group_size();
-      attn.segment(head * d, d) =
-          ref::causal_attention<T>(q.segment(head * d, d), cache.keys(l, kvh), cache.values(l, kvh), position);
+      attn.segment(head * d, d) = ref::causal_attention<T>(q.segment(head * d, d), cache.keys(l, kvh),
+                                                           cache.values(l, kvh), position, config_.layer_window(l));
     }
     x += linear<T>(layer.o_proj, layer.o_bias, attn);
 

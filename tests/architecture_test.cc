@@ -138,10 +138,25 @@ TEST(Architectures, UnimplementedArchitecturesAndKeysAreRefusedByName) {
   j = kSmolLM2;
   j["architectures"] = {"MistralForCausalLM"};
   j["model_type"] = "mistral";
-  j["sliding_window"] = 4096;
-  expect_refused(j, "key 'sliding_window' = 4096");
   j["sliding_window"] = nullptr;
   EXPECT_TRUE(ModelConfig::from_json(j).is_ok());  // Mistral without a window is Llama's math
+  EXPECT_EQ(ModelConfig::from_json(j)->sliding_window, 0);
+  // Mistral's window is read (mistralai/Mistral-7B-v0.1's config.json: 4096), written back and
+  // validated; Llama has none, so a value there is refused.
+  j["sliding_window"] = 4096;
+  auto mistral = ModelConfig::from_json(j);
+  ASSERT_TRUE(mistral.is_ok()) << mistral.status().message();
+  EXPECT_EQ(mistral->sliding_window, 4096);
+  EXPECT_EQ(mistral->layer_window(0), 4096);
+  EXPECT_EQ(mistral->to_json().at("sliding_window"), 4096);
+  EXPECT_EQ(*ModelConfig::from_json(mistral->to_json()), *mistral);
+  for (const json& bad : {json(0), json(-5), json("4096"), json(4096.5)}) {
+    j["sliding_window"] = bad;
+    expect_refused(j, "sliding_window");
+  }
+  ModelConfig llama_with_window = *mistral;
+  llama_with_window.architecture = Architecture::kLlama;
+  EXPECT_NE(llama_with_window.validate().message().find("sliding_window is MistralForCausalLM's"), std::string::npos);
   j = kSmolLM2;
   j["eos_token_id"] = 49152;
   expect_refused(j, "eos_token_id 49152 is outside the vocabulary");

@@ -248,14 +248,14 @@ struct HostPool {
 template <class KvT>
 void cpu_attention_typed(const std::vector<float>& q, const HostPool& k, const HostPool& v, const int32_t* table,
                          int64_t block_size, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                         int64_t position, float scale, int64_t partition, float* out) {
+                         int64_t position, float scale, int64_t partition, float* out, int64_t window) {
   const int64_t group = num_heads / num_kv_heads;
   std::vector<float> scratch(static_cast<std::size_t>(kk::attention_scratch_size<KvT>(head_dim)));
   const auto* kp = reinterpret_cast<const KvT*>(k.raw.data());
   const auto* vp = reinterpret_cast<const KvT*>(v.raw.data());
   for (int64_t h = 0; h < num_heads; ++h)
     kk::paged_attention_head(q.data() + h * head_dim, kp, vp, table, block_size, num_kv_heads, h / group, head_dim,
-                             position, scale, partition, scratch.data(), out + h * head_dim);
+                             position, scale, partition, scratch.data(), out + h * head_dim, nullptr, nullptr, window);
 }
 
 // Not inlined: GCC 12 at -O3 (the release preset) propagated the long-context test's constants
@@ -263,23 +263,24 @@ void cpu_attention_typed(const std::vector<float>& q, const HostPool& k, const H
 // ("iteration 4611686018427387903 invokes undefined behavior") in kernels/cpu_attention.h.
 [[gnu::noinline]] void cpu_attention(const std::vector<float>& q, const HostPool& k, const HostPool& v,
                                      const int32_t* table, int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
-                                     int64_t head_dim, int64_t position, float scale, int64_t partition, float* out) {
+                                     int64_t head_dim, int64_t position, float scale, int64_t partition, float* out,
+                                     int64_t window = 0) {
   switch (k.dtype) {
     case DType::kF32:
       return cpu_attention_typed<float>(q, k, v, table, block_size, num_heads, num_kv_heads, head_dim, position, scale,
-                                        partition, out);
+                                        partition, out, window);
     case DType::kF16:
       return cpu_attention_typed<kk::F16Bits>(q, k, v, table, block_size, num_heads, num_kv_heads, head_dim, position,
-                                              scale, partition, out);
+                                              scale, partition, out, window);
     case DType::kF8E4M3:
       return cpu_attention_typed<kk::F8E4M3Bits>(q, k, v, table, block_size, num_heads, num_kv_heads, head_dim,
-                                                 position, scale, partition, out);
+                                                 position, scale, partition, out, window);
     case DType::kF8E5M2:
       return cpu_attention_typed<kk::F8E5M2Bits>(q, k, v, table, block_size, num_heads, num_kv_heads, head_dim,
-                                                 position, scale, partition, out);
+                                                 position, scale, partition, out, window);
     default:
       return cpu_attention_typed<kk::BF16Bits>(q, k, v, table, block_size, num_heads, num_kv_heads, head_dim, position,
-                                               scale, partition, out);
+                                               scale, partition, out, window);
   }
 }
 
@@ -333,7 +334,11 @@ struct AttentionRun {
   std::string error;  // "" when every check held
 };
 
-AttentionRun try_attention_case(const GridCase& c, const std::vector<Seq>& seqs, int64_t partition, uint32_t seed) {
+// With a sliding `window` (> 0), each sequence's table entries of the blocks wholly before
+// the window of its first query point at a block no sequence wrote (NaN): a kernel that read
+// them would show it, so the check also proves those blocks are skipped, not masked.
+AttentionRun try_attention_case(const GridCase& c, const std::vector<Seq>& seqs, int64_t partition, uint32_t seed,
+                                int64_t window = 0) {
   auto failed = [](std::string why) { return AttentionRun{{}, std::move(why)}; };
   const int64_t kv_dim = c.num_kv_heads * c.head_dim;
   const int64_t q_dim = c.num_heads * c.head_dim;
@@ -416,6 +421,15 @@ AttentionRun try_attention_case(const GridCase& c, const std::vector<Seq>& seqs,
       }
   }
 
+  // A window's blocks left behind: a NaN block instead (ids[next] onwards were never written).
+  if (window > 0) {
+    for (std::size_t s = 0; s < seqs.size(); ++s) {
+      const int64_t first = kk::window_first(seqs[s].context - seqs[s].queries, window);
+      for (int64_t b = 0; (b + 1) * c.block_size <= first; ++b)
+        tables[s * static_cast<std::size_t>(max_blocks) + static_cast<std::size_t>(b)] = ids[next];
+    }
+  }
+
   // The queries: the last `queries` positions of each sequence.
   std::vector<int32_t> seq_of_token, positions;
   for (std::size_t s = 0; s < seqs.size(); ++s)
@@ -437,7 +451,8 @@ AttentionRun try_attention_case(const GridCase& c, const std::vector<Seq>& seqs,
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   if (std::string e = attention(dq.as<float>(), c.dtype, k_pool.ptr, v_pool.ptr, dtables.as<int32_t>(), max_blocks,
                                 dseq.as<int32_t>(), dpos.as<int32_t>(), n, c.num_heads, c.num_kv_heads, c.head_dim,
-                                c.block_size, scale, partition, parts, dws.as<float>(), dout.as<float>());
+                                c.block_size, scale, partition, parts, dws.as<float>(), dout.as<float>(), nullptr,
+                                nullptr, AttentionVariant::kExact, window);
       !e.empty())
     return failed(e);
   const std::vector<float> got = download<float>(dout, q.size());
@@ -446,7 +461,7 @@ AttentionRun try_attention_case(const GridCase& c, const std::vector<Seq>& seqs,
     const std::vector<float> qt(q.begin() + t * q_dim, q.begin() + (t + 1) * q_dim);
     cpu_attention(qt, hk, hv, tables.data() + seq_of_token[static_cast<std::size_t>(t)] * max_blocks, c.block_size,
                   c.num_heads, c.num_kv_heads, c.head_dim, positions[static_cast<std::size_t>(t)], scale, partition,
-                  want.data() + t * q_dim);
+                  want.data() + t * q_dim, window);
   }
   for (float x : got) {
     if (std::isnan(x)) {
@@ -457,9 +472,9 @@ AttentionRun try_attention_case(const GridCase& c, const std::vector<Seq>& seqs,
   return {got, ""};
 }
 
-std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>& seqs, int64_t partition,
-                                      uint32_t seed) {
-  AttentionRun r = try_attention_case(c, seqs, partition, seed);
+std::vector<float> run_attention_case(const GridCase& c, const std::vector<Seq>& seqs, int64_t partition, uint32_t seed,
+                                      int64_t window = 0) {
+  AttentionRun r = try_attention_case(c, seqs, partition, seed, window);
   if (!r.error.empty()) ADD_FAILURE() << r.error;
   return std::move(r.out);
 }
@@ -527,6 +542,50 @@ std::vector<GridCase> grid() {
 }
 
 INSTANTIATE_TEST_SUITE_P(CUDA_KERNEL_SUITE, AttentionGrid, ::testing::ValuesIn(grid()),
+                         [](const ::testing::TestParamInfo<GridCase>& i) { return case_name(i.param); });
+
+// Sliding windows (Mistral's, Gemma's local layers): windows of one position, smaller than a
+// block, one block, just over one, and over a partition; contexts of one window and of many;
+// decodes and chunks of three. Each case matches the CPU kernel (bitwise in the emulated
+// flavour), and try_attention_case points the blocks wholly before each sequence's window at
+// a NaN block, so a kernel that read them, rather than skipping them, fails; a batch
+// neighbour with another window position changes no bit.
+class WindowedAttention : public ::testing::TestWithParam<GridCase> {};
+
+TEST_P(WindowedAttention, MatchesTheCpuSkipsTheBlocksBeforeTheWindowAndNoNeighbourChangesABit) {
+  REQUIRE_DEVICE();
+  const GridCase c = GetParam();
+  uint32_t seed = 700;
+  std::vector<int64_t> windows = {1, c.block_size - 1, c.block_size, c.block_size + 1, kGridPartition + 3};
+  windows.erase(std::remove_if(windows.begin(), windows.end(), [](int64_t w) { return w < 1; }), windows.end());
+  for (int64_t window : windows) {
+    for (int64_t context : {window, 4 * window + 5, 3 * kGridPartition + window + 2}) {
+      SCOPED_TRACE("window " + std::to_string(window) + ", context " + std::to_string(context));
+      const int64_t chunk = std::min<int64_t>(context, 3);
+      const std::vector<float> alone = run_attention_case(c, {{context, chunk}}, kGridPartition, seed, window);
+      const std::vector<float> batched =
+          run_attention_case(c, {{context, chunk}, {context / 2 + 1, 1}}, kGridPartition, seed, window);
+      seed += 10;
+      if (HasFailure()) return;
+      ASSERT_GE(batched.size(), alone.size());
+      for (std::size_t i = 0; i < alone.size(); ++i)
+        ASSERT_EQ(bits(batched[i]), bits(alone[i])) << "batch neighbour changed element " << i;
+    }
+  }
+}
+
+std::vector<GridCase> windowed_grid() {
+#if defined(KVP_SIMT_THREADS)
+  return {{16, 4, 8, 2, DType::kBF16}};
+#else
+  return {{64, 1, 32, 8, DType::kF32},
+          {64, 16, 32, 8, DType::kBF16},
+          {128, 8, 8, 8, DType::kF16},
+          {64, 16, 8, 8, DType::kF8E4M3}};
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(CUDA_KERNEL_SUITE, WindowedAttention, ::testing::ValuesIn(windowed_grid()),
                          [](const ::testing::TestParamInfo<GridCase>& i) { return case_name(i.param); });
 
 TEST(CUDA_KERNEL_SUITE, AttentionRefusesShapesItCannotRun) {

@@ -134,7 +134,8 @@ TEST(Differential, CudaEmuBackendWithBf16KvPassesItsToleranceAndFailsF32s) {
 }
 
 // The real architectures at small sizes: Qwen2 (q/k/v biases, tied embeddings, group 4),
-// Llama with llama3 rope scaling and every bias, and the same with linear rope scaling; the
+// Llama with llama3 rope scaling and every bias, the same with linear rope scaling, and
+// Mistral with sliding windows of 7, 4 and 3 positions over blocks of 4; the
 // cpu and cuda-emu backends each against the reference, every check of verify.
 class Architectures : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
 TEST_P(Architectures, EngineMatchesReference) {
@@ -152,14 +153,19 @@ TEST_P(Architectures, EngineMatchesReference) {
       c.rope_theta = 500000.0;
       c.qkv_bias = c.o_bias = c.mlp_bias = true;
       break;
-    default: c.rope_scaling = {RopeScaling::Type::kLinear, 4.0, 1.0, 4.0, 0}; break;
+    case 2: c.rope_scaling = {RopeScaling::Type::kLinear, 4.0, 1.0, 4.0, 0}; break;
+    // Mistral with a sliding window (every layer): windows longer than a block (4), equal to
+    // one and shorter; the workload's contexts are many windows long.
+    case 3: c.architecture = Architecture::kMistral, c.sliding_window = 7; break;
+    case 4: c.architecture = Architecture::kMistral, c.sliding_window = 4; break;
+    default: c.architecture = Architecture::kMistral, c.sliding_window = 3; break;
   }
   VerifyOptions o = with_block_size(4);
   o.backend = parse_backend_kind(std::get<1>(GetParam())).value();
   expect_passes(make_random_model(c, 21), mixed(), o);
 }
 INSTANTIATE_TEST_SUITE_P(Differential, Architectures,
-                         ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Values("cpu", "cuda-emu")));
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3, 4, 5), ::testing::Values("cpu", "cuda-emu")));
 
 // The request `spec` as the engine would have run it, its rows the oracle's own (rounded
 // to fp32) at the positions in [from, tokens).

@@ -159,14 +159,20 @@ __global__ void attention_partition_kernel(const float* q, const KvT* k_pool, co
                                            const int32_t* seq_of_token, const int32_t* positions, int64_t num_heads,
                                            int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
                                            int64_t partition, int64_t max_partitions, float* workspace,
-                                           const float* k_scale, const float* v_scale, bool bf16_accumulator) {
+                                           const float* k_scale, const float* v_scale, bool bf16_accumulator,
+                                           int64_t window) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) / num_kv_heads;
   const int64_t kv_head = static_cast<int64_t>(blockIdx.x) % num_kv_heads;
   const int64_t part = static_cast<int64_t>(blockIdx.y);
   const int64_t position = positions[t];
-  const int64_t begin = part * partition;
-  if (begin > position) return;  // the whole block: this token has fewer partitions
-  const int64_t end = position + 1 - begin < partition ? position + 1 : begin + partition;
+  const int64_t part_begin = part * partition;
+  if (part_begin > position) return;  // the whole block: this token has fewer partitions
+  // A sliding window's first position: partitions wholly before it are not read (nor merged),
+  // the one holding it starts there (paged_attention_kv_heads).
+  const int64_t first = kvp::kernels::window_first(position, window);
+  if (part_begin + partition <= first) return;
+  const int64_t begin = part_begin > first ? part_begin : first;
+  const int64_t end = position + 1 - part_begin < partition ? position + 1 : part_begin + partition;
   const int64_t group = num_heads / num_kv_heads;
   const int64_t tid = threadIdx.x;
   const int64_t threads = blockDim.x;
@@ -248,20 +254,24 @@ __global__ void attention_partition_kernel(const float* q, const KvT* k_pool, co
 }
 
 // Attention, kernel 2: one thread per (token, query head, dimension) merges the token's
-// partitions in order, as paged_attention_head does, and divides by the sum.
+// partitions in order, from the one holding the window's first position, as
+// paged_attention_head does, and divides by the sum.
 __global__ void attention_merge_kernel(const float* workspace, const int32_t* positions, int64_t n, int64_t num_heads,
-                                       int64_t head_dim, int64_t partition, int64_t max_partitions, float* out) {
+                                       int64_t head_dim, int64_t partition, int64_t max_partitions, int64_t window,
+                                       float* out) {
   const int64_t i = global_index();
   if (i >= n * num_heads * head_dim) return;
   const int64_t d = i % head_dim;
   const int64_t token_head = i / head_dim;
-  const int64_t parts = static_cast<int64_t>(positions[token_head / num_heads]) / partition + 1;
+  const int64_t position = positions[token_head / num_heads];
+  const int64_t parts = position / partition + 1;
+  const int64_t first_part = kvp::kernels::window_first(position, window) / partition;
   const int64_t stride = head_dim + 2;
   const float* ws = workspace + token_head * max_partitions * stride;
-  float o = ws[d];
-  float running_max = ws[head_dim];
-  float running_sum = ws[head_dim + 1];
-  for (int64_t p = 1; p < parts; ++p) {
+  float o = ws[first_part * stride + d];
+  float running_max = ws[first_part * stride + head_dim];
+  float running_sum = ws[first_part * stride + head_dim + 1];
+  for (int64_t p = first_part + 1; p < parts; ++p) {
     const float* w = ws + p * stride;
     const float part_max = w[head_dim];
     const float new_max = part_max > running_max ? part_max : running_max;
@@ -405,14 +415,14 @@ std::string attention_typed(const float* d_q, const void* d_k_pool, const void* 
                             int64_t max_blocks_per_seq, const int32_t* d_seq_of_token, const int32_t* d_positions,
                             int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
                             float scale, int64_t partition, int64_t max_partitions, float* d_workspace,
-                            const float* d_k_scale, const float* d_v_scale, bool bf16_accumulator) {
+                            const float* d_k_scale, const float* d_v_scale, bool bf16_accumulator, int64_t window) {
   const dim3 grid(static_cast<unsigned>(n * num_kv_heads), static_cast<unsigned>(max_partitions));
   const int64_t group = num_heads / num_kv_heads;
   KVP_LAUNCH(attention_partition_kernel<KvT>, grid, dim3(static_cast<unsigned>(attention_threads(group, head_dim))),
              attention_shared_bytes(group, head_dim), nullptr)
   (d_q, static_cast<const KvT*>(d_k_pool), static_cast<const KvT*>(d_v_pool), d_block_tables, max_blocks_per_seq,
    d_seq_of_token, d_positions, num_heads, num_kv_heads, head_dim, block_size, scale, partition, max_partitions,
-   d_workspace, d_k_scale, d_v_scale, bf16_accumulator);
+   d_workspace, d_k_scale, d_v_scale, bf16_accumulator, window);
   return launched("attention_partition_kernel");
 }
 }  // namespace
@@ -467,8 +477,10 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
                       const int32_t* d_block_tables, int64_t max_blocks_per_seq, const int32_t* d_seq_of_token,
                       const int32_t* d_positions, int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                       int64_t block_size, float scale, int64_t partition, int64_t max_partitions, float* d_workspace,
-                      float* d_out, const float* d_k_scale, const float* d_v_scale, AttentionVariant variant) {
+                      float* d_out, const float* d_k_scale, const float* d_v_scale, AttentionVariant variant,
+                      int64_t window) {
   if (n <= 0) return {};
+  if (window < 0) return "attention: window " + std::to_string(window) + " is negative";
   if (std::string shape = check_attention_shape(num_heads, num_kv_heads, head_dim); !shape.empty()) return shape;
   if (partition <= 0 || max_partitions <= 0 || max_partitions > 65535)
     return "attention: " + std::to_string(max_partitions) + " partitions of " + std::to_string(partition) +
@@ -481,7 +493,7 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
     using KvT = std::remove_pointer_t<decltype(tag)>;
     return attention_typed<KvT>(d_q, d_k_pool, d_v_pool, d_block_tables, max_blocks_per_seq, d_seq_of_token,
                                 d_positions, n, num_heads, num_kv_heads, head_dim, block_size, scale, partition,
-                                max_partitions, d_workspace, d_k_scale, d_v_scale, bf16_accumulator);
+                                max_partitions, d_workspace, d_k_scale, d_v_scale, bf16_accumulator, window);
   };
   std::string launched_error;
   switch (kv_dtype) {
@@ -494,7 +506,7 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
   }
   if (!launched_error.empty()) return launched_error;
   KVP_LAUNCH(attention_merge_kernel, grid_for(n * num_heads * head_dim), dim3(kThreads), 0, nullptr)
-  (d_workspace, d_positions, n, num_heads, head_dim, partition, max_partitions, d_out);
+  (d_workspace, d_positions, n, num_heads, head_dim, partition, max_partitions, window, d_out);
   return launched("attention_merge_kernel");
 }
 

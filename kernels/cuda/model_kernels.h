@@ -90,7 +90,9 @@ std::string write_kv(const float* d_k, const float* d_v, const int64_t* d_slots,
 enum class AttentionVariant { kExact, kBf16Accumulator, kDropKvScales };
 
 // Paged attention, decode and chunked prefill alike: token t (sequence d_seq_of_token[t],
-// position d_positions[t]) attends causally to positions [0, position] of its sequence
+// position d_positions[t]) attends causally to positions [first, position] of its sequence
+// (first = kernels::window_first(position, window): 0 without a window; with one, the blocks
+// wholly before it are never read)
 // through its block table row; query head h reads KV head h / (num_heads / num_kv_heads).
 // Positions are cut into partitions of `partition` positions (fixed in positions, never a
 // number of splits). Kernel 1 runs one thread block per (token, KV head, partition): it loads
@@ -109,7 +111,7 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
                       const int32_t* d_positions, int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                       int64_t block_size, float scale, int64_t partition, int64_t max_partitions, float* d_workspace,
                       float* d_out, const float* d_k_scale = nullptr, const float* d_v_scale = nullptr,
-                      AttentionVariant variant = AttentionVariant::kExact);
+                      AttentionVariant variant = AttentionVariant::kExact, int64_t window = 0);
 
 // d_gate[i] = silu(d_gate[i]) * d_up[i], i < n.
 std::string silu_mul(float* d_gate, const float* d_up, int64_t n);

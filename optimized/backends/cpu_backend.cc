@@ -158,6 +158,9 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::create(std::shared_ptr<const Mod
   KVP_RETURN_IF_ERROR(model.config.validate().with_context("model config"));
   KVP_RETURN_IF_ERROR(config.validate().with_context("cpu backend config"));
   KVP_RETURN_IF_ERROR(check_pool_matches_model(config.pool, model.config).with_context("cpu backend config"));
+  if (config.attention_plugin != nullptr)
+    KVP_RETURN_IF_ERROR(check_plugin_for_window(*config.attention_plugin, model.config.sliding_window)
+                            .with_context("cpu backend config"));
   // Each pool of one layer must be addressable: blocks * block_size * kv_dim elements.
   const int64_t per_block = static_cast<int64_t>(config.pool.block_size) * model.config.kv_dim();
   const int64_t max_blocks = std::max(config.pool.num_device_blocks, config.pool.num_host_blocks);
@@ -344,9 +347,12 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
     if (attention_status_.is_ok() && !s.is_ok()) attention_status_ = s;
     return;
   }
-  // Each head of each token reads its context once for the scores and once for the values.
+  // Each head of each token reads its context (its window's part) once for the scores and
+  // once for the values.
+  const int64_t window = c.layer_window(layer);
+  const auto context_of = [&](int32_t p) { return static_cast<int64_t>(p) + 1 - kernels::window_first(p, window); };
   int64_t macs = 0;
-  for (int32_t p : plan.positions) macs += (static_cast<int64_t>(p) + 1) * 2 * d * c.num_heads;
+  for (int32_t p : plan.positions) macs += context_of(p) * 2 * d * c.num_heads;
   const bool parallel = macs >= kMinParallelMacs;
   // An item is a token's run of `kv_per_item` KV heads with the query heads that read them
   // (kernels::paged_attention_kv_heads): all of them, so that each slot's record is read
@@ -370,7 +376,7 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
         kernels::paged_attention_kv_heads(q + row, k_pool, v_pool, table, config_.pool.block_size, c.num_kv_heads,
                                           kv_begin, kv_per_item, group, d, plan.positions[static_cast<std::size_t>(t)],
                                           scale, config_.attention_partition, scratch.data(), out + row, k_scale,
-                                          v_scale);
+                                          v_scale, window);
       }
     });
   };
@@ -386,11 +392,11 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
   std::vector<int64_t> split(static_cast<std::size_t>(threads) + 1, num_items);
   split[0] = 0;
   int64_t total = 0;
-  for (int32_t p : plan.positions) total += (static_cast<int64_t>(p) + 1) * items_per_token;
+  for (int32_t p : plan.positions) total += context_of(p) * items_per_token;
   int64_t done = 0;
   int next = 1;
   for (int64_t i = 0; i < num_items && next < threads; ++i) {
-    done += static_cast<int64_t>(plan.positions[static_cast<std::size_t>(i / items_per_token)]) + 1;
+    done += context_of(plan.positions[static_cast<std::size_t>(i / items_per_token)]);
     while (next < threads && done * threads >= total * next) split[static_cast<std::size_t>(next++)] = i + 1;
   }
   pool_->parallel_for(threads, [&](int64_t begin, int64_t end) {

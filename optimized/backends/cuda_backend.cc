@@ -193,6 +193,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const Model& model, con
     KVP_RETURN_IF_ERROR(
         check_plugin_for_backend(*config.attention_plugin, KVP_CUDA_FLAVOUR_NAME, kPluginDevice, config.pool.kv_dtype)
             .with_context(context));
+    KVP_RETURN_IF_ERROR(
+        check_plugin_for_window(*config.attention_plugin, model.config.sliding_window).with_context(context));
   } else {
     KVP_RETURN_IF_ERROR(
         cuda_status(ck::check_attention_shape(model.config.num_heads, model.config.num_kv_heads, model.config.head_dim))
@@ -446,12 +448,13 @@ Status CudaBackend::attend(const BatchPlan& plan, std::size_t layer, const float
   Device& d = *dev_;
   if (config_.attention_plugin == nullptr) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    return cuda_status(ck::attention(
-        q, config_.pool.kv_dtype, d.k_pool[layer], d.v_pool[layer], d.block_tables.as<int32_t>(),
-        plan.max_blocks_per_seq, d.seq_of_token.as<int32_t>(), d.positions.as<int32_t>(), plan.num_tokens(),
-        c.num_heads, c.num_kv_heads, c.head_dim, config_.pool.block_size, scale, config_.attention_partition,
-        max_partitions, d.attn_workspace.as<float>(), out, layer_scale(d.k_scales, layer),
-        layer_scale(d.v_scales, layer), attention_variant(config_.planted)));
+    return cuda_status(ck::attention(q, config_.pool.kv_dtype, d.k_pool[layer], d.v_pool[layer],
+                                     d.block_tables.as<int32_t>(), plan.max_blocks_per_seq,
+                                     d.seq_of_token.as<int32_t>(), d.positions.as<int32_t>(), plan.num_tokens(),
+                                     c.num_heads, c.num_kv_heads, c.head_dim, config_.pool.block_size, scale,
+                                     config_.attention_partition, max_partitions, d.attn_workspace.as<float>(), out,
+                                     layer_scale(d.k_scales, layer), layer_scale(d.v_scales, layer),
+                                     attention_variant(config_.planted), c.layer_window(static_cast<int64_t>(layer))));
   }
   // Uploaded once per step (at layer 0); the other plan arrays are the kernel's own uploads.
   if (layer == 0) {

@@ -40,6 +40,14 @@ Status check_plugin_for_backend(const kvp_attention_plugin& plugin, const char* 
   return Status::ok();
 }
 
+Status check_plugin_for_window(const kvp_attention_plugin& plugin, int64_t sliding_window) {
+  if (sliding_window == 0) return Status::ok();
+  return Status::error(std::string("attention plug-in ") + plugin.name +
+                       ": the model attends through a sliding window of " + std::to_string(sliding_window) +
+                       " positions, which plug-in ABI version " + std::to_string(plugin.abi_version) +
+                       " cannot pass (no plug-in ABI has a window yet)");
+}
+
 Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& plan, int32_t num_heads,
                         const KvPoolShape& pool, const PluginBatch& batch) {
   kvp_attention_args args{};

@@ -22,6 +22,11 @@ namespace kvp {
 Status check_plugin_for_backend(const kvp_attention_plugin& plugin, const char* backend, int32_t device,
                                 DType kv_dtype);
 
+// Ok when `plugin` can be the attention of a model whose layers attend through a sliding
+// window of `sliding_window` positions (0: none). No ABI version yet has a window: a
+// windowed model is refused, naming the plug-in, rather than attended to over its whole past.
+Status check_plugin_for_window(const kvp_attention_plugin& plugin, int64_t sliding_window);
+
 // The ABI's name for a pool element type (f32, f16, bf16, fp8-e4m3, fp8-e5m2); REQUIRES one
 // of those. A version-1 plug-in is refused fp8 pools (its ABI has no name for them).
 kvp_kv_dtype plugin_kv_dtype(DType kv_dtype);
