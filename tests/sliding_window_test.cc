@@ -161,8 +161,8 @@ TEST(SlidingWindow, CpuPagedKernelAttendsToTheWindowAndSkipsTheBlocksBeforeIt) {
         std::vector<float> scratch(static_cast<std::size_t>(kernels::attention_scratch_size<float>(d)));
         for (int64_t p : {int64_t{0}, window - 1, window, 2 * window + 3, positions - 1}) {
           if (p < 0 || p >= positions) continue;
-          SCOPED_TRACE("block " + std::to_string(block_size) + " partition " + std::to_string(partition) +
-                       " window " + std::to_string(window) + " position " + std::to_string(p));
+          SCOPED_TRACE("block " + std::to_string(block_size) + " partition " + std::to_string(partition) + " window " +
+                       std::to_string(window) + " position " + std::to_string(p));
           std::vector<float> got(static_cast<std::size_t>(d)), skipped(got.size());
           kernels::paged_attention_head(q.data(), k.data(), v.data(), table.data(), block_size, num_kv_heads, kv_head,
                                         d, p, scale, partition, scratch.data(), got.data(), nullptr, nullptr, window);
@@ -171,8 +171,8 @@ TEST(SlidingWindow, CpuPagedKernelAttendsToTheWindowAndSkipsTheBlocksBeforeIt) {
           std::vector<double> s;
           double mx = -1e300;
           const auto row = [&](const std::vector<float>& pool, int64_t j) {
-            const int64_t slot = static_cast<int64_t>(table[static_cast<std::size_t>(j / block_size)]) * block_size +
-                                 j % block_size;
+            const int64_t slot =
+                static_cast<int64_t>(table[static_cast<std::size_t>(j / block_size)]) * block_size + j % block_size;
             return pool.data() + kernels::kv_pool_offset(slot, kv_head, num_kv_heads, d);
           };
           for (int64_t j = first; j <= p; ++j) {
