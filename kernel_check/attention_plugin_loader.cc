@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 namespace kvp::verify {
 namespace {
@@ -22,7 +23,7 @@ constexpr uint32_t kKnownLayouts = KVP_LAYOUT_BIT(KVP_LAYOUT_KVPROOF) | KVP_LAYO
 std::string descriptor_problem(const kvp_attention_plugin& d, uint32_t entry_version) {
   if (d.abi_version != entry_version)
     return "built for attention-plugin ABI version " + std::to_string(d.abi_version) + ", but exports the version " +
-           std::to_string(entry_version) + " entry point; this kvproof speaks versions 1 and " +
+           std::to_string(entry_version) + " entry point; this kvproof speaks versions 1 to " +
            std::to_string(KVP_ATTENTION_PLUGIN_ABI_VERSION);
   if (d.name == nullptr || d.name[0] == '\0') return "bad descriptor: no name";
   if (d.run == nullptr) return "bad descriptor: run is NULL";
@@ -97,18 +98,26 @@ Result<std::unique_ptr<AttentionPlugin>> AttentionPlugin::load(const std::string
       return error(why.c_str());
     }
   }
-  uint32_t entry_version = KVP_ATTENTION_PLUGIN_ABI_VERSION;
-  const char* entry_name = KVP_ATTENTION_PLUGIN_ENTRY;
-  void* symbol = dlsym(handle, entry_name);
-  if (symbol == nullptr) {  // a library built for version 1
-    entry_version = 1;
-    entry_name = KVP_ATTENTION_PLUGIN_ENTRY_V1;
-    symbol = dlsym(handle, entry_name);
+  // The newest entry point first, then those of libraries built for earlier versions.
+  uint32_t entry_version = 0;
+  const char* entry_name = nullptr;
+  void* symbol = nullptr;
+  const std::pair<uint32_t, const char*> entries[] = {{KVP_ATTENTION_PLUGIN_ABI_VERSION, KVP_ATTENTION_PLUGIN_ENTRY},
+                                                      {2, KVP_ATTENTION_PLUGIN_ENTRY_V2},
+                                                      {1, KVP_ATTENTION_PLUGIN_ENTRY_V1}};
+  for (const auto& [version, name] : entries) {
+    symbol = dlsym(handle, name);
+    if (symbol != nullptr) {
+      entry_version = version;
+      entry_name = name;
+      break;
+    }
   }
   if (symbol == nullptr) {
     dlclose(handle);
     return error(std::string("no entry point ") + KVP_ATTENTION_PLUGIN_ENTRY + " (nor " +
-                 KVP_ATTENTION_PLUGIN_ENTRY_V1 + "; export it with extern \"C\" and default visibility)");
+                 KVP_ATTENTION_PLUGIN_ENTRY_V2 + " or " + KVP_ATTENTION_PLUGIN_ENTRY_V1 +
+                 "; export it with extern \"C\" and default visibility)");
   }
   kvp_attention_plugin_entry_fn entry;
   static_assert(sizeof entry == sizeof symbol);

@@ -106,6 +106,8 @@ void make_batch(const KernelCase& c, Rng& rng, Inputs& in) {
     const SeqSpec& spec = c.seqs[static_cast<std::size_t>(s)];
     const int64_t n = (spec.context_len + bs - 1) / bs;
     for (int64_t j = 0; j < n; ++j) in.block_tables[static_cast<std::size_t>(s * stride + j)] = ids[next++];
+    in.dead_entries.push_back(
+        static_cast<int32_t>(first_visible(spec.context_len - spec.num_new, c.window) / c.block_size));
     in.context_lens.push_back(spec.context_len);
     for (int32_t i = spec.context_len - spec.num_new; i < spec.context_len; ++i) {
       in.token_seq.push_back(static_cast<int32_t>(s));
@@ -113,6 +115,13 @@ void make_batch(const KernelCase& c, Rng& rng, Inputs& in) {
     }
     in.query_start.push_back(static_cast<int32_t>(in.token_seq.size()));
   }
+  // A window's dead entries all name one block that no table holds (the pool has at least 3
+  // spare), left NaN: a kernel that reads them instead of skipping them reads NaN. The blocks
+  // dealt to them stay unused (NaN too).
+  in.window = c.window;
+  for (int64_t s = 0; s < num_seqs; ++s)
+    for (int32_t j = 0; j < in.dead_entries[static_cast<std::size_t>(s)]; ++j)
+      in.block_tables[static_cast<std::size_t>(s * stride + j)] = ids[next];
 }
 
 // Dense K/V per sequence, rounded to the KV dtype, and the queries; all-equal scores copy the
@@ -152,8 +161,12 @@ void plant_dominant(const KernelCase& c, Rng& rng, Inputs& in) {
   const int64_t group = c.num_heads / c.num_kv_heads;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int32_t t0 = in.query_start[static_cast<std::size_t>(s)];
-    const int64_t j =
+    // With a window, one position before the first new token's window (it is before every
+    // later token's too): a kernel that sees one position too many is far off.
+    const int64_t first = first_visible(in.positions[static_cast<std::size_t>(t0)], c.window);
+    const int64_t drawn =
         static_cast<int64_t>(rng.below(static_cast<uint64_t>(in.positions[static_cast<std::size_t>(t0)] + 1)));
+    const int64_t j = first > 0 ? first - 1 : drawn;
     for (int64_t g = 0; g < kvh; ++g) {
       const float* q = in.query.data() + (t0 * c.num_heads + g * group) * hd;
       double norm2 = 0.0;
@@ -176,7 +189,8 @@ void scale_to_large_scores(const KernelCase& c, Inputs& in) {
     for (int64_t h = 0; h < c.num_heads; ++h) {
       float* q = in.query.data() + (t * c.num_heads + h) * hd;
       double largest = 0.0;
-      for (int64_t j = 0; j <= in.positions[static_cast<std::size_t>(t)]; ++j) {
+      const int64_t p = in.positions[static_cast<std::size_t>(t)];
+      for (int64_t j = first_visible(p, c.window); j <= p; ++j) {
         double score = 0.0;
         for (int64_t d = 0; d < hd; ++d)
           score += static_cast<double>(q[d]) * k[static_cast<std::size_t>((j * kvh + h / group) * hd + d)];
@@ -220,7 +234,7 @@ void fill_pool(const KernelCase& c, Inputs& in, bool nan_poison) {
   uint8_t* v_base = combined ? in.k_pool.data() + in.v_offset_bytes : in.v_pool.data();
   const int64_t stride = in.shape.max_blocks_per_seq;
   for (std::size_t s = 0; s < c.seqs.size(); ++s) {
-    for (int64_t j = 0; j < c.seqs[s].context_len; ++j) {
+    for (int64_t j = static_cast<int64_t>(in.dead_entries[s]) * c.block_size; j < c.seqs[s].context_len; ++j) {
       const int64_t block =
           in.block_tables[s * static_cast<std::size_t>(stride) + static_cast<std::size_t>(j / c.block_size)];
       for (int64_t g = 0; g < c.num_kv_heads; ++g) {
@@ -237,7 +251,7 @@ void fill_pool(const KernelCase& c, Inputs& in, bool nan_poison) {
   }
 }
 
-// ---- the fp64 reference: softmax(scale * q K^T) V on the dense K/V ---------------------
+// ---- the fp64 reference: softmax(scale * q K^T) V on the dense K/V, over the window ------
 
 std::vector<double> reference_attention(const KernelCase& c, const Inputs& in) {
   const int64_t hd = c.head_dim, kvh = c.num_kv_heads, group = c.num_heads / c.num_kv_heads;
@@ -248,12 +262,13 @@ std::vector<double> reference_attention(const KernelCase& c, const Inputs& in) {
     const std::vector<float>& k = in.k_dense[static_cast<std::size_t>(in.token_seq[static_cast<std::size_t>(t)])];
     const std::vector<float>& v = in.v_dense[static_cast<std::size_t>(in.token_seq[static_cast<std::size_t>(t)])];
     const int64_t n = in.positions[static_cast<std::size_t>(t)] + 1;
+    const int64_t first = first_visible(n - 1, c.window);  // the window: positions first..n-1
     for (int64_t h = 0; h < c.num_heads; ++h) {
       const float* q = in.query.data() + (t * c.num_heads + h) * hd;
       const int64_t g = h / group;
       scores.assign(static_cast<std::size_t>(n), 0.0);
       double largest = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = first; j < n; ++j) {
         double dot = 0.0;
         for (int64_t d = 0; d < hd; ++d)
           dot += static_cast<double>(q[d]) * k[static_cast<std::size_t>((j * kvh + g) * hd + d)];
@@ -262,7 +277,7 @@ std::vector<double> reference_attention(const KernelCase& c, const Inputs& in) {
       }
       double sum = 0.0;
       double* row = out.data() + (t * c.num_heads + h) * hd;
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = first; j < n; ++j) {
         const double w = std::exp(scores[static_cast<std::size_t>(j)] - largest);
         sum += w;
         for (int64_t d = 0; d < hd; ++d) row[d] += w * v[static_cast<std::size_t>((j * kvh + g) * hd + d)];
@@ -377,6 +392,7 @@ Output call_plugin(const kvp_attention_plugin& plugin, const Inputs& in, const k
   args.stream = nullptr;
   args.k_scale = in.k_scales.empty() ? nullptr : in.k_scales.data();
   args.v_scale = in.v_scales.empty() ? nullptr : in.v_scales.data();
+  args.window = plugin.abi_version >= 3 ? in.window : 0;  // a case with a window reaches only version 3
   if (plugin.device == KVP_DEVICE_CUDA) {
     std::string why;
     const CudaRuntime* rt = CudaRuntime::shared(why);

@@ -42,14 +42,25 @@ struct Inputs {
   // fp8 pools: per KV head, powers of two far from 1 (so that x / scale is exact and a kernel
   // that drops them reads other values); empty for the other dtypes.
   std::vector<float> k_scales, v_scales;
+  int32_t window = 0;  // the case's sliding window (0: none)
+  // Per sequence: its leading table entries that a window left behind (blocks wholly before
+  // its first new token's window), all naming one block of NaN outside every table; 0 without
+  // a window.
+  std::vector<int32_t> dead_entries;
 };
+
+// The first position token `position` sees through a window of `window` positions (0: none).
+inline int64_t first_visible(int64_t position, int32_t window) {
+  return window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
+}
 
 // A case's inputs, drawn from its seed (the pools not yet filled).
 Inputs make_inputs(const KernelCase& c);
-// Scatters the dense K/V into the pools through the block tables; every other slot is NaN
-// (`nan_poison`) or 0.
+// Scatters the dense K/V into the pools through the block tables (past each sequence's dead
+// entries); every other slot is NaN (`nan_poison`) or 0.
 void fill_pool(const KernelCase& c, Inputs& in, bool nan_poison);
-// softmax(scale * q K^T) V in double on the dense K/V, per (token, head) row.
+// softmax(scale * q K^T) V in double on the dense K/V over each token's window, per (token,
+// head) row.
 std::vector<double> reference_attention(const KernelCase& c, const Inputs& in);
 
 struct Output {

@@ -62,7 +62,9 @@ std::string KernelCase::describe() const {
   std::ostringstream o;
   o << "case " << id << " [" << label << "] heads " << num_heads << "/" << num_kv_heads << " head_dim " << head_dim
     << " block_size " << block_size << " " << dtype_name(kv_dtype) << " " << layout_name(kv_layout) << " "
-    << input_kind_name(kind) << " seqs";
+    << input_kind_name(kind);
+  if (window > 0) o << " window " << window;
+  o << " seqs";
   // Streamed piece by piece: GCC 12 at -O3 (the release preset) reports a false -Wrestrict
   // in a string concatenated here (GCC bug 105651).
   for (const SeqSpec& s : seqs) {
@@ -86,6 +88,7 @@ nlohmann::json KernelCase::to_json() const {
           {"kv_layout", layout_name(kv_layout)},
           {"kind", input_kind_name(kind)},
           {"seqs", seq_list},
+          {"window", window},
           {"seed", seed}};
 }
 
@@ -201,6 +204,65 @@ struct GridBuilder {
     }
   }
 
+  // Sliding windows (ABI version 3): for each block size, a window smaller than a block (half
+  // of one; 1 when blocks are 1 slot), one block exactly and two blocks and three slots, each
+  // over decode rows at the window's edges, a context many windows long and a prefill chunk
+  // longer than the window (each of its tokens sees another window), once with random inputs
+  // and once with a dominant key one position before the window (an off-by-one includes it and
+  // is far off). Then windows across kvproof's 128-position partitions, Gemma 3's 512 and
+  // Mistral 7B's 4096 over contexts past them.
+  void windows(Grid grid) {
+    const std::vector<int32_t> block_sizes = grid == Grid::kQuick
+                                                 ? std::vector<int32_t>{1, 16, 3, 64, 17}
+                                                 : std::vector<int32_t>{1, 2, 3, 8, 15, 16, 17, 32, 64, 128, 256};
+    std::size_t rotation = 0;
+    for (const int32_t bs : block_sizes) {
+      for (const int32_t w : {std::max<int32_t>(1, bs / 2), bs, 2 * bs + 3}) {
+        for (const InputKind kind : {InputKind::kRandom, InputKind::kDominant}) {
+          const std::size_t full_dtypes = grid == Grid::kQuick ? 1 : dtypes.size();
+          for (std::size_t di = 0; di < full_dtypes; ++di, ++rotation) {
+            KernelCase c;
+            c.label = w < bs ? "window-below-block" : w == bs ? "window-one-block" : "window-over-blocks";
+            c.kind = kind;
+            c.window = w;
+            const GridHeads& h = kGridHeads[rotation % kGridHeads.size()];
+            c.num_heads = h.q;
+            c.num_kv_heads = h.kv;
+            c.head_dim = kGridHeadDims[rotation % kGridHeadDims.size()];
+            c.block_size = bs;
+            c.kv_dtype = dtypes[(rotation + di) % dtypes.size()];
+            c.kv_layout = layouts[rotation % layouts.size()];
+            const int32_t chunk = std::min(w + 3, 12);
+            c.seqs = {{1, 1}, {w, 1}, {w + 1, 1}, {5 * w + bs + 1, 1}, {3 * w + 2 * bs + chunk, chunk}};
+            add(std::move(c));
+          }
+        }
+      }
+    }
+    struct Long {
+      int32_t window, block_size;
+      std::vector<SeqSpec> seqs;
+    };
+    const std::vector<Long> longs = {{128, 16, {{127, 1}, {129, 1}, {257, 1}, {300 + 5, 5}}},
+                                     {200, 32, {{1000, 1}, {385, 1}, {600 + 9, 9}}},
+                                     {512, 16, {{513, 1}, {4097, 1}, {2048 + 8, 8}}},
+                                     {4096, 16, {{4095, 1}, {4097, 1}, {12289, 1}}}};
+    for (std::size_t i = 0; i < longs.size(); ++i) {
+      KernelCase c;
+      c.label = "window-long";
+      c.kind = i % 2 == 0 ? InputKind::kDominant : InputKind::kRandom;
+      c.window = longs[i].window;
+      c.num_heads = 8;
+      c.num_kv_heads = 2;
+      c.head_dim = i % 2 == 0 ? 128 : 64;
+      c.block_size = longs[i].block_size;
+      c.kv_dtype = dtypes[i % dtypes.size()];
+      c.kv_layout = layouts[i % layouts.size()];
+      c.seqs = longs[i].seqs;
+      add(std::move(c));
+    }
+  }
+
   // One reduction over more than 100k positions (a decode row at 131,073: one past 2^17),
   // where a kernel's accumulation shows what short contexts hide (docs/fp8.md): quick, in the
   // plug-in's last (narrowest) dtype; full, in every dtype. Added last, so the cases before
@@ -224,7 +286,11 @@ struct GridBuilder {
 
 }  // namespace
 
-std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_layouts) {
+bool has_window(const kvp_attention_plugin& plugin) {
+  return plugin.abi_version >= 3 && plugin.supports_window != nullptr;
+}
+
+std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_layouts, bool windows) {
   GridBuilder b;
   for (int32_t d = KVP_KV_F32; d <= KVP_KV_FP8_E5M2; ++d)
     if (kv_dtypes & KVP_DTYPE_BIT(d)) b.dtypes.push_back(d);
@@ -235,6 +301,7 @@ std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_lay
   b.partition_edges(grid);
   if (grid == Grid::kFull) b.long_contexts();
   b.long_reductions(grid);
+  if (windows) b.windows(grid);
   return std::move(b.cases);
 }
 

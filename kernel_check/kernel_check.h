@@ -18,7 +18,7 @@
 //   inputs-unchanged  pools, queries, block tables and metadata unchanged
 //   batch-invariance  each sequence's rows bit-identical run alone and in the batch
 //   repeatability     the same batch twice gives the same bits
-//   run-error         run() failed on a shape that supports() accepted
+//   run-error         run() failed on a shape that supports() (supports_window()) accepted
 //   crash, timeout    the case's child process died by a signal or ran past its time limit
 #pragma once
 
@@ -65,6 +65,10 @@ struct KernelCase {
   std::vector<SeqSpec> seqs;
   InputKind kind = InputKind::kRandom;
   uint64_t seed = 0;
+  // The sliding window in positions (ABI version 3; 0: none). A windowed case's table entries
+  // for the blocks wholly before each sequence's window name one block of NaN (a serving
+  // engine has freed them), and a dominant input plants its key one position before the window.
+  int32_t window = 0;
 
   std::string describe() const;  // one line: shape, sequences, kind, seed
   nlohmann::json to_json() const;
@@ -73,7 +77,11 @@ struct KernelCase {
 // The grid for a plug-in declaring `kv_dtypes` and `kv_layouts` (descriptor bitmasks): the
 // same list for the same declaration, ids 0..n-1. quick: every head_dim x head pairing once
 // per scenario, a few seconds; full: every block size, dtype and scenario, long contexts.
-std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_layouts);
+// `windows` (a plug-in with a sliding window: ABI version 3, supports_window set) appends the
+// windowed cases after all the others, so every other case keeps its id.
+std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_layouts, bool windows = false);
+// Whether a loaded plug-in has a sliding window (abi_version >= 3 and supports_window set).
+bool has_window(const kvp_attention_plugin& plugin);
 
 struct Failure {
   std::string property;

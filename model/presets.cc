@@ -44,6 +44,15 @@ ModelConfig small_config() {
   return c;
 }
 
+// tiny as MistralForCausalLM with a sliding window of 20 positions on every layer: not a
+// multiple of a block, and verify's workloads (prompts up to 120 tokens) span several windows.
+ModelConfig tiny_mistral_sw_config() {
+  ModelConfig c = tiny_config();
+  c.architecture = Architecture::kMistral;
+  c.sliding_window = 20;
+  return c;
+}
+
 // Real shapes: each config.json as published on the Hugging Face Hub (every key that the
 // math reads), with seeded random weights instead of the trained ones.
 ModelConfig real_config(Architecture arch, int64_t vocab, int64_t hidden, int64_t intermediate, int64_t layers,
@@ -112,13 +121,14 @@ void fill_uniform(float* data, std::size_t n, double stddev, uint64_t seed, int 
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"tiny",         "small",        "tiny-draft",   "small-draft",
+  return {"tiny",         "small",        "tiny-draft",   "small-draft",   "tiny-mistral-sw",
           "smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b", "tinyllama-1.1b"};
 }
 
 Result<ModelConfig> preset_config(std::string_view name) {
   if (name == "tiny") return tiny_config();
   if (name == "small") return small_config();
+  if (name == "tiny-mistral-sw") return tiny_mistral_sw_config();
   if (name == "smollm2-135m") return smollm2_135m_config();
   if (name == "qwen2.5-0.5b") return qwen25_05b_config();
   if (name == "llama-3.2-1b") return llama32_1b_config();

@@ -1,7 +1,9 @@
 // kvproof's CUDA paged attention (kernels/cuda/model_kernels.cu: one thread block per (token,
 // KV head, partition), then the partitions merged in order) as a CUDA attention plug-in: the
 // kvproof layout, f32/f16/bf16/fp8 pools (ABI version 2: fp8 scaled per KV head), every shape check_attention_shape
-// accepts (supports() asks it). The kernels are compiled into this library by nvcc (sm_80, sm_90).
+// accepts (supports() asks it), every sliding window (version 3: the partitions wholly before
+// a window are not launched into, their blocks never read). The kernels are compiled into this library by nvcc (sm_80,
+// sm_90).
 //
 // Streams: the kernels launch on the default stream and run() synchronises the device before
 // it returns, so the work is done whatever stream the harness passed (the ABI lets a plug-in
@@ -33,6 +35,8 @@ int supports(const kvp_attention_shape* s) {
          ck::check_attention_shape(s->num_heads, s->num_kv_heads, s->head_dim).empty();
 }
 
+int supports_window(const kvp_attention_shape* s, int32_t window) { return supports(s) && window > 0; }
+
 int run(const kvp_attention_args* a, char* err, size_t err_len) {
   const kvp_attention_shape& s = a->shape;
   kvp::DType dtype;
@@ -54,7 +58,8 @@ int run(const kvp_attention_args* a, char* err, size_t err_len) {
   if (e.empty())
     e = ck::attention(a->query, dtype, a->k_cache, a->v_cache, a->block_tables, s.max_blocks_per_seq, a->token_seq,
                       a->positions, s.num_tokens, s.num_heads, s.num_kv_heads, s.head_dim, s.block_size, a->scale,
-                      partition, parts, static_cast<float*>(workspace), a->out, a->k_scale, a->v_scale);
+                      partition, parts, static_cast<float*>(workspace), a->out, a->k_scale, a->v_scale,
+                      ck::AttentionVariant::kExact, a->window);
   if (e.empty()) e = ck::synchronize();
   ck::device_free(workspace);
   if (!e.empty()) {
@@ -73,10 +78,11 @@ const kvp_attention_plugin kDescriptor = {
     KVP_LAYOUT_BIT(KVP_LAYOUT_KVPROOF),
     supports,
     run,
+    supports_window,
 };
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v2(void) {
+extern "C" __attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v3(void) {
   return &kDescriptor;
 }

@@ -18,6 +18,11 @@
  *  14  write-pool: writes into the K pool
  *  15  nondeterministic: every second call changes the last bit of out[0]
  *  16  declines-all: supports() accepts no shape
+ *  17  window-off-by-one: (ABI version 3) a sliding window that sees W + 1 positions
+ *  18  window-masked: (ABI version 3) reads every block from position 0 and weighs the
+ *      positions before the window by 0, where a freed block's NaN makes 0 * NaN = NaN
+ *  19  naive-c-v3: correct, ABI version 3 with the sliding window, every layout
+ *  20  naive-c-v2: correct, ABI version 2 (its entry point), every layout
  * This file is C on purpose: it shows the ABI header is plain C.
  *
  * KVP_PLANTED_DEVICE=1 builds it declaring KVP_DEVICE_CUDA while still computing on the host:
@@ -38,6 +43,12 @@
 #ifndef KVP_PLANTED_DEVICE
 #define KVP_PLANTED_DEVICE 0
 #endif
+/* The ABI version a build is for: the builds with a sliding window, 3; naive-c-v2, 2 (a
+ * library built before version 3 still loads, and gets no windowed case); the others, 1. */
+#define KVP_PLANTED_V3 (KVP_PLANTED == 17 || KVP_PLANTED == 18 || KVP_PLANTED == 19)
+#define KVP_PLANTED_ABI (KVP_PLANTED_V3 ? 3 : KVP_PLANTED == 20 ? 2 : 1)
+/* The correct builds take every layout; the planted ones, kvproof's. */
+#define KVP_PLANTED_CORRECT (KVP_PLANTED == 0 || KVP_PLANTED == 19 || KVP_PLANTED == 20)
 
 static float f16_to_f32(uint16_t h) {
   const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -83,7 +94,7 @@ static int64_t kv_index(const kvp_attention_shape* s, int is_value, int64_t bloc
 static int supports(const kvp_attention_shape* s) {
   if (s->num_kv_heads <= 0 || s->num_heads % s->num_kv_heads != 0) return 0;
   if (s->kv_layout == KVP_LAYOUT_VLLM && s->head_dim % (s->kv_dtype == KVP_KV_F32 ? 4 : 8) != 0) return 0;
-#if KVP_PLANTED != 0
+#if !KVP_PLANTED_CORRECT
   if (s->kv_layout != KVP_LAYOUT_KVPROOF) return 0;
 #endif
 #if KVP_PLANTED == 16
@@ -91,6 +102,10 @@ static int supports(const kvp_attention_shape* s) {
 #endif
   return 1;
 }
+
+#if KVP_PLANTED_V3
+static int supports_window(const kvp_attention_shape* s, int32_t window) { return supports(s) && window > 0; }
+#endif
 
 static int run(const kvp_attention_args* a, char* err, size_t err_len) {
   const kvp_attention_shape* s = &a->shape;
@@ -121,7 +136,21 @@ static int run(const kvp_attention_args* a, char* err, size_t err_len) {
   for (int32_t t = 0; t < s->num_tokens; ++t) {
     const int32_t seq = a->token_seq[t];
     const int32_t* table = a->block_tables + (int64_t)seq * s->max_blocks_per_seq;
-    int64_t last = a->positions[t]; /* attend to positions 0..last */
+    int64_t last = a->positions[t]; /* attend to positions first..last */
+    int64_t first = 0;
+#if KVP_PLANTED_V3
+    if (a->window > 0 && last - a->window + 1 > 0) first = last - a->window + 1;
+#endif
+#if KVP_PLANTED == 17
+    if (first > 0) first -= 1;
+#endif
+    /* The positions read: the window's, or (window-masked) all of them, the ones before the
+     * window weighed by 0. */
+#if KVP_PLANTED == 18
+    const int64_t begin = 0;
+#else
+    const int64_t begin = first;
+#endif
 #if KVP_PLANTED == 1
     if ((last + 1) % bs != 0) last += 1;
 #elif KVP_PLANTED == 2
@@ -140,7 +169,7 @@ static int run(const kvp_attention_args* a, char* err, size_t err_len) {
 #endif
       for (int64_t d = 0; d < hd; ++d) out[d] = 0.0f;
       if (last < 0) continue;
-      for (int64_t j = 0; j <= last; ++j) {
+      for (int64_t j = begin; j <= last; ++j) {
         int64_t block = table[j / bs];
 #if KVP_PLANTED == 4
         if (j / bs == (a->positions[t]) / bs) block = (block + 1) % s->num_blocks;
@@ -188,16 +217,16 @@ static int run(const kvp_attention_args* a, char* err, size_t err_len) {
 #if KVP_PLANTED == 7
         const float m = 0.0f;
 #else
-        float m = scores[0];
-        for (int64_t j = 1; j <= last; ++j) m = scores[j] > m ? scores[j] : m;
+        float m = scores[first];
+        for (int64_t j = first + 1; j <= last; ++j) m = scores[j] > m ? scores[j] : m;
 #endif
         float sum = 0.0f;
-        for (int64_t j = 0; j <= last; ++j) {
+        for (int64_t j = begin; j <= last; ++j) {
           int64_t block = table[j / bs];
 #if KVP_PLANTED == 4
           if (j / bs == (a->positions[t]) / bs) block = (block + 1) % s->num_blocks;
 #endif
-          const float p = expf(scores[j] - m);
+          const float p = j >= first ? expf(scores[j] - m) : 0.0f;
           sum += p;
           for (int64_t d = 0; d < hd; ++d)
             out[d] += p * load(a->v_cache, s->kv_dtype, kv_index(s, 1, block, j % bs, g, d));
@@ -236,6 +265,10 @@ static const char* plugin_name(void) {
     case 14: return "planted-write-pool";
     case 15: return "planted-nondeterministic";
     case 16: return "planted-declines-all";
+    case 17: return "planted-window-off-by-one";
+    case 18: return "planted-window-masked";
+    case 19: return "naive-c-v3";
+    case 20: return "naive-c-v2";
     default: return "planted-loader";
   }
 }
@@ -243,11 +276,12 @@ static const char* plugin_name(void) {
 static kvp_attention_plugin descriptor = {
 /* Built as version-1 plug-ins (the v1 entry point, abi_version 1): they prove that libraries
  * built before ABI version 2 still load and run. abi_v2 declares version 2 behind the v1
- * entry point, a mismatch the loader refuses. */
+ * entry point, a mismatch the loader refuses. The windowed builds (17-19) are version 3,
+ * naive-c-v2 (20) version 2. */
 #if KVP_PLANTED == 11
     2,
 #else
-    1,
+    KVP_PLANTED_ABI,
 #endif
     NULL,
 #if KVP_PLANTED_DEVICE
@@ -256,7 +290,7 @@ static kvp_attention_plugin descriptor = {
     KVP_DEVICE_HOST,
 #endif
     KVP_DTYPE_BIT(KVP_KV_F32) | KVP_DTYPE_BIT(KVP_KV_F16) | KVP_DTYPE_BIT(KVP_KV_BF16),
-#if KVP_PLANTED == 0
+#if KVP_PLANTED_CORRECT
     KVP_LAYOUT_BIT(KVP_LAYOUT_KVPROOF) | KVP_LAYOUT_BIT(KVP_LAYOUT_FLASHINFER_NHD) |
         KVP_LAYOUT_BIT(KVP_LAYOUT_FLASHINFER_HND) | KVP_LAYOUT_BIT(KVP_LAYOUT_VLLM),
 #else
@@ -268,10 +302,19 @@ static kvp_attention_plugin descriptor = {
 #else
     run,
 #endif
+#if KVP_PLANTED_V3
+    supports_window,
+#else
+    NULL,
+#endif
 };
 
 #if KVP_PLANTED == 10
 __attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v0(void) {
+#elif KVP_PLANTED_ABI == 3
+__attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v3(void) {
+#elif KVP_PLANTED_ABI == 2
+__attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v2(void) {
 #else
 __attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v1(void) {
 #endif

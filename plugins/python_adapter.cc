@@ -1,4 +1,6 @@
-// The Python adapter: an attention plug-in (ABI version 2) whose kernel is a Python function,
+// The Python adapter: an attention plug-in (ABI version 3, without a sliding window: its
+// supports_window is NULL, so kernel-check gives Python kernels no windowed case and a
+// windowed model is refused) whose kernel is a Python function,
 // for `kvproof kernel-check --plugin python:FILE.py:FUNCTION` (docs/plugins.md, "Python
 // kernels"). kvproof loads this library, calls kvp_python_plugin_configure() with the file (or
 // module) and the function, and then uses it as any plug-in: the grid, the properties, the
@@ -349,7 +351,7 @@ int run(const kvp_attention_args* a, char* err, size_t err_len) {
 
 // Loads the kernel: `where` is a file ending in .py or a module name on sys.path, `function`
 // the callable in it. 0 on success; otherwise nonzero with the reason (a Python error with its
-// traceback) in err. Called once, before kvp_attention_plugin_v2().
+// traceback) in err. Called once, before kvp_attention_plugin_v3().
 extern "C" __attribute__((visibility("default"))) int kvp_python_plugin_configure(const char* where,
                                                                                   const char* function, char* err,
                                                                                   size_t err_len) {
@@ -467,6 +469,6 @@ extern "C" __attribute__((visibility("default"))) int kvp_python_plugin_configur
   return 0;
 }
 
-extern "C" __attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v2(void) {
+extern "C" __attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v3(void) {
   return g_descriptor.run != nullptr ? &g_descriptor : nullptr;
 }

@@ -4,6 +4,7 @@
 // libraries by name.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "kernel_check/attention_plugin_loader.h"
+#include "kernel_check/case_run.h"
 #include "kernel_check/cuda_runtime.h"
 #include "kernel_check/kernel_check.h"
 
@@ -214,6 +216,115 @@ TEST(KernelCheck, Fp8CasesPassWithScalesAndFailWhenTheKernelDropsThem) {
   EXPECT_TRUE(long_reduction);
 }
 
+// ---- sliding windows (ABI version 3) -------------------------------------------------------
+
+// A plug-in with a window gets the windowed cases after all the others, whose ids and seeds do
+// not move; the windows are smaller than a block, one block and longer, over contexts several
+// windows long, with prefill chunks longer than the window. A version-2 plug-in gets none.
+TEST(KernelCheck, WindowedCasesComeLastAndOnlyToAPluginWithAWindow) {
+  auto v3 = load_or_die("kvproof_cpu");
+  ASSERT_TRUE(v3);
+  const kvp_attention_plugin& d = v3->descriptor();
+  const auto plain = make_grid(Grid::kQuick, d.kv_dtypes, d.kv_layouts);
+  const auto windowed = make_grid(Grid::kQuick, d.kv_dtypes, d.kv_layouts, /*windows=*/true);
+  ASSERT_GT(windowed.size(), plain.size() + 20);
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(windowed[i].describe(), plain[i].describe());
+    EXPECT_EQ(plain[i].window, 0);
+  }
+  bool below = false, one = false, over = false, many_windows = false, long_chunk = false, gemma = false;
+  for (std::size_t i = plain.size(); i < windowed.size(); ++i) {
+    const KernelCase& c = windowed[i];
+    ASSERT_GT(c.window, 0) << c.describe();
+    EXPECT_EQ(c.label.rfind("window-", 0), 0u) << c.describe();
+    below |= c.window < c.block_size;
+    one |= c.window == c.block_size;
+    over |= c.window > c.block_size;
+    gemma |= c.window == 512;
+    for (const SeqSpec& s : c.seqs) {
+      many_windows |= s.context_len >= 4 * c.window + 1;
+      long_chunk |= s.num_new > c.window;
+    }
+  }
+  EXPECT_TRUE(below && one && over && many_windows && long_chunk && gemma);
+  const Report v2 = quick_grid("naive_c_v2", /*third=*/true);
+  EXPECT_TRUE(v2.passed()) << v2.summary();
+  for (const CaseRecord& c : v2.cases) EXPECT_EQ(c.spec.window, 0) << c.spec.describe();
+}
+
+// kvproof's CPU kernel and an independent C kernel (naive-c-v3, every layout) pass every
+// windowed case, in which the table entries before a window name a block of NaN.
+TEST(KernelCheck, CorrectKernelsPassEveryWindowedCase) {
+  for (const char* name : {"kvproof_cpu", "naive_c_v3"}) {
+    auto plugin = load_or_die(name);
+    ASSERT_TRUE(plugin);
+    const kvp_attention_plugin& d = plugin->descriptor();
+    int64_t cases = 0, with_dead_entries = 0;
+    std::set<int32_t> layouts;
+    for (const KernelCase& c : make_grid(Grid::kQuick, d.kv_dtypes, d.kv_layouts, /*windows=*/true)) {
+      if (c.window == 0) continue;
+      ++cases;
+      layouts.insert(c.kv_layout);
+      const Inputs in = make_inputs(c);
+      if (std::any_of(in.dead_entries.begin(), in.dead_entries.end(), [](int32_t n) { return n > 0; }))
+        ++with_dead_entries;
+      const CaseResult r = run_case(d, c);
+      EXPECT_FALSE(r.skipped) << name << " " << c.describe();
+      EXPECT_TRUE(r.passed()) << name << " " << c.describe() << ": " << r.failures[0].property << ": "
+                              << r.failures[0].message;
+    }
+    EXPECT_GT(cases, 20) << name;
+    EXPECT_GT(with_dead_entries, cases / 2) << name;
+    if (std::string(name) == "naive_c_v3") {
+      EXPECT_EQ(layouts.size(), 4u);
+    }
+  }
+}
+
+// Two planted window defects, each passing every case without a window: seeing W + 1
+// positions fails every windowed case with a dominant key one position before the window
+// (accuracy; no-poison-leak where that position's block was freed), and reading the freed
+// blocks before the window and weighing them by 0 fails every case that has freed blocks, by
+// no-poison-leak (0 * NaN is NaN).
+TEST(KernelCheck, WindowDefectsFailTheWindowedCasesAndNothingElse) {
+  for (const char* name : {"window_off_by_one", "window_masked"}) {
+    // A third of the quick grid: every case without a window passes.
+    const Report report = quick_grid(name, /*third=*/true);
+    int64_t plain = 0;
+    for (const CaseRecord& c : report.cases) {
+      if (c.spec.window != 0) continue;
+      ++plain;
+      EXPECT_TRUE(c.result.passed()) << name << " " << c.spec.describe() << ": " << c.result.failures[0].message;
+    }
+    EXPECT_GT(plain, 20) << name;
+    // Every windowed case, in this process (the planted kernels neither crash nor hang).
+    auto plugin = load_or_die(name);
+    ASSERT_TRUE(plugin);
+    const kvp_attention_plugin& d = plugin->descriptor();
+    int64_t expected = 0, caught = 0;
+    std::map<std::string, int> failed;
+    for (const KernelCase& c : make_grid(Grid::kQuick, d.kv_dtypes, d.kv_layouts, /*windows=*/true)) {
+      if (c.window == 0) continue;
+      const CaseResult r = run_case(d, c);
+      for (const Failure& f : r.failures) ++failed[f.property];
+      bool must_fail = false;
+      if (std::string(name) == "window_off_by_one") {
+        must_fail = c.kind == InputKind::kDominant;
+        if (must_fail && (r.failed("accuracy") || r.failed("no-poison-leak"))) ++caught;
+      } else {
+        const Inputs in = make_inputs(c);
+        must_fail = std::any_of(in.dead_entries.begin(), in.dead_entries.end(), [](int32_t n) { return n > 0; });
+        if (must_fail && r.failed("no-poison-leak")) ++caught;
+      }
+      expected += must_fail ? 1 : 0;
+    }
+    std::string seen;
+    for (const auto& [p, n] : failed) seen += p + " x" + std::to_string(n) + " ";
+    EXPECT_GT(expected, 10) << name;
+    EXPECT_EQ(caught, expected) << name << ": " << seen;
+  }
+}
+
 // --properties: the batch-split kernel (planted: rows depend on their batch) passes when
 // batch-invariance is not required, every other property still gating, and the report names
 // it as not required with the cases that broke it; a crash gates whatever is required; an
@@ -273,7 +384,8 @@ TEST(KernelCheck, ShardsAreDisjointAndMergeIntoTheWholeGrid) {
     total += static_cast<int64_t>(report->cases.size());
     shards.push_back(report->to_json());
   }
-  const auto grid = make_grid(Grid::kQuick, plugin->descriptor().kv_dtypes, plugin->descriptor().kv_layouts);
+  const auto grid = make_grid(Grid::kQuick, plugin->descriptor().kv_dtypes, plugin->descriptor().kv_layouts,
+                              /*windows=*/true);
   EXPECT_EQ(total, static_cast<int64_t>(grid.size()));
   auto merged = merge_reports(shards);
   ASSERT_TRUE(merged) << merged.status().message();
@@ -351,7 +463,8 @@ TEST(AttentionPluginLoader, RefusesALibraryWithoutTheEntryPoint) {
   auto p = AttentionPlugin::load(plugin_path("no_entry"));
   ASSERT_FALSE(p);
   EXPECT_NE(p.status().message().find(plugin_path("no_entry") +
-                                      ": no entry point kvp_attention_plugin_v2 (nor kvp_attention_plugin_v1"),
+                                      ": no entry point kvp_attention_plugin_v3 (nor kvp_attention_plugin_v2 or "
+                                      "kvp_attention_plugin_v1"),
             std::string::npos)
       << p.status().message();
 }
@@ -362,18 +475,25 @@ TEST(AttentionPluginLoader, RefusesAnotherAbiVersion) {
   EXPECT_NE(p.status().message().find("ABI version 2"), std::string::npos) << p.status().message();
 }
 
-// ABI version 2 added fp8 pools and their scales at the end of kvp_attention_args; a library
-// built for version 1 (planted.c's builds: the v1 entry point, abi_version 1) still loads, and
-// kvproof's own plug-ins are version 2, declaring the fp8 dtypes.
-TEST(AttentionPluginLoader, LoadsVersionOneAndVersionTwoPlugins) {
+// ABI version 2 added fp8 pools and their scales at the end of kvp_attention_args, version 3
+// the sliding window after them (and supports_window at the end of the descriptor). Libraries
+// built for versions 1 and 2 (planted.c's builds: their entry points) still load, without a
+// window; kvproof's own plug-ins are version 3, declaring the fp8 dtypes and the window.
+TEST(AttentionPluginLoader, LoadsVersionOneTwoAndThreePlugins) {
   auto v1 = AttentionPlugin::load(plugin_path("naive_c"));
   ASSERT_TRUE(v1) << v1.status().message();
   EXPECT_EQ(v1.value()->descriptor().abi_version, 1u);
-  auto v2 = AttentionPlugin::load(plugin_path("kvproof_cpu"));
+  EXPECT_FALSE(has_window(v1.value()->descriptor()));
+  auto v2 = AttentionPlugin::load(plugin_path("naive_c_v2"));
   ASSERT_TRUE(v2) << v2.status().message();
   EXPECT_EQ(v2.value()->descriptor().abi_version, 2u);
-  EXPECT_NE(v2.value()->descriptor().kv_dtypes & KVP_DTYPE_BIT(KVP_KV_FP8_E4M3), 0u);
-  EXPECT_NE(v2.value()->descriptor().kv_dtypes & KVP_DTYPE_BIT(KVP_KV_FP8_E5M2), 0u);
+  EXPECT_FALSE(has_window(v2.value()->descriptor()));
+  auto v3 = AttentionPlugin::load(plugin_path("kvproof_cpu"));
+  ASSERT_TRUE(v3) << v3.status().message();
+  EXPECT_EQ(v3.value()->descriptor().abi_version, 3u);
+  EXPECT_NE(v3.value()->descriptor().kv_dtypes & KVP_DTYPE_BIT(KVP_KV_FP8_E4M3), 0u);
+  EXPECT_NE(v3.value()->descriptor().kv_dtypes & KVP_DTYPE_BIT(KVP_KV_FP8_E5M2), 0u);
+  EXPECT_TRUE(has_window(v3.value()->descriptor()));
 }
 
 TEST(AttentionPluginLoader, RefusesADescriptorWithoutRun) {

@@ -1,23 +1,31 @@
-/* kvproof attention plug-in ABI, version 2 (docs/plugins.md).
+/* kvproof attention plug-in ABI, version 3 (docs/plugins.md).
  *
  * A paged-attention kernel that kvproof did not write, in a shared library, so that
  * `kvproof kernel-check --plugin lib.so` can run kvproof's adversarial grid on it against
  * an fp64 reference. Plain C (C99 and C++ alike), no kvproof header needed.
  *
- * The library exports one function, kvp_attention_plugin_v2(), returning a descriptor that
- * lives as long as the library is loaded (a library built for version 1 exports
- * kvp_attention_plugin_v1() instead, and still loads: kvproof looks for v2, then v1). kvproof reads the descriptor,
- * asks supports() for every shape of its grid, and calls run() on the shapes accepted. A kernel must report a failure
+ * The library exports one function, kvp_attention_plugin_v3(), returning a descriptor that
+ * lives as long as the library is loaded (a library built for an earlier version exports
+ * kvp_attention_plugin_v2() or _v1() instead, and still loads: kvproof looks for v3, then v2,
+ * then v1). kvproof reads the descriptor, asks supports() for every shape of its grid (and
+ * supports_window() for the windowed ones), and calls run() on the shapes accepted. A kernel must report a failure
  * by returning nonzero from run() with a message in `err`, never by aborting.
  *
  * One call computes, for every new token t of a batch and every query head h:
- *   out[t][h] = sum_j softmax_j(scale * q[t][h] . K[s][j][g]) V[s][j][g],  j = 0..positions[t]
+ *   out[t][h] = sum_j softmax_j(scale * q[t][h] . K[s][j][g]) V[s][j][g],  j = first[t]..positions[t]
+ * where first[t] = 0, or with a sliding window of W positions (version 3, args.window = W > 0)
+ * first[t] = max(0, positions[t] - W + 1): the token sees W positions, itself included
+ * (transformers' sliding-window mask, kv_idx > q_idx - W).
  * where s = token_seq[t], g = h / (num_heads / num_kv_heads) (grouped-query attention: query
  * heads are grouped consecutively), and K[s][j][g] is the key of logical position j of sequence
  * s, found through its block table: block block_tables[s * max_blocks_per_seq + j / block_size],
  * offset j % block_size. Positions past positions[t] exist in the cache (a prefill chunk) and
  * must not be read into the softmax; slots past context_lens[s] and blocks outside the tables
- * may hold anything (kvproof fills them with NaN).
+ * may hold anything (kvproof fills them with NaN). With a window, the table entries of the
+ * blocks wholly before the window of sequence s's first new token (entries j with
+ * (j + 1) * block_size <= first[t0]) may be -1 or name any block, the same one several times
+ * or another sequence's: a serving engine frees them (kvproof points them at a block of NaN).
+ * A kernel must skip them, not read and mask them.
  *
  * Everything is row-major and densely packed unless stated. Queries and outputs are fp32; the
  * KV pool is fp32, fp16 or bf16 (IEEE binary16 / the top half of binary32), and from version 2
@@ -26,6 +34,10 @@
  * Version 2 over version 1: the fp8 dtypes, and k_scale/v_scale appended to
  * kvp_attention_args (the fields before them are unchanged, so a version-1 plug-in reads the
  * same struct). kvproof gives a version-1 plug-in only the dtypes version 1 names.
+ *
+ * Version 3 over version 2: the sliding window, args.window appended to kvp_attention_args and
+ * supports_window appended to the descriptor. kvproof reads supports_window only from a
+ * version-3 descriptor and gives earlier plug-ins no windowed call.
  */
 #ifndef KVPROOF_ATTENTION_PLUGIN_H_
 #define KVPROOF_ATTENTION_PLUGIN_H_
@@ -37,11 +49,13 @@
 extern "C" {
 #endif
 
-#define KVP_ATTENTION_PLUGIN_ABI_VERSION 2
+#define KVP_ATTENTION_PLUGIN_ABI_VERSION 3
 
 /* The entry point's name; kvproof looks this symbol up with dlsym (then, for a library built
- * for version 1, KVP_ATTENTION_PLUGIN_ENTRY_V1, whose descriptor says abi_version 1). */
-#define KVP_ATTENTION_PLUGIN_ENTRY "kvp_attention_plugin_v2"
+ * for an earlier version, KVP_ATTENTION_PLUGIN_ENTRY_V2 and _V1, whose descriptors say
+ * abi_version 2 and 1). */
+#define KVP_ATTENTION_PLUGIN_ENTRY "kvp_attention_plugin_v3"
+#define KVP_ATTENTION_PLUGIN_ENTRY_V2 "kvp_attention_plugin_v2"
 #define KVP_ATTENTION_PLUGIN_ENTRY_V1 "kvp_attention_plugin_v1"
 
 /* Where run() expects its pointers. */
@@ -117,7 +131,8 @@ typedef struct kvp_attention_args {
   /* int32[num_seqs]: positions each sequence holds, new tokens included, >= 1. */
   const int32_t* context_lens;
   /* int32[num_seqs][max_blocks_per_seq]: block ids in logical order; entries past
-   * ceil(context_lens[s] / block_size) are -1. Ids are distinct and < num_blocks. */
+   * ceil(context_lens[s] / block_size) are -1. Ids are distinct and < num_blocks, except the
+   * entries a window leaves behind (see the top: -1 or any id). */
   const int32_t* block_tables;
   /* The pool of one layer in shape.kv_layout (see kvp_kv_layout), read only. */
   const void* k_cache;
@@ -131,10 +146,14 @@ typedef struct kvp_attention_args {
    * position j in KV head g is code * k_scale[g]. NULL for the other dtypes. */
   const float* k_scale;
   const float* v_scale;
+  /* Version 3. The sliding window in positions: 0, none (every token sees positions
+   * 0..positions[t]); W > 0, token t sees positions max(0, positions[t] - W + 1)..positions[t].
+   * Nonzero only in a call whose shape and window supports_window() accepted. */
+  int32_t window;
 } kvp_attention_args;
 
 typedef struct kvp_attention_plugin {
-  uint32_t abi_version; /* KVP_ATTENTION_PLUGIN_ABI_VERSION the library was built with (1 or 2) */
+  uint32_t abi_version; /* KVP_ATTENTION_PLUGIN_ABI_VERSION the library was built with (1, 2 or 3) */
   const char* name;     /* non-empty, for reports */
   int32_t device;       /* a kvp_device */
   uint32_t kv_dtypes;   /* bitmask of KVP_DTYPE_BIT(kvp_kv_dtype), nonzero */
@@ -146,6 +165,10 @@ typedef struct kvp_attention_plugin {
   /* Computes `out`. Returns 0 on success; otherwise nonzero with a NUL-terminated message of
    * at most err_len bytes (err_len > 0) in err. Must not keep pointers past the call. */
   int (*run)(const kvp_attention_args* args, char* err, size_t err_len);
+  /* Version 3. Nonzero when run() computes this shape with a sliding window of `window`
+   * positions (window > 0; supports() is asked first and must accept the shape too). NULL: the
+   * plug-in has no sliding window, and every windowed shape is declined. */
+  int (*supports_window)(const kvp_attention_shape* shape, int32_t window);
 } kvp_attention_plugin;
 
 /* The entry point every plug-in exports (KVP_ATTENTION_PLUGIN_ENTRY). */

@@ -343,6 +343,7 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
     batch.v_cache = v_bytes;
     batch.k_scale = k_scale;
     batch.v_scale = v_scale;
+    batch.window = static_cast<int32_t>(c.layer_window(layer));
     Status s = plugin_attention(*config_.attention_plugin, plan, c.num_heads, config_.pool, batch);
     if (attention_status_.is_ok() && !s.is_ok()) attention_status_ = s;
     return;

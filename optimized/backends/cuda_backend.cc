@@ -474,6 +474,7 @@ Status CudaBackend::attend(const BatchPlan& plan, std::size_t layer, const float
   batch.v_scale = layer_scale(d.v_scales, layer);
   batch.v_cache = d.v_pool[layer];
   batch.stream = nullptr;  // the legacy default stream, which this backend's kernels run on
+  batch.window = static_cast<int32_t>(c.layer_window(static_cast<int64_t>(layer)));
   return plugin_attention(*config_.attention_plugin, plan, c.num_heads, config_.pool, batch);
 }
 

@@ -1,6 +1,7 @@
 #include "optimized/backends/plugin_attention.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -42,10 +43,16 @@ Status check_plugin_for_backend(const kvp_attention_plugin& plugin, const char* 
 
 Status check_plugin_for_window(const kvp_attention_plugin& plugin, int64_t sliding_window) {
   if (sliding_window == 0) return Status::ok();
-  return Status::error(std::string("attention plug-in ") + plugin.name +
-                       ": the model attends through a sliding window of " + std::to_string(sliding_window) +
-                       " positions, which plug-in ABI version " + std::to_string(plugin.abi_version) +
-                       " cannot pass (no plug-in ABI has a window yet)");
+  const std::string why = std::string("attention plug-in ") + plugin.name +
+                          ": the model attends through a sliding window of " + std::to_string(sliding_window) +
+                          " positions, ";
+  if (plugin.abi_version < 3)
+    return Status::error(why + "which plug-in ABI version " + std::to_string(plugin.abi_version) +
+                         " cannot pass (the window came with version 3)");
+  if (plugin.supports_window == nullptr)
+    return Status::error(why + "and the plug-in has no sliding window (its supports_window is NULL)");
+  if (sliding_window > INT32_MAX) return Status::error(why + "more than the plug-in ABI's int32 window holds");
+  return Status::ok();
 }
 
 Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& plan, int32_t num_heads,
@@ -69,6 +76,11 @@ Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& pla
     return Status::error(who + " declines the shape (heads " + std::to_string(s.num_heads) + "/" +
                          std::to_string(s.num_kv_heads) + ", head_dim " + std::to_string(s.head_dim) + ", block size " +
                          std::to_string(s.block_size) + ", " + std::string(dtype_name(pool.kv_dtype)) + " KV)");
+  if (batch.window != 0 &&
+      (plugin.abi_version < 3 || plugin.supports_window == nullptr || plugin.supports_window(&s, batch.window) == 0))
+    return Status::error(who + " declines a sliding window of " + std::to_string(batch.window) +
+                         " positions (head_dim " + std::to_string(s.head_dim) + ", block size " +
+                         std::to_string(s.block_size) + ")");
   args.query = batch.query;
   args.out = batch.out;
   args.query_start = batch.query_start;
@@ -84,6 +96,7 @@ Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& pla
     args.k_scale = batch.k_scale;
     args.v_scale = batch.v_scale;
   }
+  if (plugin.abi_version >= 3) args.window = batch.window;  // version 2's struct ends before it
   char err[512] = {};
   if (plugin.run(&args, err, sizeof err) != 0)
     return Status::error(who + ": run() failed: " + std::string(err, strnlen(err, sizeof err)));

@@ -23,8 +23,9 @@ Status check_plugin_for_backend(const kvp_attention_plugin& plugin, const char* 
                                 DType kv_dtype);
 
 // Ok when `plugin` can be the attention of a model whose layers attend through a sliding
-// window of `sliding_window` positions (0: none). No ABI version yet has a window: a
-// windowed model is refused, naming the plug-in, rather than attended to over its whole past.
+// window of `sliding_window` positions (0: none): ABI version 3 with supports_window. An
+// earlier plug-in, or one without supports_window, is refused for a windowed model, naming
+// it, rather than attended to over the whole past.
 Status check_plugin_for_window(const kvp_attention_plugin& plugin, int64_t sliding_window);
 
 // The ABI's name for a pool element type (f32, f16, bf16, fp8-e4m3, fp8-e5m2); REQUIRES one
@@ -51,11 +52,15 @@ struct PluginBatch {
   // fp8 pools: the layer's scales, float[num_kv_heads] each; null for the other dtypes.
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
+  // The layer's sliding window in positions (0: none); nonzero only for a plug-in that
+  // check_plugin_for_window accepted.
+  int32_t window = 0;
 };
 
 // out = attention of every plan token and query head, through `plugin`. The shape comes from
 // the (host-side) plan and pool; the data from `batch`.
-// Errors: supports() declines the shape, or run() fails (its message, naming the plug-in).
+// Errors: supports() (or, with a window, supports_window()) declines the shape, or run() fails
+// (its message, naming the plug-in).
 // REQUIRES: check_plugin_for_backend(plugin, ..., pool.kv_dtype) is ok; the plan passed
 // validate_plan.
 Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& plan, int32_t num_heads,
