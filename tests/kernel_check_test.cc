@@ -311,6 +311,11 @@ TEST(KernelCheck, WindowDefectsFailTheWindowedCasesAndNothingElse) {
       if (std::string(name) == "window_off_by_one") {
         must_fail = c.kind == InputKind::kDominant;
         if (must_fail && (r.failed("accuracy") || r.failed("no-poison-leak"))) ++caught;
+        // Far off, not near the tolerance: the key one position before the window dominates
+        // the rows that see it (where its block was not freed: NaN there).
+        if (must_fail && !r.failed("no-poison-leak")) {
+          EXPECT_GT(r.max_rel_error, 0.3) << c.describe();
+        }
       } else {
         const Inputs in = make_inputs(c);
         must_fail = std::any_of(in.dead_entries.begin(), in.dead_entries.end(), [](int32_t n) { return n > 0; });
