@@ -1,6 +1,4 @@
-// The Python adapter: an attention plug-in (ABI version 3, without a sliding window: its
-// supports_window is NULL, so kernel-check gives Python kernels no windowed case and a
-// windowed model is refused) whose kernel is a Python function,
+// The Python adapter: an attention plug-in (ABI version 3) whose kernel is a Python function,
 // for `kvproof kernel-check --plugin python:FILE.py:FUNCTION` (docs/plugins.md, "Python
 // kernels"). kvproof loads this library, calls kvp_python_plugin_configure() with the file (or
 // module) and the function, and then uses it as any plug-in: the grid, the properties, the
@@ -17,16 +15,16 @@
 //   {"name": str, "device": "host" | "cuda",
 //    "kv_dtypes": ["f32", "f16", "bf16", "fp8-e4m3", "fp8-e5m2"],   (a non-empty subset)
 //    "kv_layouts": ["kvproof", "flashinfer-nhd", "flashinfer-hnd", "vllm"],
-//    "supports": optional callable(shape) -> bool}
+//    "supports": optional callable(shape) -> bool,
+//    "sliding_window": optional bool (default False: no windowed call; True: every window)}
 // and FUNCTION(args) computes args.out in place; an exception is the case's run-error, with
 // its traceback. `args` (a types.SimpleNamespace): the shape's fields (kv_dtype and kv_layout
-// as the names above), scale, and arrays: query and out float32 [T][H][D]; query_start,
-// token_seq, positions, context_lens int32; block_tables int32 [S][max_blocks_per_seq];
-// k_cache and v_cache in the layout's shape (float32, float16, uint16 holding bf16 bits, or
-// uint8 holding fp8 codes); kv_cache, the combined array of a FlashInfer layout (None
-// otherwise); k_scale and v_scale float32 [num_kv_heads] for fp8 (None otherwise). Host
-// kernels get NumPy arrays; device kernels get objects with __cuda_array_interface__ (torch,
-// CuPy, Numba, JAX and Triton read them) on the stream in args.stream (an integer).
+// as the names above), scale, window (ABI version 3: 0, or the sliding window), and arrays: query and out float32
+// [T][H][D]; query_start, token_seq, positions, context_lens int32; block_tables int32 [S][max_blocks_per_seq]; k_cache
+// and v_cache in the layout's shape (float32, float16, uint16 holding bf16 bits, or uint8 holding fp8 codes); kv_cache,
+// the combined array of a FlashInfer layout (None otherwise); k_scale and v_scale float32 [num_kv_heads] for fp8 (None
+// otherwise). Host kernels get NumPy arrays; device kernels get objects with __cuda_array_interface__ (torch, CuPy,
+// Numba, JAX and Triton read them) on the stream in args.stream (an integer).
 #include <Python.h>
 #include <dlfcn.h>
 #include <unistd.h>
@@ -246,6 +244,9 @@ int supports(const kvp_attention_shape* shape) {
   return yes;
 }
 
+// A kernel declaring "sliding_window": True takes every window of the shapes supports() takes.
+int supports_window(const kvp_attention_shape* shape, int32_t window) { return window > 0 && supports(shape); }
+
 int run(const kvp_attention_args* a, char* err, size_t err_len) {
   PyGILState_STATE gil = PyGILState_Ensure();
   const kvp_attention_shape& s = a->shape;
@@ -269,6 +270,7 @@ int run(const kvp_attention_args* a, char* err, size_t err_len) {
     Py_DECREF(value);
   };
   put("scale", PyFloat_FromDouble(a->scale));
+  put("window", PyLong_FromLong(a->window));
   put("stream", PyLong_FromUnsignedLongLong(reinterpret_cast<uintptr_t>(a->stream)));
   put("query", array(a->query, {T, H, D}, "float32", 4, true));
   put("out", array(a->out, {T, H, D}, "float32", 4, false));
@@ -453,6 +455,13 @@ extern "C" __attribute__((visibility("default"))) int kvp_python_plugin_configur
         }
         g_descriptor.supports = g_supports != nullptr ? supports : nullptr;
         g_descriptor.run = run;
+        if (PyObject* w = PyDict_GetItemString(spec, "sliding_window"); w != nullptr && w != Py_None) {
+          if (!PyBool_Check(w)) {
+            why = "KVPROOF_PLUGIN[\"sliding_window\"]: not True or False";
+          } else if (w == Py_True) {
+            g_descriptor.supports_window = supports_window;
+          }
+        }
       }
     }
   }

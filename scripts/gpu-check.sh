@@ -313,21 +313,26 @@ if [ -n "${BUILT:-}" ]; then
   step bench-engine 120 "$BUILD/bin/cuda_engine_bench" --benchmark_out="$OUT/bench-engine.json" \
     --benchmark_out_format=json
 
-  # Every architecture kvproof reads, at real shapes: tiny (Llama), the four real-shape
+  # Every architecture kvproof reads, at real shapes: tiny (Llama), tiny-mistral-sw (Mistral
+  # with a sliding window), the four real-shape
   # presets (SmolLM2: Llama, tied; Qwen2.5: Qwen2 biases, group 7; Llama 3.2: llama3 rope
   # scaling; TinyLlama: untied), the larger ones exported sharded in bf16.
   # shellcheck disable=SC2317  # run through step's bash -c
   crosscheck() {
-    local preset="$1" dir="$OUT/checkpoint-$1"
+    local preset="$1" dir="$OUT/checkpoint-$1" prompt=1,5,9,17,33,65,129,257,3,7,11
     shift
+    # A windowed model (tiny-mistral-sw, window 20): a prompt of 70 tokens, three and a half
+    # windows, so that most positions attend through the window (transformers' mask).
+    if [ "$preset" = tiny-mistral-sw ]; then prompt=$(seq -s, 1 7 490); fi
     "$BUILD/bin/kvproof" export --preset "$preset" --out "$dir" "$@" &&
-      "$BUILD/bin/kvproof" generate --checkpoint "$dir" --prompt 1,5,9,17,33,65,129,257,3,7,11 \
+      "$BUILD/bin/kvproof" generate --checkpoint "$dir" --prompt "$prompt" \
         --max-tokens 12 --temperature 0 --ignore-eos --json --top-logits 5 >"$OUT/generate-$preset.json" &&
       python3 scripts/hf_crosscheck.py "$dir" "$OUT/generate-$preset.json" &&
       rm -rf "$dir"
   }
   export -f crosscheck
   step hf-crosscheck-tiny 120 crosscheck tiny
+  step hf-crosscheck-tiny-mistral-sw 120 crosscheck tiny-mistral-sw
   step hf-crosscheck-smollm2-135m 180 crosscheck smollm2-135m
   step hf-crosscheck-qwen2.5-0.5b 240 crosscheck qwen2.5-0.5b --shards 2 --dtype bf16
   step hf-crosscheck-llama-3.2-1b 300 crosscheck llama-3.2-1b --shards 3 --dtype bf16

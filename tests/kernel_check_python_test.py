@@ -55,6 +55,17 @@ def main():
     check(rc == 0 and r and r["summary"]["failed"] == 0 and r["summary"]["skipped"] == 0
           and r["summary"]["cases"] > 100, f"the NumPy kernel passes the quick grid: rc {rc}\n{out[-2000:]}")
     check(r and r["summary"].get("workers_started") == 1, "one worker for every case")
+    windowed = [c for c in r["cases"] if c.get("window", 0) > 0] if r else []
+    check(len(windowed) > 20 and all(c["status"] == "pass" for c in windowed),
+          f"the NumPy kernel (sliding_window: True) gets and passes the windowed cases: {len(windowed)}")
+
+    # Attending to every position despite the window reads the freed blocks' NaN: only the
+    # windowed cases fail, by no-poison-leak.
+    rc, out, r = run(kvproof, f"python:{NUMPY}:paged_attention_ignores_window", "--shard", "0/3")
+    failing = [c for c in r["cases"] if c["status"] == "fail"] if r else []
+    check(rc == 1 and "no-poison-leak" in r["summary"]["failed_by_property"] and failing
+          and all(c.get("window", 0) > 0 for c in failing),
+          f"paged_attention_ignores_window fails the windowed cases by no-poison-leak: rc {rc}\n{out[-1500:]}")
 
     for fn, prop in (("paged_attention_past_context", "no-poison-leak"), ("paged_attention_head_modulo", "accuracy")):
         rc, out, r = run(kvproof, f"python:{NUMPY}:{fn}", "--shard", "0/3")

@@ -4,13 +4,17 @@
 Every layout and KV dtype of the plug-in ABI (docs/plugins.md): the pool is gathered through
 the block table into dense K/V for each sequence, decoded to float64 (bf16 from its top 16
 bits, fp8 through a table of the 256 codes of the OCP formats, times the per-head scale), and
-softmax(scale * q K^T) V is computed per token over positions 0..positions[t].
+softmax(scale * q K^T) V is computed per token over positions 0..positions[t], or with a
+sliding window W (args.window > 0) over the last W of them: the blocks before the window are
+never gathered (a serving engine has freed them; kernel-check points them at NaN).
 
 Two planted variants that kernel-check must catch (tests/CMakeLists.txt, kernel_check.python.*):
   paged_attention_past_context  reads every slot of the last block, past the context (the
                                  pool's NaN poison: no-poison-leak)
   paged_attention_head_modulo    maps query head h to KV head h % num_kv_heads instead of
                                  h // group (accuracy)
+  paged_attention_ignores_window attends to every position despite the window (the freed
+                                 blocks' NaN: no-poison-leak, on the windowed cases only)
 """
 import numpy as np
 
@@ -19,6 +23,7 @@ KVPROOF_PLUGIN = {
     "device": "host",
     "kv_dtypes": ["f32", "f16", "bf16", "fp8-e4m3", "fp8-e5m2"],
     "kv_layouts": ["kvproof", "flashinfer-nhd", "flashinfer-hnd", "vllm"],
+    "sliding_window": True,
 }
 
 
@@ -53,9 +58,9 @@ def _decode(raw, dtype, scale):
     return raw.astype(np.float64)
 
 
-def _gather(args, s, n):
-    """K and V of sequence s at positions 0..n-1, each [n][num_kv_heads][head_dim], raw."""
-    j = np.arange(n)
+def _gather(args, s, first, n):
+    """K and V of sequence s at positions first..n-1, each [n - first][num_kv_heads][head_dim], raw."""
+    j = np.arange(first, n)
     blocks = args.block_tables[s, j // args.block_size]
     offsets = j % args.block_size
     layout = args.kv_layout
@@ -66,18 +71,19 @@ def _gather(args, s, n):
     # vLLM: K [nb][H][D/x][bs][x], V [nb][H][D][bs]
     k = args.k_cache[blocks, :, :, offsets, :]  # [n][H][D/x][x]
     v = args.v_cache[blocks, :, :, offsets]     # [n][H][D]
-    return k.reshape(n, args.num_kv_heads, args.head_dim), v
+    return k.reshape(len(j), args.num_kv_heads, args.head_dim), v
 
 
-def _attention(args, read_past_context=False, head_modulo=False):
+def _attention(args, read_past_context=False, head_modulo=False, ignore_window=False):
     group = args.num_heads // args.num_kv_heads
     for t in range(args.num_tokens):
         s = int(args.token_seq[t])
         last = int(args.positions[t])
         n = last + 1
+        first = max(0, last - args.window + 1) if args.window > 0 and not ignore_window else 0
         if read_past_context:  # planted: the whole last block
             n = -(-int(args.context_lens[s]) // args.block_size) * args.block_size
-        k_raw, v_raw = _gather(args, s, n)
+        k_raw, v_raw = _gather(args, s, first, n)
         k = _decode(k_raw, args.kv_dtype, args.k_scale)
         v = _decode(v_raw, args.kv_dtype, args.v_scale)
         for h in range(args.num_heads):
@@ -98,3 +104,7 @@ def paged_attention_past_context(args):
 
 def paged_attention_head_modulo(args):
     _attention(args, head_modulo=True)
+
+
+def paged_attention_ignores_window(args):
+    _attention(args, ignore_window=True)
