@@ -218,6 +218,19 @@ TEST(KernelCheck, Fp8CasesPassWithScalesAndFailWhenTheKernelDropsThem) {
 
 // ---- sliding windows (ABI version 3) -------------------------------------------------------
 
+// Shard 0/8 of the quick grid, in this process: a sample of every scenario, for the checks
+// whose subject is elsewhere (the windowed cases).
+Report eighth_of_quick_grid(const std::string& name) {
+  auto plugin = load_or_die(name);
+  if (!plugin) return {};
+  Options options;
+  options.shard_count = 8;
+  options.isolate = false;
+  auto report = run_kernel_check(*plugin, options);
+  EXPECT_TRUE(report) << report.status().message();
+  return report ? std::move(report).value() : Report{};
+}
+
 // A plug-in with a window gets the windowed cases after all the others, whose ids and seeds do
 // not move; the windows are smaller than a block, one block and longer, over contexts several
 // windows long, with prefill chunks longer than the window. A version-2 plug-in gets none.
@@ -247,8 +260,9 @@ TEST(KernelCheck, WindowedCasesComeLastAndOnlyToAPluginWithAWindow) {
     }
   }
   EXPECT_TRUE(below && one && over && many_windows && long_chunk && gemma);
-  const Report v2 = quick_grid("naive_c_v2", /*third=*/true);
+  const Report v2 = eighth_of_quick_grid("naive_c_v2");
   EXPECT_TRUE(v2.passed()) << v2.summary();
+  EXPECT_GT(v2.cases.size(), 10u);
   for (const CaseRecord& c : v2.cases) EXPECT_EQ(c.spec.window, 0) << c.spec.describe();
 }
 
@@ -288,15 +302,15 @@ TEST(KernelCheck, CorrectKernelsPassEveryWindowedCase) {
 // no-poison-leak (0 * NaN is NaN).
 TEST(KernelCheck, WindowDefectsFailTheWindowedCasesAndNothingElse) {
   for (const char* name : {"window_off_by_one", "window_masked"}) {
-    // A third of the quick grid: every case without a window passes.
-    const Report report = quick_grid(name, /*third=*/true);
+    // An eighth of the quick grid: every case without a window passes.
+    const Report report = eighth_of_quick_grid(name);
     int64_t plain = 0;
     for (const CaseRecord& c : report.cases) {
       if (c.spec.window != 0) continue;
       ++plain;
       EXPECT_TRUE(c.result.passed()) << name << " " << c.spec.describe() << ": " << c.result.failures[0].message;
     }
-    EXPECT_GT(plain, 20) << name;
+    EXPECT_GT(plain, 10) << name;
     // Every windowed case, in this process (the planted kernels neither crash nor hang).
     auto plugin = load_or_die(name);
     ASSERT_TRUE(plugin);
