@@ -63,6 +63,11 @@ void add_info_command(CLI::App& app, int& exit_code) {
     std::printf("  biases              q/k/v %s, o %s, mlp %s\n", c.qkv_bias ? "yes" : "no", c.o_bias ? "yes" : "no",
                 c.mlp_bias ? "yes" : "no");
     std::printf("  max positions       %lld\n", static_cast<long long>(c.max_position_embeddings));
+    if (c.sliding_window > 0) {
+      std::printf("  sliding window      %lld positions, every layer\n", static_cast<long long>(c.sliding_window));
+    } else {
+      std::printf("  sliding window      none\n");
+    }
     std::string eos;
     for (int32_t id : c.eos_token_ids) eos += (eos.empty() ? "" : ", ") + std::to_string(id);
     std::printf("  stop tokens (eos)   %s\n", eos.empty() ? "none" : eos.c_str());
