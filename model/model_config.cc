@@ -1,8 +1,10 @@
 #include "model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -172,18 +174,24 @@ Status refuse_unimplemented(const nlohmann::json& j, Architecture arch) {
     if (is_set(j, key)) return not_implemented(key, j.at(key));
   }
   for (const char* key : {"use_qk_norm", "qk_norm", "qk_layernorm", "use_mrope", "use_sliding_window"}) {
+    // Qwen2's window is read by from_json.
+    if (arch == Architecture::kQwen2 && std::string_view(key) == "use_sliding_window") continue;
     if (auto it = j.find(key); it != j.end() && !it->is_null() && *it != false) return not_implemented(key, *it);
   }
   if (auto it = j.find("partial_rotary_factor"); it != j.end() && !it->is_null() && *it != 1.0)
     return not_implemented("partial_rotary_factor", *it);
   if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
     if (!it->is_array()) return Status::error("key 'layer_types' must be a list, got " + it->dump());
-    for (const auto& t : *it)
-      if (t != "full_attention") return not_implemented("layer_types", t, "only full_attention layers are");
+    for (const auto& t : *it) {
+      if (t == "full_attention" || (arch == Architecture::kQwen2 && t == "sliding_attention")) continue;
+      return not_implemented("layer_types", t,
+                             arch == Architecture::kQwen2 ? "only full_attention and sliding_attention layers are"
+                                                          : "only full_attention layers are");
+    }
   }
-  // Qwen2 ignores sliding_window unless use_sliding_window (refused above) is true; Mistral
-  // reads it (from_json); Llama's modelling code has no window, so a value there is refused
-  // rather than guessed at.
+  // Qwen2 reads sliding_window only when use_sliding_window is true, and Mistral always
+  // (from_json); Llama's modelling code has no window, so a value there is refused rather
+  // than guessed at.
   if (arch == Architecture::kLlama && is_set(j, "sliding_window"))
     return not_implemented("sliding_window", j.at("sliding_window"), "LlamaForCausalLM has no attention window");
   return Status::ok();
@@ -220,9 +228,17 @@ Status ModelConfig::validate() const {
   KVP_RETURN_IF_ERROR(positive("max_position_embeddings", max_position_embeddings));
   if (sliding_window != 0) {
     KVP_RETURN_IF_ERROR(positive("sliding_window", sliding_window));
-    if (architecture != Architecture::kMistral)
-      return Status::error(std::string("sliding_window is MistralForCausalLM's; ") +
-                           architecture_class_name(architecture) + " has none");
+    if (architecture == Architecture::kLlama)
+      return Status::error("sliding_window is MistralForCausalLM's and Qwen2ForCausalLM's; LlamaForCausalLM has none");
+  }
+  if (!sliding_layers.empty()) {
+    if (architecture != Architecture::kQwen2)
+      return Status::error(std::string("per-layer windows (layer_types) are Qwen2ForCausalLM's; ") +
+                           architecture_class_name(architecture) + " windows every layer or none");
+    if (sliding_window == 0) return Status::error("layers named sliding without a sliding_window");
+    if (static_cast<int64_t>(sliding_layers.size()) != num_layers)
+      return Status::error("sliding layers listed for " + std::to_string(sliding_layers.size()) + " of " +
+                           std::to_string(num_layers) + " layers");
   }
   if (num_heads % num_kv_heads != 0)
     return Status::error("num_attention_heads (" + std::to_string(num_heads) +
@@ -287,6 +303,62 @@ int64_t ModelConfig::num_parameters() const {
   return vocab_size * h * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + h;
 }
 
+namespace {
+
+// Qwen2's window, as transformers' Qwen2Config reads it: sliding_window counts only when
+// use_sliding_window is true; then layer_types names each layer full_attention or
+// sliding_attention, by default sliding_attention from layer max_window_layers (default 28)
+// on. A sliding_attention layer without use_sliding_window would attend to everything there
+// (no window): refused as contradictory rather than guessed at.
+Status read_qwen2_window(const nlohmann::json& j, ModelConfig& c) {
+  auto use = get_bool(j, "use_sliding_window", false);
+  if (!use) return use.status();
+  std::vector<bool> sliding;
+  if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
+    if (static_cast<int64_t>(it->size()) != c.num_layers)
+      return Status::error("key 'layer_types' has " + std::to_string(it->size()) + " entries for " +
+                           std::to_string(c.num_layers) + " layers (num_hidden_layers)");
+    for (const auto& t : *it) sliding.push_back(t == "sliding_attention");
+    const bool any = std::find(sliding.begin(), sliding.end(), true) != sliding.end();
+    if (any && !*use)
+      return Status::error(
+          "key 'layer_types' names sliding_attention layers but use_sliding_window is false (they would have no "
+          "window)");
+  }
+  if (!*use) return Status::ok();
+  auto window = get_int(j, "sliding_window", std::nullopt);
+  if (!window) return window.status().with_context("use_sliding_window is true");
+  if (*window <= 0)
+    return Status::error("key 'sliding_window' must be a positive integer with use_sliding_window, got " +
+                         std::to_string(*window));
+  if (sliding.empty()) {
+    auto first = get_int(j, "max_window_layers", int64_t{28});
+    if (!first) return first.status();
+    if (*first < 0) return Status::error("key 'max_window_layers' must be >= 0, got " + std::to_string(*first));
+    for (int64_t l = 0; l < c.num_layers; ++l) sliding.push_back(l >= *first);
+  }
+  const auto windowed = std::count(sliding.begin(), sliding.end(), true);
+  if (windowed == 0) return Status::ok();  // no layer has the window
+  c.sliding_window = *window;
+  if (windowed < static_cast<int64_t>(sliding.size())) c.sliding_layers = std::move(sliding);
+  return Status::ok();
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::first_layers(int64_t n) const {
+  KVP_CHECK(n >= 1 && n <= num_layers);
+  ModelConfig c = *this;
+  c.num_layers = n;
+  if (!c.sliding_layers.empty()) {
+    c.sliding_layers.resize(static_cast<std::size_t>(n));
+    const auto windowed = std::count(c.sliding_layers.begin(), c.sliding_layers.end(), true);
+    if (windowed == 0) c.sliding_window = 0;
+    if (windowed == 0 || windowed == n) c.sliding_layers.clear();
+  }
+  return c;
+}
+
 Result<ModelConfig> ModelConfig::from_json(const nlohmann::json& j) {
   if (!j.is_object()) return Status::error("config must be a JSON object");
   ModelConfig c;
@@ -341,6 +413,7 @@ Result<ModelConfig> ModelConfig::from_json(const nlohmann::json& j) {
       return Status::error("key 'sliding_window' must be a positive integer or null, got " +
                            std::to_string(c.sliding_window));
   }
+  if (c.architecture == Architecture::kQwen2) KVP_RETURN_IF_ERROR(read_qwen2_window(j, c));
   auto eos = read_eos(j);
   if (!eos) return eos.status();
   c.eos_token_ids = std::move(*eos);
@@ -392,7 +465,23 @@ nlohmann::json ModelConfig::to_json() const {
       j["attention_bias"] = qkv_bias;
       j["mlp_bias"] = mlp_bias;
       break;
-    case Architecture::kQwen2: j["use_sliding_window"] = false; break;
+    case Architecture::kQwen2: {
+      j["use_sliding_window"] = sliding_window > 0;
+      if (sliding_window == 0) break;
+      j["sliding_window"] = sliding_window;
+      nlohmann::json types = nlohmann::json::array();
+      int64_t leading_full = 0;
+      bool prefix_form = true;  // full layers first, then only sliding ones: max_window_layers says it
+      for (int64_t l = 0; l < num_layers; ++l) {
+        const bool windowed = layer_window(l) > 0;
+        types.push_back(windowed ? "sliding_attention" : "full_attention");
+        if (!windowed && leading_full == l) ++leading_full;
+        if (!windowed && leading_full != l + 1) prefix_form = false;
+      }
+      j["layer_types"] = types;
+      if (prefix_form) j["max_window_layers"] = leading_full;
+      break;
+    }
     case Architecture::kMistral:
       j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
       break;

@@ -3,7 +3,10 @@
 // Architectures (config.json `architectures` / `model_type`), all the same decoder math:
 //   LlamaForCausalLM / llama      rope_scaling none, "linear" or "llama3"; attention_bias
 //                                 (q, k, v and o biases) and mlp_bias (gate, up, down)
-//   Qwen2ForCausalLM / qwen2      q, k and v biases always; use_sliding_window must be false
+//   Qwen2ForCausalLM / qwen2      q, k and v biases always; use_sliding_window false, or true
+//                                 with sliding_window W and the layers `layer_types` names
+//                                 sliding_attention (by default those from max_window_layers
+//                                 on, transformers' Qwen2Config) attending to the last W
 //   MistralForCausalLM / mistral  sliding_window null, or W: every layer attends to the last W
 //                                 positions, itself included (windowed_attention_first())
 // docs/checkpoints.md lists every key that is read, ignored or refused.
@@ -65,6 +68,10 @@ struct ModelConfig {
   // itself included: transformers' sliding_window_overlay, `kv_idx > q_idx - sliding_window`
   // (masking_utils.py), ANDed with the causal mask.
   int64_t sliding_window = 0;
+  // Which layers attend through that window (a hybrid model: Qwen2's layer_types), one entry
+  // per layer; empty: every layer (Mistral), or none when sliding_window is 0. Normalised by
+  // from_json: empty when every layer is windowed, and no window at all when none is.
+  std::vector<bool> sliding_layers;
   // Stop tokens: eos_token_id of config.json, replaced by generation_config.json's when that
   // file gives one (an integer or a list, as Hugging Face's generate reads them).
   std::vector<int32_t> eos_token_ids;
@@ -83,7 +90,13 @@ struct ModelConfig {
   }
   int64_t num_parameters() const;
   // The attention window of layer `layer`: 0 (all of the past) or sliding_window.
-  int64_t layer_window(int64_t /*layer*/) const { return sliding_window; }
+  int64_t layer_window(int64_t layer) const {
+    if (sliding_window == 0 || sliding_layers.empty()) return sliding_window;
+    return sliding_layers[static_cast<std::size_t>(layer)] ? sliding_window : 0;
+  }
+  // The same config with only its first n layers (a draft model's), their windows kept.
+  // REQUIRES: 1 <= n <= num_layers.
+  ModelConfig first_layers(int64_t n) const;
 
   // Hugging Face config.json of one of the architectures above. Keys that change nothing
   // here (dropout, initializer_range, use_cache, torch_dtype, bos_token_id, ...) are

@@ -53,6 +53,17 @@ ModelConfig tiny_mistral_sw_config() {
   return c;
 }
 
+// tiny as Qwen2ForCausalLM with use_sliding_window, window 20 and max_window_layers 2: a
+// hybrid, layers 0 and 1 attend to everything, layers 2 and 3 through the window.
+ModelConfig tiny_qwen2_hybrid_config() {
+  ModelConfig c = tiny_config();
+  c.architecture = Architecture::kQwen2;
+  c.qkv_bias = true;
+  c.sliding_window = 20;
+  c.sliding_layers = {false, false, true, true};
+  return c;
+}
+
 // Real shapes: each config.json as published on the Hugging Face Hub (every key that the
 // math reads), with seeded random weights instead of the trained ones.
 ModelConfig real_config(Architecture arch, int64_t vocab, int64_t hidden, int64_t intermediate, int64_t layers,
@@ -129,14 +140,14 @@ Result<ModelConfig> preset_config(std::string_view name) {
   if (name == "tiny") return tiny_config();
   if (name == "small") return small_config();
   if (name == "tiny-mistral-sw") return tiny_mistral_sw_config();
+  if (name == "tiny-qwen2-hybrid") return tiny_qwen2_hybrid_config();
   if (name == "smollm2-135m") return smollm2_135m_config();
   if (name == "qwen2.5-0.5b") return qwen25_05b_config();
   if (name == "llama-3.2-1b") return llama32_1b_config();
   if (name == "tinyllama-1.1b") return tinyllama_11b_config();
   if (name == "tiny-draft" || name == "small-draft") {
-    ModelConfig c = name == "tiny-draft" ? tiny_config() : small_config();
-    c.num_layers = default_draft_layers(c);
-    return c;
+    const ModelConfig c = name == "tiny-draft" ? tiny_config() : small_config();
+    return c.first_layers(default_draft_layers(c));
   }
   std::string known;
   for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
@@ -193,8 +204,7 @@ int32_t default_draft_layers(const ModelConfig& target) {
 Model make_draft_model(const Model& target, int32_t num_layers) {
   KVP_CHECK(num_layers >= 1 && num_layers <= target.config.num_layers);
   Model m;
-  m.config = target.config;
-  m.config.num_layers = num_layers;
+  m.config = target.config.first_layers(num_layers);
   m.weights.embed_tokens = target.weights.embed_tokens;
   m.weights.layers.assign(target.weights.layers.begin(), target.weights.layers.begin() + num_layers);
   m.weights.norm = target.weights.norm;

@@ -132,9 +132,57 @@ TEST(Architectures, UnimplementedArchitecturesAndKeysAreRefusedByName) {
   j = kLlama32;
   j["rope_scaling"].erase("low_freq_factor");
   expect_refused(j, "'rope_scaling.low_freq_factor' is required");
+  // Qwen2's window, read as transformers' Qwen2Config reads it (the published
+  // Qwen2.5-0.5B config: use_sliding_window false, sliding_window 32768, max_window_layers
+  // 24 of 24 layers): sliding_window counts only with use_sliding_window; then the layers from
+  // max_window_layers on (or those layer_types names sliding_attention) are windowed.
   j = kQwen25;
+  EXPECT_EQ(ModelConfig::from_json(j)->sliding_window, 0);
+  j["use_sliding_window"] = true;  // every layer below max_window_layers 24: still no window
+  EXPECT_EQ(ModelConfig::from_json(j)->sliding_window, 0);
+  j["max_window_layers"] = 21;
+  auto hybrid = ModelConfig::from_json(j);
+  ASSERT_TRUE(hybrid.is_ok()) << hybrid.status().message();
+  for (int64_t l = 0; l < 24; ++l) EXPECT_EQ(hybrid->layer_window(l), l >= 21 ? 32768 : 0) << "layer " << l;
+  EXPECT_EQ(*ModelConfig::from_json(hybrid->to_json()), *hybrid);
+  EXPECT_EQ(hybrid->to_json().at("max_window_layers"), 21);
+  j.erase("max_window_layers");  // transformers' default: 28, past the 24 layers
+  EXPECT_EQ(ModelConfig::from_json(j)->sliding_window, 0);
+  j["max_window_layers"] = 0;  // every layer windowed: the same as Mistral's
+  EXPECT_EQ(ModelConfig::from_json(j)->layer_window(0), 32768);
+  EXPECT_TRUE(ModelConfig::from_json(j)->sliding_layers.empty());
+  json types = json::array();
+  for (int l = 0; l < 24; ++l) types.push_back(l % 3 == 2 ? "sliding_attention" : "full_attention");
+  j["layer_types"] = types;  // layer_types wins over max_window_layers, in any pattern
+  auto pattern = ModelConfig::from_json(j);
+  ASSERT_TRUE(pattern.is_ok()) << pattern.status().message();
+  for (int64_t l = 0; l < 24; ++l) EXPECT_EQ(pattern->layer_window(l), l % 3 == 2 ? 32768 : 0) << "layer " << l;
+  EXPECT_EQ(*ModelConfig::from_json(pattern->to_json()), *pattern);
+  EXPECT_FALSE(pattern->to_json().contains("max_window_layers"));  // not a prefix pattern
+  EXPECT_EQ(pattern->first_layers(2).sliding_window, 0);           // a draft of two full layers
+  EXPECT_EQ(pattern->first_layers(3).layer_window(2), 32768);
+  j["layer_types"].erase(0);
+  expect_refused(j, "key 'layer_types' has 23 entries for 24 layers");
+  j["layer_types"] = types;
+  j["layer_types"][0] = "chunked_attention";
+  expect_refused(j, "\"chunked_attention\" is not implemented");
+  j["layer_types"] = types;
+  j["use_sliding_window"] = false;
+  expect_refused(j, "names sliding_attention layers but use_sliding_window is false");
   j["use_sliding_window"] = true;
-  expect_refused(j, "key 'use_sliding_window' = true");
+  j.erase("sliding_window");
+  expect_refused(j, "sliding_window");
+  j["sliding_window"] = 0;
+  expect_refused(j, "key 'sliding_window' must be a positive integer with use_sliding_window, got 0");
+  j = kSmolLM2;
+  j["layer_types"] = json::array();
+  for (int l = 0; l < 30; ++l) j["layer_types"].push_back("sliding_attention");
+  expect_refused(j, "only full_attention layers are");  // Llama has no window
+  ModelConfig mistral_hybrid = *hybrid;
+  mistral_hybrid.architecture = Architecture::kMistral;
+  mistral_hybrid.qkv_bias = false;
+  EXPECT_NE(mistral_hybrid.validate().message().find("per-layer windows (layer_types) are Qwen2ForCausalLM's"),
+            std::string::npos);
   j = kSmolLM2;
   j["architectures"] = {"MistralForCausalLM"};
   j["model_type"] = "mistral";
@@ -156,7 +204,7 @@ TEST(Architectures, UnimplementedArchitecturesAndKeysAreRefusedByName) {
   }
   ModelConfig llama_with_window = *mistral;
   llama_with_window.architecture = Architecture::kLlama;
-  EXPECT_NE(llama_with_window.validate().message().find("sliding_window is MistralForCausalLM's"), std::string::npos);
+  EXPECT_NE(llama_with_window.validate().message().find("LlamaForCausalLM has none"), std::string::npos);
   j = kSmolLM2;
   j["eos_token_id"] = 49152;
   expect_refused(j, "eos_token_id 49152 is outside the vocabulary");

@@ -135,6 +135,45 @@ TEST(SlidingWindow, OracleForwardsAgreeAndTheWindowChangesOnlyLongerContexts) {
   }
 }
 
+// A hybrid (Qwen2's layer_types): layer 0 attends to everything, layer 1 through the window.
+// Inside the window all three models agree bit for bit; past it the hybrid is neither the
+// unwindowed model nor the one windowed on every layer: each layer has its own window.
+TEST(SlidingWindow, OracleHybridLayersEachHaveTheirOwnWindow) {
+  const int64_t window = 6;
+  ModelConfig c = *preset_config("tiny");
+  c.architecture = Architecture::kQwen2;
+  c.qkv_bias = true;
+  c.num_layers = 2;
+  c.sliding_window = window;
+  c.sliding_layers = {false, true};
+  ASSERT_TRUE(c.validate().is_ok()) << c.validate().message();
+  ASSERT_EQ(c.layer_window(0), 0);
+  ASSERT_EQ(c.layer_window(1), window);
+  const Model hybrid = make_random_model(c, 41);
+  Model every = hybrid, none = hybrid;
+  every.config.sliding_layers.clear();
+  none.config.sliding_layers.clear();
+  none.config.sliding_window = 0;
+  const ReferenceModel<double> oh(hybrid), oe(every), on(none);
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 20; ++i) tokens.push_back((i * 53 + 7) % 512);
+  auto ch = oh.make_cache(32), ce = oe.make_cache(32), cn = on.make_cache(32);
+  const auto h = *oh.forward(tokens, ch);
+  const auto e = *oe.forward(tokens, ce);
+  const auto n = *on.forward(tokens, cn);
+  for (Eigen::Index p = 0; p < h.rows(); ++p) {
+    const double vs_every = (h.row(p) - e.row(p)).cwiseAbs().maxCoeff();
+    const double vs_none = (h.row(p) - n.row(p)).cwiseAbs().maxCoeff();
+    if (p < window) {
+      EXPECT_EQ(vs_every, 0.0) << "position " << p;
+      EXPECT_EQ(vs_none, 0.0) << "position " << p;
+    } else {
+      EXPECT_GT(vs_every, 1e-6) << "position " << p << ": layer 0 has no window";
+      EXPECT_GT(vs_none, 1e-6) << "position " << p << ": layer 1 has one";
+    }
+  }
+}
+
 // The paged kernel over a scrambled table of `block_size` blocks against attention over the
 // window's positions in double; with the table's blocks before the window pointing at a
 // NaN block, the same bits.

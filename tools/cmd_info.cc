@@ -63,8 +63,14 @@ void add_info_command(CLI::App& app, int& exit_code) {
     std::printf("  biases              q/k/v %s, o %s, mlp %s\n", c.qkv_bias ? "yes" : "no", c.o_bias ? "yes" : "no",
                 c.mlp_bias ? "yes" : "no");
     std::printf("  max positions       %lld\n", static_cast<long long>(c.max_position_embeddings));
-    if (c.sliding_window > 0) {
+    if (c.sliding_window > 0 && c.sliding_layers.empty()) {
       std::printf("  sliding window      %lld positions, every layer\n", static_cast<long long>(c.sliding_window));
+    } else if (c.sliding_window > 0) {
+      std::string layers;
+      for (int64_t l = 0; l < c.num_layers; ++l)
+        if (c.layer_window(l) > 0) layers += (layers.empty() ? "" : ", ") + std::to_string(l);
+      std::printf("  sliding window      %lld positions, layers %s of %lld (the others attend to everything)\n",
+                  static_cast<long long>(c.sliding_window), layers.c_str(), static_cast<long long>(c.num_layers));
     } else {
       std::printf("  sliding window      none\n");
     }
