@@ -314,16 +314,17 @@ if [ -n "${BUILT:-}" ]; then
     --benchmark_out_format=json
 
   # Every architecture kvproof reads, at real shapes: tiny (Llama), tiny-mistral-sw (Mistral
-  # with a sliding window), the four real-shape
-  # presets (SmolLM2: Llama, tied; Qwen2.5: Qwen2 biases, group 7; Llama 3.2: llama3 rope
+  # with a sliding window), tiny-qwen2-hybrid (Qwen2, windows on its last two layers), the
+  # four real-shape presets (SmolLM2: Llama, tied; Qwen2.5: Qwen2 biases, group 7; Llama 3.2: llama3 rope
   # scaling; TinyLlama: untied), the larger ones exported sharded in bf16.
   # shellcheck disable=SC2317  # run through step's bash -c
   crosscheck() {
     local preset="$1" dir="$OUT/checkpoint-$1" prompt=1,5,9,17,33,65,129,257,3,7,11
     shift
-    # A windowed model (tiny-mistral-sw, window 20): a prompt of 70 tokens, three and a half
-    # windows, so that most positions attend through the window (transformers' mask).
-    if [ "$preset" = tiny-mistral-sw ]; then prompt=$(seq -s, 1 7 490); fi
+    # A windowed model (tiny-mistral-sw, tiny-qwen2-hybrid: window 20): a prompt of 70 tokens,
+    # three and a half windows, so that most positions attend through the window
+    # (transformers' mask; the hybrid's layer_types).
+    case "$preset" in tiny-mistral-sw | tiny-qwen2-hybrid) prompt=$(seq -s, 1 7 490) ;; esac
     "$BUILD/bin/kvproof" export --preset "$preset" --out "$dir" "$@" &&
       "$BUILD/bin/kvproof" generate --checkpoint "$dir" --prompt "$prompt" \
         --max-tokens 12 --temperature 0 --ignore-eos --json --top-logits 5 >"$OUT/generate-$preset.json" &&
@@ -333,6 +334,7 @@ if [ -n "${BUILT:-}" ]; then
   export -f crosscheck
   step hf-crosscheck-tiny 120 crosscheck tiny
   step hf-crosscheck-tiny-mistral-sw 120 crosscheck tiny-mistral-sw
+  step hf-crosscheck-tiny-qwen2-hybrid 120 crosscheck tiny-qwen2-hybrid
   step hf-crosscheck-smollm2-135m 180 crosscheck smollm2-135m
   step hf-crosscheck-qwen2.5-0.5b 240 crosscheck qwen2.5-0.5b --shards 2 --dtype bf16
   step hf-crosscheck-llama-3.2-1b 300 crosscheck llama-3.2-1b --shards 3 --dtype bf16
