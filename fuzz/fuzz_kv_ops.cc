@@ -40,6 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c.global_prefix_sharing = (flags & 2) != 0;
   c.poison_on_free = (flags & 4) != 0;
   c.hash_bits = (flags & 8) != 0 ? 1 + (flags >> 4) % 4 : 256;
+  c.sliding_window = 3 * (flags >> 6);  // 0, 3, 6 or 9: blocks released behind the window
 
   kvp::testing::KvHarness h(c, kvp::testing::CheckScope::kTouched);
   kvp::EventLog log;

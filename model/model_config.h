@@ -94,6 +94,10 @@ struct ModelConfig {
     if (sliding_window == 0 || sliding_layers.empty()) return sliding_window;
     return sliding_layers[static_cast<std::size_t>(layer)] ? sliding_window : 0;
   }
+  // The window every layer attends through (0 when any layer sees the whole past): what the
+  // paged engine may free blocks behind, since no layer of a later token reads them. A hybrid
+  // model's full-attention layers keep every block (one block table serves all layers).
+  int64_t kv_window() const { return sliding_layers.empty() ? sliding_window : 0; }
   // The same config with only its first n layers (a draft model's), their windows kept.
   // REQUIRES: 1 <= n <= num_layers.
   ModelConfig first_layers(int64_t n) const;

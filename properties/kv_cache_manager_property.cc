@@ -37,6 +37,9 @@ KvCacheConfig gen_config(bool tiny_pools) {
   c.global_prefix_sharing = *rc::gen::arbitrary<bool>();
   c.poison_on_free = *rc::gen::arbitrary<bool>();
   c.hash_bits = *rc::gen::element(256, 256, 3);
+  // A sliding window in one config of three: blocks released behind it as positions turn
+  // final, every command checked by check_window_blocks (I11) and the read-back.
+  c.sliding_window = *rc::gen::element(0, 0, 1, 3, 5, 9);
   return c;
 }
 

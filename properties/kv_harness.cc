@@ -226,6 +226,14 @@ Status KvHarness::truncate(int a, int b) {
   ModelSeq& ms = model_.at(s);
   const auto len = static_cast<int64_t>(ms.tokens.size());
   const int64_t new_len = len - (b % (len + 1));
+  const SequenceState* st = m_.sequence(s);
+  if (m_.window_dead_blocks(std::min(st->num_final, new_len)) < st->num_window_released) {
+    // The positions the window released cannot come back: refused, nothing changed.
+    const Snapshot before = snapshot();
+    if (m_.truncate(s, new_len).is_ok()) return Status::error("a truncate into the released window succeeded");
+    if (!(snapshot() == before)) return Status::error("a refused truncate changed the state");
+    return Status::ok();
+  }
   KVP_RETURN_IF_ERROR(m_.truncate(s, new_len));
   ms.tokens.resize(static_cast<size_t>(new_len));
   ms.num_slots = std::min(ms.num_slots, new_len);
@@ -321,7 +329,8 @@ Status KvHarness::check_sequence(SeqId id) {
                          str(ms.num_slots) + ")");
   }
   const std::vector<Cell>& pool = ms.swapped ? host_pool_ : device_pool_;
-  for (int64_t p = 0; p < ms.num_slots; ++p) {
+  // Every position from the first block the sliding window kept (all of them without one).
+  for (int64_t p = s->num_window_released * bs; p < ms.num_slots; ++p) {
     const int64_t slot = kernels::slot_of(s->table.data(), p, bs);
     const Cell want{scope_of(ms), p, ms.tokens[static_cast<size_t>(p)]};
     const Cell& got = pool[static_cast<size_t>(slot)];

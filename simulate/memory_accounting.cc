@@ -56,7 +56,9 @@ Status check_paged(const MemoryAccountingState& st, const MemorySlots& reported)
     if (s.table.size() * bs < s.num_slots)
       return Status::error("sequence " + str(id) + " has " + str(s.num_slots) + " slots in a table of " +
                            str(s.table.size()) + " blocks of " + str(bs));
-    for (int32_t b : s.table.blocks()) {
+    for (int64_t j = 0; j < s.table.size(); ++j) {
+      const int32_t b = s.table[j];
+      if (b == kNoBlock && j < s.num_window_released) continue;  // released behind the window
       if (b < 0 || b >= device.num_blocks() || device.state(b) != BlockState::kInUse)
         return Status::error("sequence " + str(id) + " names device block " + str(b) + ", which is not in use");
       uint8_t* first = &use[static_cast<size_t>(b) * static_cast<size_t>(bs)];
@@ -64,7 +66,7 @@ Status check_paged(const MemoryAccountingState& st, const MemorySlots& reported)
       std::fill(first, first + bs, kNamed);
       ++named_blocks;
     }
-    for (int64_t p = 0; p < s.num_slots; ++p) use[slot(s, p)] = kTokenState;
+    for (int64_t p = s.num_window_released * bs; p < s.num_slots; ++p) use[slot(s, p)] = kTokenState;
   }
   // Reserved after every token state is marked: a slot one holder will fill and another
   // has filled holds a token.

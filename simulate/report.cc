@@ -33,6 +33,10 @@ const std::vector<Column>& columns() {
       {"preempt_mode", [](const SimRun& r) { return r.report.preemption; }},
       {"max_len", [](const SimRun& r) { return std::to_string(r.report.max_model_len); }},
       {"sharing", [](const SimRun& r) { return std::string(r.report.prefix_sharing ? "on" : "off"); }},
+      {"window",
+       [](const SimRun& r) {
+         return r.report.sliding_window > 0 ? std::to_string(r.report.sliding_window) : std::string("-");
+       }},
       {"rate", [](const SimRun& r) { return fmt("%.2f", r.report.rate); }},
       {"req/s", [](const SimRun& r) { return fmt("%.2f", r.report.requests_per_s); }},
       {"out_tok/s", [](const SimRun& r) { return fmt("%.0f", r.report.output_tokens_per_s); }},
@@ -83,6 +87,7 @@ nlohmann::json to_json(const SimReport& r) {
         {"block_size", r.block_size},
         {"max_model_len", r.max_model_len},
         {"prefix_sharing", r.prefix_sharing},
+        {"sliding_window", r.sliding_window},
         {"rate", r.rate},
         {"ttft_slo_s", r.ttft_slo_s},
         {"tpot_slo_s", r.tpot_slo_s}}},

@@ -98,6 +98,14 @@ Status apply_setting(SimOptions& o, const std::string& key, const std::string& v
       o.prefix_sharing = false;
     else
       return Status::error("prefix-sharing: expected on or off, got '" + value + "'");
+  } else if (key == "sliding-window") {
+    if (value == "model" || value == "on")
+      o.sliding_window = true;
+    else if (value == "off")
+      o.sliding_window = false;
+    else
+      return Status::error("sliding-window: expected model (the model's window releases blocks) or off, got '" + value +
+                           "'");
   } else if (key == "max-num-seqs") {
     auto v = to_int(key, value, 1, 1 << 20);
     if (!v) return v.status();
@@ -124,9 +132,10 @@ Status apply_setting(SimOptions& o, const std::string& key, const std::string& v
     if (!m) return m.status();
     o.model = m->name;
   } else {
-    return Status::error("unknown setting '" + key +
-                         "' (known: block-size, admission, preemption, max-model-len, max-context, rate, policy, "
-                         "prefix-sharing, max-num-seqs, n, gpu-memory-utilization, gpu, model, kv-dtype)");
+    return Status::error(
+        "unknown setting '" + key +
+        "' (known: block-size, admission, preemption, max-model-len, max-context, rate, policy, "
+        "prefix-sharing, sliding-window, max-num-seqs, n, gpu-memory-utilization, gpu, model, kv-dtype)");
   }
   return Status::ok();
 }

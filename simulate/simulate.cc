@@ -283,7 +283,7 @@ MemorySlots Driver::paged_sample() {
     if (s.swapped) continue;
     auto it = live_.find(sid);
     const int64_t final_len = it != live_.end() ? it->second.final_len : s.num_slots;
-    for (int64_t j = 0; j < s.table.size(); ++j) {
+    for (int64_t j = s.num_window_released; j < s.table.size(); ++j) {  // past the released entries
       const auto b = static_cast<std::size_t>(s.table[j]);
       const auto fill = static_cast<int32_t>(std::clamp<int64_t>(s.num_slots - j * bs, 0, bs));
       const auto will_fill = static_cast<int32_t>(std::clamp<int64_t>(final_len - j * bs, fill, bs));
@@ -327,9 +327,10 @@ MemorySlots Driver::contiguous_sample() {
 
 std::string Driver::run_name() const {
   return std::string("run (policy ") + to_string(o_.policy) + ", block size " + std::to_string(rep_.block_size) +
-         ", prefix sharing " + (rep_.prefix_sharing ? "on" : "off") + ", n " + std::to_string(o_.n) + ", preemption " +
-         to_string(o_.preemption) + ", " + std::to_string(capacity_) + " KV slots, seed " + std::to_string(o_.seed) +
-         ")";
+         ", prefix sharing " + (rep_.prefix_sharing ? "on" : "off") +
+         (rep_.sliding_window > 0 ? ", window " + std::to_string(rep_.sliding_window) : std::string()) + ", n " +
+         std::to_string(o_.n) + ", preemption " + to_string(o_.preemption) + ", " + std::to_string(capacity_) +
+         " KV slots, seed " + std::to_string(o_.seed) + ")";
 }
 
 Status Driver::check_sample(const MemorySlots& m, double now) const {
@@ -418,6 +419,8 @@ Result<EngineConfig> Driver::build_engine(const Pool& pool) {
     ec.kv.pool.v_scales.assign(cells, 1.0f);
   }
   ec.kv.enable_prefix_caching = o_.prefix_sharing && !contiguous();
+  // The window releases blocks in the paged pool; a contiguous reservation keeps its span.
+  ec.kv.sliding_window = o_.sliding_window && !contiguous() ? cost_.model.sliding_window : 0;
   ec.kv.watermark_blocks =
       contiguous() ? 0
                    : static_cast<int32_t>(std::floor(o_.watermark_fraction * static_cast<double>(pool.device_blocks)));
@@ -427,7 +430,8 @@ Result<EngineConfig> Driver::build_engine(const Pool& pool) {
   ec.scheduler.prefill_chunk_size = o_.prefill_chunk_size;
   ec.scheduler.admission = o_.admission;
   ec.scheduler.preemption = o_.preemption;
-  backend_ = std::make_unique<CostModelBackend>(cost_, ec.kv.pool, PlanLimits{ec.vocab_size, max_model_len_});
+  backend_ = std::make_unique<CostModelBackend>(cost_, ec.kv.pool,
+                                                PlanLimits{ec.vocab_size, max_model_len_, ec.kv.sliding_window});
   auto engine = Engine::create(ec, *backend_);
   if (!engine) return engine.status();
   engine_ = std::move(*engine);
@@ -452,6 +456,7 @@ void Driver::describe_run(const EngineConfig& ec, const Pool& pool) {
   rep_.block_size = o_.block_size;
   rep_.max_model_len = max_model_len_;
   rep_.prefix_sharing = ec.kv.enable_prefix_caching;
+  rep_.sliding_window = ec.kv.sliding_window;
   rep_.rate = t_.mean_rate();
   rep_.ttft_slo_s = o_.ttft_slo_s;
   rep_.tpot_slo_s = o_.tpot_slo_s;

@@ -80,6 +80,9 @@ struct SimOptions {
   int32_t max_num_batched_tokens = 8192;
   int32_t prefill_chunk_size = 8192;
   bool prefix_sharing = true;
+  // The model's sliding window releases blocks (paged policy): off keeps every position, as
+  // a full-attention KV cache would, to see what the window saves.
+  bool sliding_window = true;
   int32_t n = 1;                     // parallel samples per request (> 1: paged only)
   double watermark_fraction = 0.01;  // of the device blocks (optimistic admission)
   double rate = 0;                   // > 0: rescale the traffic to this many requests/s
@@ -94,7 +97,8 @@ struct SimOptions {
 
 // Applies one "key=value" setting (the keys --sweep accepts): block-size, admission,
 // preemption, max-model-len (alias max-context), rate, policy, prefix-sharing (on/off),
-// max-num-seqs, n, gpu, model, gpu-memory-utilization, kv-dtype. Error: unknown key or bad value.
+// sliding-window, max-num-seqs, n, gpu, model, gpu-memory-utilization, kv-dtype. Error: unknown key
+// or bad value.
 Status apply_setting(SimOptions& o, const std::string& key, const std::string& value);
 
 struct Stat {
@@ -123,7 +127,8 @@ struct SimReport {
   int32_t block_size = 0;
   int64_t max_model_len = 0;
   bool prefix_sharing = false;
-  double rate = 0;  // requests/s of the traffic as run
+  int64_t sliding_window = 0;  // the window the KV manager released blocks behind (0: none)
+  double rate = 0;             // requests/s of the traffic as run
   double ttft_slo_s = 0, tpot_slo_s = 0;
   // The pool.
   double kv_pool_bytes = 0, kv_bytes_per_token = 0;

@@ -754,6 +754,37 @@ TEST(PlanValidation, Fp8PoolScalesAreCheckedAtEveryPlan) {
 
 // Every limit validate_plan enforces, on both sides: its last valid value is accepted, one
 // past it refused (the rejection test above breaks each rule; this pins where each starts).
+// A sliding window (PlanLimits::window): entries wholly before the window of a sequence's
+// first new token may be -1 (released by the engine); from that block on every entry must
+// name a block, or the backend refuses the plan before running anything.
+TEST(PlanValidation, ReleasedEntriesOnlyBeforeTheFirstNewTokensWindow) {
+  const KvPoolShape pool = pool_shape_for(tiny().config, 4, /*num_device_blocks=*/8, /*num_host_blocks=*/2);
+  BatchPlan p;
+  p.seq_ids = {1};
+  p.query_start = {0, 1};
+  p.context_lens = {20};  // positions 0..19 in 5 blocks of 4; the new token is position 19
+  p.max_blocks_per_seq = 5;
+  p.block_tables = {-1, -1, -1, 3, 4};  // window 6: position 19 reads 14..19, blocks 3 and 4
+  p.needs_logits = {1};
+  p.logits_all = {0};
+  p.token_ids = {5};
+  p.positions = {19};
+  p.slot_mapping = {4 * 4 + 3};
+  PlanLimits limits{tiny().config.vocab_size, tiny().config.max_position_embeddings, /*window=*/6};
+  EXPECT_TRUE(validate_plan(p, pool, limits).is_ok()) << validate_plan(p, pool, limits).message();
+  // Without the window every entry is read.
+  limits.window = 0;
+  const Status no_window = validate_plan(p, pool, limits);
+  EXPECT_NE(no_window.message().find("block table entry 0"), std::string::npos) << no_window.message();
+  // Window 7 reads from position 13: block 3 still; window 9 from 11, block 2, released.
+  limits.window = 7;
+  EXPECT_TRUE(validate_plan(p, pool, limits).is_ok());
+  limits.window = 9;
+  const Status early = validate_plan(p, pool, limits);
+  EXPECT_NE(early.message().find("block table entry 2 (released, but a new token attends to it)"), std::string::npos)
+      << early.message();
+}
+
 TEST(PlanValidation, EachLimitAcceptsItsLastValueAndRefusesOnePast) {
   const int32_t bs = 4;
   const KvPoolShape pool = pool_shape_for(tiny().config, bs, /*num_device_blocks=*/8, /*num_host_blocks=*/2);

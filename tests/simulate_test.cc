@@ -360,6 +360,39 @@ TEST(Simulate, ForkedSamplesCountTheirSharedBlocksOnce) {
   EXPECT_TRUE(sim::check_memory_shares(*r).is_ok());
 }
 
+// mistral-7b's 4,096-position window releases blocks behind it. One request, prompt 6000,
+// output 3, block size 16, a sample before every step:
+//   before step 2 (the prompt final): 375 blocks, the first (6000 - 4095) / 16 = 119
+//     released: 256 held = 4096 slots, all token states (positions 1904..5999)
+//   before step 3 (6001 final): 376 blocks, 119 released, 257 held = 4112 slots: 4097 token
+//     states, 2 reserved (final length 6003), 13 internal
+// With the window off, every block stays: 376 blocks = 6016 slots at most.
+TEST(Simulate, ASlidingWindowHoldsOnlyTheBlocksItsWindowReads) {
+  sim::SimOptions o = small_gpu_options();
+  o.model = "mistral-7b";
+  o.max_model_len = 8192;
+  o.check = true;
+  auto peak = [](const sim::SimReport& r) {
+    int64_t held = 0;
+    for (const sim::TimelinePoint& p : r.timeline) held = std::max(held, p.memory.held());
+    return held;
+  };
+  auto windowed = sim::simulate(o, fixed_traffic(1, 1, 6000, 3));
+  ASSERT_TRUE(windowed.is_ok()) << windowed.status().message();
+  EXPECT_EQ(windowed->sliding_window, 4096);
+  EXPECT_EQ(peak(*windowed), 4112);
+  const sim::TimelinePoint& last = windowed->timeline.back();
+  EXPECT_EQ(last.memory.token_states, 4097);
+  EXPECT_EQ(last.memory.reserved, 2);
+  EXPECT_EQ(last.memory.internal, 13);
+  ASSERT_TRUE(sim::apply_setting(o, "sliding-window", "off").is_ok());
+  auto full = sim::simulate(o, fixed_traffic(1, 1, 6000, 3));
+  ASSERT_TRUE(full.is_ok()) << full.status().message();
+  EXPECT_EQ(full->sliding_window, 0);
+  EXPECT_EQ(peak(*full), 6016);
+  EXPECT_FALSE(sim::apply_setting(o, "sliding-window", "512").is_ok());
+}
+
 TEST(Simulate, ParallelSamplesNeedThePagedPolicy) {
   sim::SimOptions o = small_gpu_options();
   o.n = 2;

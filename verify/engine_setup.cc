@@ -19,6 +19,7 @@ std::unique_ptr<Proposer> make_draft_proposer(const Model& draft, int64_t max_nu
       static_cast<int32_t>(max_num_seqs * ((max_model_len + kDraftBlockSize - 1) / kDraftBlockSize + 1));
   KvCacheConfig kv;
   kv.pool = pool_shape_for(draft.config, kDraftBlockSize, blocks, 0);
+  kv.sliding_window = draft.config.kv_window();
   CpuBackendConfig bc;
   bc.pool = kv.pool;
   bc.num_threads = num_threads;
@@ -55,6 +56,8 @@ Result<EngineConfig> engine_config(const ModelConfig& model, const EngineOptions
   ec.kv.enable_prefix_caching = o.prefix_caching;
   ec.kv.global_prefix_sharing = o.global_prefix_sharing;
   ec.kv.poison_on_free = o.poison_on_free;
+  // Every layer windowed (Mistral): blocks behind the window are released as sequences run.
+  ec.kv.sliding_window = model.kv_window();
   ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
   ec.scheduler.max_num_seqs = o.max_num_seqs;
   ec.scheduler.max_model_len = o.max_model_len;

@@ -4,6 +4,8 @@
 #include <cctype>
 #include <cmath>
 
+#include "kernels/kv_index.h"
+
 namespace kvp {
 
 namespace {
@@ -30,9 +32,9 @@ std::vector<ModelSpec> model_presets() {
       {"llama-2-13b", 40, 40, 40, 128, 32000, 4096, 13.02e9},
       // meta-llama/Meta-Llama-3-8B: 32 layers, 32 heads, 8 KV heads (GQA), 8k context.
       {"llama-3-8b", 32, 32, 8, 128, 128256, 8192, 8.03e9},
-      // mistralai/Mistral-7B-v0.1: 32 layers, 32 heads, 8 KV heads; the sliding window
-      // (4096) is not modelled: every position is kept, as in a full-attention KV cache.
-      {"mistral-7b", 32, 32, 8, 128, 32000, 32768, 7.24e9},
+      // mistralai/Mistral-7B-v0.1: 32 layers, 32 heads, 8 KV heads; sliding_window 4096 on
+      // every layer: a sequence holds at most the window's blocks (and a step's tokens).
+      {"mistral-7b", 32, 32, 8, 128, 32000, 32768, 7.24e9, 4096},
       // Qwen/Qwen2.5-7B: 28 layers, 28 heads, 4 KV heads, hidden 3584; 32k native context
       // (the model card's longer contexts need YaRN scaling).
       {"qwen2.5-7b", 28, 28, 4, 128, 152064, 32768, 7.62e9},
@@ -80,6 +82,7 @@ Status CostModelConfig::validate() const {
   auto fraction = [](double v) { return std::isfinite(v) && v > 0 && v <= 1; };
   if (model.num_layers <= 0 || model.num_heads <= 0 || model.num_kv_heads <= 0 || model.head_dim <= 0)
     return Status::error("model '" + model.name + "': layers, heads, KV heads and head dim must be > 0");
+  if (model.sliding_window < 0) return Status::error("model '" + model.name + "': sliding_window must be >= 0");
   if (!positive(model.num_parameters)) return Status::error("model '" + model.name + "': num_parameters must be > 0");
   if (!positive(gpu.memory_bytes)) return Status::error("gpu '" + gpu.name + "': memory_bytes must be > 0");
   if (!positive(gpu.memory_bandwidth)) return Status::error("gpu '" + gpu.name + "': memory_bandwidth must be > 0");
@@ -110,11 +113,16 @@ int64_t CostModelConfig::num_host_blocks(int32_t block_size) const {
 StepCost step_cost(const CostModelConfig& c, const BatchPlan& plan, int32_t block_size) {
   StepCost s;
   const double tokens = static_cast<double>(plan.num_tokens());
-  double attended = 0;  // sum over new tokens of the positions each attends to
-  for (int32_t p : plan.positions) attended += static_cast<double>(p) + 1;
-  double context = 0;
-  for (int32_t len : plan.context_lens) context += len;
   const ModelSpec& m = c.model;
+  const int64_t w = m.sliding_window;
+  double attended = 0;  // sum over new tokens of the positions each attends to
+  for (int32_t p : plan.positions) attended += static_cast<double>(p + 1 - kernels::window_first(p, w));
+  double context = 0;  // K/V positions read per sequence: from its first new token's window on
+  for (std::size_t i = 0; i < plan.context_lens.size(); ++i) {
+    const int64_t len = plan.context_lens[i];
+    const int64_t n = w > 0 ? plan.query_start[i + 1] - plan.query_start[i] : len;
+    context += static_cast<double>(len - kernels::window_first(len - n, w));
+  }
   const double kv_token = c.kv_bytes_per_token();
   if (tokens > 0) {
     s.flops =

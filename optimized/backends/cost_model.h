@@ -45,6 +45,10 @@ struct ModelSpec {
   int64_t vocab_size = 0;
   int64_t max_position_embeddings = 0;
   double num_parameters = 0;  // as published on the model card
+  // Every layer's sliding window (config.json's sliding_window; 0: full attention). The
+  // engine releases the blocks behind it (KvCacheConfig::sliding_window) and attention reads
+  // at most the window.
+  int64_t sliding_window = 0;
 
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
 };

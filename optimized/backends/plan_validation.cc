@@ -135,9 +135,16 @@ Status validate_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanL
       return Status::error(where() + ": context_len " + str(context_len) + " needs " + str(blocks) +
                            " blocks, max_blocks_per_seq is " + str(plan.max_blocks_per_seq));
     const int32_t* table = plan.block_tables.data() + i * static_cast<std::size_t>(plan.max_blocks_per_seq);
-    for (int64_t j = 0; j < blocks; ++j)
-      KVP_RETURN_IF_ERROR(check_block(table[j], pool.num_device_blocks, "device",
-                                      [&] { return where() + ": block table entry " + str(j); }));
+    // Entries before the first block any new token attends to are never read: a window may
+    // have released them (-1).
+    const int64_t first_read = kernels::window_first(context_len - (end - start), limits.window) / bs;
+    for (int64_t j = 0; j < blocks; ++j) {
+      if (j < first_read && table[j] == -1) continue;
+      KVP_RETURN_IF_ERROR(check_block(table[j], pool.num_device_blocks, "device", [&] {
+        return where() + ": block table entry " + str(j) +
+               (limits.window > 0 && table[j] == -1 ? " (released, but a new token attends to it)" : "");
+      }));
+    }
     // The new tokens are the sequence's last ones, in order.
     for (int64_t t = start; t < end; ++t) {
       const int64_t expected = context_len - (end - t);
@@ -150,13 +157,14 @@ Status validate_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanL
   return validate_ops(plan.ops, pool);
 }
 
-Result<int64_t> check_plan_read_scope(const BatchPlan& plan, const KvPoolShape& pool) {
+Result<int64_t> check_plan_read_scope(const BatchPlan& plan, const KvPoolShape& pool, int64_t window) {
   if (plan.block_tenants.empty() && plan.seq_tenants.empty()) return int64_t{0};
   int64_t reads = 0;
   for (int64_t i = 0; i < plan.num_seqs(); ++i) {
     const auto ui = static_cast<std::size_t>(i);
     const int64_t nblocks = kernels::blocks_for_tokens(plan.context_lens[ui], pool.block_size);
-    for (int64_t j = 0; j < nblocks; ++j) {
+    const int64_t first_new = plan.context_lens[ui] - (plan.query_start[ui + 1] - plan.query_start[ui]);  // validated
+    for (int64_t j = kernels::window_first(first_new, window) / pool.block_size; j < nblocks; ++j) {
       const int32_t b =
           plan.block_tables[ui * static_cast<std::size_t>(plan.max_blocks_per_seq) + static_cast<std::size_t>(j)];
       const int64_t holder = plan.block_tenants[static_cast<std::size_t>(b)];
@@ -172,7 +180,7 @@ Result<int64_t> check_plan_read_scope(const BatchPlan& plan, const KvPoolShape& 
 
 Result<int64_t> preflight_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanLimits& limits) {
   KVP_RETURN_IF_ERROR(validate_plan(plan, pool, limits));
-  return check_plan_read_scope(plan, pool);
+  return check_plan_read_scope(plan, pool, limits.window);
 }
 
 std::vector<int32_t> lay_out_logit_rows(const BatchPlan& plan, int64_t vocab_size, StepOutput& out,

@@ -17,6 +17,10 @@ namespace kvp {
 struct PlanLimits {
   int64_t vocab_size = 0;               // token ids in [0, vocab_size)
   int64_t max_position_embeddings = 0;  // context_len <= this
+  // Every layer's sliding window (ModelConfig::kv_window; 0: none): block-table entries
+  // wholly before the window of a sequence's first new token may be -1 (released), the
+  // rest must name pool blocks.
+  int64_t window = 0;
 };
 
 // A pool for `model`'s layers, KV heads and head dim.
@@ -41,10 +45,11 @@ Status check_pool_matches_model(const KvPoolShape& pool, const ModelConfig& mode
 Status validate_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanLimits& limits);
 
 // Audit mode (plan.seq_tenants / plan.block_tenants filled): every block each sequence's
-// attention will read (its block-table row up to its context length) is held by the
+// attention will read (its block-table row up to its context length, from the block of
+// the first new token's window on: `window` is PlanLimits::window) is held by the
 // sequence's own tenant. Returns the number of (sequence, block) reads checked, 0 when the
 // plan carries no audit arrays. REQUIRES: validate_plan(plan, ...) is ok.
-Result<int64_t> check_plan_read_scope(const BatchPlan& plan, const KvPoolShape& pool);
+Result<int64_t> check_plan_read_scope(const BatchPlan& plan, const KvPoolShape& pool, int64_t window = 0);
 
 // What every backend's execute() runs before it changes anything: validate_plan, then
 // check_plan_read_scope. Returns the audited block reads.

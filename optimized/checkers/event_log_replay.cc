@@ -53,6 +53,7 @@ class Model {
   std::optional<Failure> on(const kv_event::Share& e);
   std::optional<Failure> on(const kv_event::Cow& e);
   std::optional<Failure> on(const kv_event::Release& e);
+  std::optional<Failure> on(const kv_event::WindowRelease& e);
   std::optional<Failure> on(const kv_event::Slots& e);
   std::optional<Failure> on(const kv_event::Cache& e);
   std::optional<Failure> on(const kv_event::Evict& e);
@@ -75,6 +76,7 @@ class Model {
   bool init_ = false;
   bool global_ = false;
   int64_t block_size_ = 0;
+  int64_t window_ = 0;
   std::vector<Block> device_;
   std::vector<int64_t> host_;  // refcounts
   std::map<int64_t, Seq> seqs_;
@@ -134,6 +136,9 @@ std::optional<Failure> decode_init(const Json& j, KvEvent& out) {
   auto g = j.find("global_prefix");
   if (g != j.end() && !g->is_boolean()) return Model::malformed("field \"global_prefix\" is not a boolean");
   e.global_prefix = g != j.end() && g->get<bool>();
+  if (j.contains("window")) {
+    if (auto f = get_int(j, "window", e.window)) return f;
+  }
   out = e;
   return std::nullopt;
 }
@@ -215,6 +220,10 @@ std::optional<Failure> decode(const Json& j, KvEvent& out) {
     kv_event::Release e;
     return simple(e, {{"seq", &e.seq}}, {{"block", &e.block}});
   }
+  if (ev == "window_release") {
+    kv_event::WindowRelease e;
+    return simple(e, {{"seq", &e.seq}, {"index", &e.index}}, {{"block", &e.block}});
+  }
   if (ev == "slots") {
     kv_event::Slots e;
     return simple(e, {{"seq", &e.seq}, {"len", &e.len}}, {});
@@ -284,7 +293,12 @@ std::optional<Failure> Model::check_blocks(const std::vector<int64_t>& device_bl
 }
 
 std::optional<Failure> Model::check_table(int64_t id, const Seq& s) const {
-  std::vector<int64_t> sorted = s.table;
+  // Released entries (-1) lead the table; the rest name distinct blocks.
+  const auto live = std::find_if(s.table.begin(), s.table.end(), [](int64_t b) { return b != -1; });
+  if (std::find(live, s.table.end(), int64_t{-1}) != s.table.end()) {
+    return violation("I11: sequence " + str(id) + " has a released entry after a live one");
+  }
+  std::vector<int64_t> sorted(live, s.table.end());
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
     return violation("I5: sequence " + str(id) + " names a block twice");
@@ -321,6 +335,8 @@ std::optional<Failure> Model::on(const kv_event::Init& e) {
   if (e.block_size < 1 || e.block_size > kMaxBlockSize) {
     return malformed("block_size must be in [1, " + str(kMaxBlockSize) + "]");
   }
+  if (e.window < 0 || e.window > kMaxLen) return malformed("window must be in [0, " + str(kMaxLen) + "]");
+  window_ = e.window;
   global_ = e.global_prefix;
   device_.assign(static_cast<size_t>(e.device_blocks), Block{});
   host_.assign(static_cast<size_t>(e.host_blocks), 0);
@@ -341,7 +357,12 @@ std::optional<Failure> Model::on(const kv_event::Fork& e) {
   if (seqs_.count(e.child) != 0) return violation("fork into sequence " + str(e.child) + ", which exists");
   if (parent->on_host) return violation("fork of a swapped-out sequence");
   const int64_t tenant = parent->tenant;
-  seqs_[e.child].tenant = tenant;
+  // The child starts with the parent's released entries; its shares follow them.
+  const auto released = std::find_if(parent->table.begin(), parent->table.end(), [](int64_t b) { return b != -1; }) -
+                        parent->table.begin();
+  Seq& child = seqs_[e.child];
+  child.tenant = tenant;
+  child.table.assign(static_cast<size_t>(released), -1);
   return std::nullopt;
 }
 
@@ -415,6 +436,13 @@ std::optional<Failure> Model::on(const kv_event::Cow& e) {
 std::optional<Failure> Model::on(const kv_event::Release& e) {
   Seq* s = nullptr;
   if (auto f = find_seq(e.seq, s)) return f;
+  if (e.block == -1) {  // an entry the window released: no block changes hands
+    if (s->table.empty() || s->table.back() != -1) {
+      return violation("release of a released entry, which is not the tail of sequence " + str(e.seq) + "'s table");
+    }
+    s->table.pop_back();
+    return std::nullopt;
+  }
   if (auto f = block_in_pool(e.block, s->on_host)) return f;
   if (s->table.empty() || s->table.back() != e.block) {
     return violation("release of block " + str(e.block) + ", which is not the tail of sequence " + str(e.seq) +
@@ -430,6 +458,34 @@ std::optional<Failure> Model::on(const kv_event::Release& e) {
     return violation("I2: release of free device block " + str(e.block));
   }
   --device_[static_cast<size_t>(e.block)].refcount;
+  return check_blocks({e.block}, {});
+}
+
+std::optional<Failure> Model::on(const kv_event::WindowRelease& e) {
+  Seq* s = nullptr;
+  if (auto f = find_seq(e.seq, s)) return f;
+  if (auto f = block_in_pool(e.block, false)) return f;
+  if (window_ == 0) return violation("window_release in a log whose init has no window");
+  if (s->on_host) return violation("window_release in a swapped-out sequence");
+  const auto released =
+      std::find_if(s->table.begin(), s->table.end(), [](int64_t b) { return b != -1; }) - s->table.begin();
+  if (e.index != released || e.index >= static_cast<int64_t>(s->table.size()) ||
+      s->table[static_cast<size_t>(e.index)] != e.block) {
+    return violation("window_release of block " + str(e.block) + " at index " + str(e.index) + ": sequence " +
+                     str(e.seq) + "'s first live entry is " + str(static_cast<int64_t>(released)));
+  }
+  // Every position of the block lies before the window of the sequence's last slot: no
+  // token with a slot attends to it. (The manager's bound, through its final positions, is
+  // tighter; check_window_blocks holds it.)
+  if ((e.index + 1) * block_size_ > s->len - window_ + 1) {
+    return violation("I11: window_release of sequence " + str(e.seq) + "'s block " + str(e.block) + " (positions " +
+                     str(e.index * block_size_) + ".." + str((e.index + 1) * block_size_ - 1) + "), but position " +
+                     str(s->len - 1) + " attends from " + str(std::max<int64_t>(0, s->len - window_)));
+  }
+  Block& blk = device_[static_cast<size_t>(e.block)];
+  if (blk.refcount <= 0) return violation("I2: window_release of free device block " + str(e.block));
+  --blk.refcount;
+  s->table[static_cast<size_t>(e.index)] = -1;
   return check_blocks({e.block}, {});
 }
 
@@ -478,9 +534,12 @@ std::optional<Failure> Model::swap(int64_t id, const std::vector<BlockCopy>& pai
   Seq* s = nullptr;
   if (auto f = find_seq(id, s)) return f;
   if (s->on_host == out) return violation(ev + " of a sequence " + (out ? "already" : "not") + " swapped out");
-  if (pairs.size() != s->table.size()) {
+  // The live entries move; released ones (-1, leading) stay.
+  const auto first = static_cast<size_t>(
+      std::find_if(s->table.begin(), s->table.end(), [](int64_t b) { return b != -1; }) - s->table.begin());
+  if (pairs.size() != s->table.size() - first) {
     return violation(ev + " lists " + str(static_cast<int64_t>(pairs.size())) + " pairs for a table of " +
-                     str(static_cast<int64_t>(s->table.size())));
+                     str(static_cast<int64_t>(s->table.size() - first)) + " live entries");
   }
   std::vector<int64_t> touched_device, touched_host;
   const int64_t nd = static_cast<int64_t>(device_.size()), nh = static_cast<int64_t>(host_.size());
@@ -491,9 +550,9 @@ std::optional<Failure> Model::swap(int64_t id, const std::vector<BlockCopy>& pai
     if (!src_ok || !dst_ok) {
       return violation(ev + " pair " + str(static_cast<int64_t>(i)) + " names a block outside its pool");
     }
-    if (s->table[i] != src) {
+    if (s->table[first + i] != src) {
       return violation(ev + " pair " + str(static_cast<int64_t>(i)) + " source " + str(src) + " is not table entry " +
-                       str(s->table[i]));
+                       str(s->table[first + i]));
     }
     if (out) {
       if (host_[static_cast<size_t>(dst)] != 0)
@@ -512,7 +571,7 @@ std::optional<Failure> Model::swap(int64_t id, const std::vector<BlockCopy>& pai
       touched_device.push_back(dst);
       touched_host.push_back(src);
     }
-    s->table[i] = dst;
+    s->table[first + i] = dst;
   }
   s->on_host = out;
   if (auto f = check_table(id, *s)) return f;

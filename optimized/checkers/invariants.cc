@@ -174,6 +174,7 @@ Status check_isolation(const KvCacheManager& m) {
     if (s->swapped) continue;
     for (int64_t i = 0; i < s->table.size(); ++i) {
       const int32_t b = s->table[i];
+      if (b == kNoBlock && i < s->num_window_released) continue;  // check_window_blocks says where it may be
       if (b < 0 || b >= a.num_blocks()) {
         return Status::error("I4: sequence " + str(s->id) + " names out-of-range block " + str(b));
       }
@@ -225,7 +226,10 @@ Status check_isolation(const KvCacheManager& m) {
                                  str(h.s->tokens[static_cast<size_t>(base + o)]) + ")");
           }
         }
-        const BlockHandle want = h.index == 0 ? BlockHandle{} : a.handle(h.s->table[h.index - 1]);
+        const int32_t prev = h.index == 0 ? kNoBlock : h.s->table[h.index - 1];
+        const BlockHandle want = h.index == 0       ? BlockHandle{}
+                                 : prev == kNoBlock ? h.s->window_parent  // the handle it had
+                                                    : a.handle(prev);
         if (!(e.parent == want)) {
           return Status::error(who() + " at index " + str(h.index) + " names parent block " + str(e.parent.block) +
                                " gen " + str(e.parent.generation) + ", the table has " + str(want.block) + " gen " +
@@ -262,6 +266,7 @@ Status check_mapping(const KvCacheManager& m) {
     Status found = Status::ok();
     for (int64_t i = 0; i < s->table.size() && found.is_ok(); ++i) {
       const int32_t b = s->table[i];
+      if (b == kNoBlock && i < s->num_window_released) continue;  // released by the window (I11)
       if (b < 0 || b >= pool) {
         found = Status::error(who() + " table[" + str(i) + "] = " + str(b) + " is outside the " +
                               (s->swapped ? "host" : "device") + " pool");
@@ -269,7 +274,7 @@ Status check_mapping(const KvCacheManager& m) {
         found = Status::error(who() + " names block " + str(b) + " twice");
       }
     }
-    for (int64_t p = 0; p < s->num_slots && found.is_ok(); ++p) {
+    for (int64_t p = s->num_window_released * bs; p < s->num_slots && found.is_ok(); ++p) {
       const int64_t slot = kernels::slot_of(s->table.data(), p, bs);
       if (slot_seen[static_cast<size_t>(slot)]++) {
         found =
@@ -294,6 +299,10 @@ Status check_slot_mapping(const KvCacheManager& m, SeqId seq, int64_t start, std
   if (start < 0 || start + n > s->num_slots) {
     return Status::error("I5: sequence " + str(seq) + " slot mapping covers positions [" + str(start) + ", " +
                          str(start + n) + ") beyond its " + str(s->num_slots) + " slots");
+  }
+  if (start / bs < s->num_window_released) {
+    return Status::error("I5: sequence " + str(seq) + " slot mapping starts at position " + str(start) +
+                         ", in a block the sliding window released");
   }
   for (int64_t k = 0; k < n; ++k) {
     const int64_t want = kernels::slot_of(s->table.data(), start + k, bs);
@@ -431,10 +440,39 @@ Status check_cache_reachable(const KvCacheManager& m) {
   return Status::ok();
 }
 
+Status check_window_blocks(const KvCacheManager& m) {
+  const int64_t w = m.config().sliding_window;
+  for (const SequenceState* s : ordered_sequences(m)) {
+    // Stated from the window's definition, not the manager's helper: the first position the
+    // next token (at num_final, or any later one) attends to, and the whole blocks before it.
+    const int64_t dead = w > 0 ? kernels::window_first(s->num_final, w) / m.block_size() : 0;
+    const auto who = [&] {
+      return "I11: sequence " + str(s->id) + " (" + str(s->num_final) + " final positions, window " + str(w) + ", " +
+             str(dead) + " leading entries released)";
+    };
+    if (s->num_window_released != dead) {
+      return Status::error(who() + " counts " + str(s->num_window_released) + " released entries");
+    }
+    for (int64_t j = 0; j < s->table.size(); ++j) {
+      const int32_t b = s->table[j];
+      if (j < dead && b != kNoBlock) {
+        return Status::error(who() + " still holds block " + str(b) + " at index " + str(j) +
+                             ", which no token it will run attends to");
+      }
+      if (j >= dead && b == kNoBlock) {
+        return Status::error(who() + " released index " + str(j) + ", which position " + str(s->num_final) +
+                             " still attends to");
+      }
+    }
+  }
+  return Status::ok();
+}
+
 Status check_all(const KvCacheManager& m, ChainHashMemo* memo) {
   KVP_RETURN_IF_ERROR(check_conservation(m));
   KVP_RETURN_IF_ERROR(check_refcounts(m));
   KVP_RETURN_IF_ERROR(check_mapping(m));
+  KVP_RETURN_IF_ERROR(check_window_blocks(m));
   KVP_RETURN_IF_ERROR(check_isolation(m));
   KVP_RETURN_IF_ERROR(check_prefix_cache(m, memo));
   KVP_RETURN_IF_ERROR(check_cache_reachable(m));
@@ -453,7 +491,8 @@ Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBoun
   std::unordered_map<int32_t, std::vector<const SequenceState*>> holders;
   for (const auto& [id, s] : m.sequences())
     if (!s.swapped)
-      for (int32_t b : s.table.blocks()) holders[b].push_back(&s);
+      for (int32_t b : s.table.blocks())
+        if (b != kNoBlock) holders[b].push_back(&s);
   const auto width = static_cast<std::size_t>(plan.max_blocks_per_seq);
   for (int64_t i = 0; i < plan.num_seqs(); ++i) {
     const auto ui = static_cast<std::size_t>(i);
@@ -493,8 +532,13 @@ Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBoun
       if (stats != nullptr) stats->kv_position_reads += pos + 1;
     }
     const int64_t nblocks = kernels::blocks_for_tokens(context, m.block_size());
-    for (int64_t j = 0; j < nblocks; ++j) {
+    // The first block any new token reads: the window's of the first one (I11: never released).
+    const int64_t first_read = kernels::window_first(context - n, m.config().sliding_window) / m.block_size();
+    for (int64_t j = first_read; j < nblocks; ++j) {
       const int32_t b = row[static_cast<std::size_t>(j)];
+      if (b == kNoBlock)
+        return Status::error(where + ": I11: a new token at position " + str(context - n) +
+                             " attends to block-table entry " + str(j) + ", which the sliding window released");
       if (!global) {
         for (const SequenceState* h : holders[b]) {
           if (h->tenant != s->tenant)

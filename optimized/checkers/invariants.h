@@ -38,6 +38,14 @@ Status check_isolation(const KvCacheManager& m);
 // distinct slots.
 Status check_mapping(const KvCacheManager& m);
 
+// I11 sliding window (KvCacheConfig::sliding_window W > 0): a sequence's leading
+// window_dead_blocks(num_final) table entries, exactly, are released (kNoBlock): every block
+// a token it will still run attends to is held (none released early), and none that no such
+// token reads is kept (a windowed sequence holds what its window and its unfinished tokens
+// need, no more). With W = 0 no entry is ever released. check_plan adds the step's half: no
+// new token attends to a released entry.
+Status check_window_blocks(const KvCacheManager& m);
+
 // I5 for a plan: `slot_mapping` holds the slots of positions start, start+1, ... of `seq`
 // as the table formula (kernels/kv_index.h) gives them.
 Status check_slot_mapping(const KvCacheManager& m, SeqId seq, int64_t start, std::span<const int64_t> slot_mapping);
@@ -110,12 +118,13 @@ struct PlanReadStats {
 //   I3  every slot written is exclusive (check_exclusive_write);
 //   I4  every block attention reads is held only by sequences in the reader's tenant scope
 //       (any tenant with global prefix sharing);
-//   I10 the plan's token ids are the sequence's tokens at those positions.
+//   I10 the plan's token ids are the sequence's tokens at those positions;
+//   I11 no new token attends to a block-table entry the sliding window released.
 // Fills `stats` when given. O(plan + device-resident table entries).
 Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBounds& bounds,
                   PlanReadStats* stats = nullptr);
 
-// All of the above that hold at any time (I1, I2, I4, I5, prefix cache, hygiene, I9, I6).
+// All of the above that hold at any time (I1, I2, I4, I5, I11, prefix cache, hygiene, I9, I6).
 Status check_all(const KvCacheManager& m, ChainHashMemo* memo = nullptr);
 
 }  // namespace kvp

@@ -111,6 +111,7 @@ RequestId Engine::add_request(RequestSpec spec) {
                   ") exceeds max_model_len " + std::to_string(config_.scheduler.max_model_len));
     return id;
   }
+  r.max_drafts = speculation_of(r).enabled() ? speculation_of(r).k : 0;
   const int64_t usable = config_.kv.pool.num_device_blocks - config_.kv.watermark_blocks;
   if (scheduler_.worst_case_blocks(r) > usable) {
     reject(r, "needs " + std::to_string(scheduler_.worst_case_blocks(r)) + " blocks at its longest, the pool has " +
@@ -282,8 +283,8 @@ Status Engine::step() {
   int64_t used = 0, allocated = 0;
   for (const auto& [id, s] : kv_.sequences()) {
     if (s.swapped) continue;
-    used += s.num_slots;
-    allocated += s.table.size() * kv_.block_size();
+    used += s.num_slots - s.num_window_released * kv_.block_size();  // released positions hold nothing
+    allocated += s.table.num_live() * kv_.block_size();
   }
   counters_.kv_used_slots_sum += static_cast<double>(used);
   counters_.kv_allocated_slots_sum += static_cast<double>(allocated);
@@ -440,6 +441,7 @@ void Engine::fill_audit_arrays(BatchPlan& plan) const {
   for (const auto& [id, s] : kv_.sequences()) {
     if (s.swapped) continue;
     for (int32_t b : s.table.blocks()) {
+      if (b == kNoBlock) continue;  // released by the sliding window
       int64_t& t = plan.block_tenants[static_cast<std::size_t>(b)];
       // A block held across tenants (an I4 violation the checkers report) is marked -2,
       // which no reader's tenant matches.

@@ -116,6 +116,9 @@ class Request {
   int64_t spec_proposed = 0;
   int64_t spec_accepted = 0;
   RequestTimeline time;
+  // Draft tokens a decode step of this request may add at most (its speculation's k, 0
+  // without): set by the engine when it accepts the request; bounds a step's tokens.
+  int32_t max_drafts = 0;
 
   // ---- derived ----
   int64_t num_prompt() const { return static_cast<int64_t>(spec.prompt.size()); }

@@ -48,9 +48,17 @@ void Scheduler::reject(Request* r, std::string reason) {
 int64_t Scheduler::worst_case_blocks(const Request& r) const {
   const int64_t bs = kv_.block_size();
   const int64_t one = kernels::blocks_for_tokens(r.num_prompt() + r.spec.max_tokens, bs);
-  if (r.seats() == 1) return one;
   const int64_t shared = r.num_prompt() / bs;  // full prompt blocks, shared by every sample
-  return shared + r.seats() * (one - shared);
+  const int64_t all = r.seats() == 1 ? one : shared + r.seats() * (one - shared);
+  const int64_t w = kv_.config().sliding_window;
+  if (w <= 0) return all;
+  // Behind a sliding window a sequence holds, at a step that runs n tokens from its final
+  // length F, the entries from (F - W + 1) / bs up to (F + n) / bs rounded up: at most
+  // (W - 1 + n) / bs + 2. n is at most a prefill chunk, or a decode token and its drafts.
+  const int64_t step =
+      std::max<int64_t>(std::min(config_.max_num_batched_tokens, config_.prefill_chunk_size), 1 + r.max_drafts);
+  const int64_t windowed = (w - 1 + step) / bs + 2;
+  return std::min(all, r.seats() * std::min(one, windowed));
 }
 
 int64_t Scheduler::seats_in_use() const {

@@ -11,6 +11,11 @@
 
 namespace kvp {
 
+// A table entry whose block a sliding window released (every layer windowed: no token the
+// sequence will still run attends to its positions). Such entries are always a table's
+// leading ones; attention never reads them (kernels start at the window's first position).
+inline constexpr int32_t kNoBlock = -1;
+
 class BlockTable {
  public:
   int64_t size() const { return static_cast<int64_t>(blocks_.size()); }
@@ -21,6 +26,12 @@ class BlockTable {
   // REQUIRES: 0 <= i < size().
   int32_t operator[](int64_t i) const { return blocks_[checked(i)]; }
   int32_t back() const { return (*this)[size() - 1]; }
+  // Entries that name a block (all but the leading kNoBlock ones).
+  int64_t num_live() const {
+    int64_t n = 0;
+    for (int32_t b : blocks_) n += b != kNoBlock ? 1 : 0;
+    return n;
+  }
 
   void push_back(int32_t block) { blocks_.push_back(block); }
   // REQUIRES: !empty().

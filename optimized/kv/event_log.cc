@@ -19,6 +19,7 @@ class Line {
     s_ += std::to_string(v);
     return *this;
   }
+  Line& field_if(const char* key, int64_t v, bool present) { return present ? field(key, v) : *this; }
   Line& field(const char* key, bool v) {
     s_ += ",\"";
     s_ += key;
@@ -58,6 +59,7 @@ struct ToLine {
         .field("host_blocks", int64_t{e.host_blocks})
         .field("block_size", int64_t{e.block_size})
         .field("global_prefix", e.global_prefix)
+        .field_if("window", e.window, e.window > 0)
         .done();
   }
   std::string operator()(const kv_event::Add& e) const {
@@ -86,6 +88,9 @@ struct ToLine {
   }
   std::string operator()(const kv_event::Release& e) const {
     return Line("release").field("seq", e.seq).field("block", int64_t{e.block}).done();
+  }
+  std::string operator()(const kv_event::WindowRelease& e) const {
+    return Line("window_release").field("seq", e.seq).field("index", e.index).field("block", int64_t{e.block}).done();
   }
   std::string operator()(const kv_event::Slots& e) const {
     return Line("slots").field("seq", e.seq).field("len", e.len).done();

@@ -3,14 +3,19 @@
 // allocator's code. Every line has "ev"; "seq" is a sequence id, "block" a block id; "pool" is
 // "device" or "host" where it matters.
 //
-//   {"ev":"init","device_blocks":N,"host_blocks":M,"block_size":B,"global_prefix":bool}
+//   {"ev":"init","device_blocks":N,"host_blocks":M,"block_size":B,"global_prefix":bool[,"window":W]}
+//                                                    window: every layer's sliding window, when set
 //   {"ev":"add","seq":S,"tenant":T}                  a sequence appears, empty table
 //   {"ev":"fork","parent":P,"child":C}               C appears with P's tenant, empty table
 //   {"ev":"alloc","seq":S,"block":b}                 a free device block appended to S's table
 //   {"ev":"share","seq":S,"block":b,"reason":"prefix_hit"|"fork"}
 //                                                    an existing device block appended (refcount+1)
 //   {"ev":"cow","seq":S,"index":i,"src":a,"dst":b}   free block b replaces a at index i; a released
-//   {"ev":"release","seq":S,"block":b}               S's last table entry (b) dropped, refcount-1
+//   {"ev":"release","seq":S,"block":b}               S's last table entry (b) dropped, refcount-1;
+//                                                    b = -1: an entry the window already released
+//   {"ev":"window_release","seq":S,"index":i,"block":b}
+//                                                    the window left S's entry i (b) behind: b is
+//                                                    released and the entry becomes -1
 //   {"ev":"slots","seq":S,"len":L}                   S now has L positions with slots
 //   {"ev":"cache","block":b}                         b's content named in the prefix cache
 //   {"ev":"evict","block":b}                         b's cache entry dropped

@@ -14,6 +14,7 @@ Status validate(const KvCacheConfig& c) {
     return Status::error("watermark_blocks must be in [0, num_device_blocks]");
   }
   if (c.hash_bits < 1 || c.hash_bits > 256) return Status::error("hash_bits must be in [1, 256]");
+  if (c.sliding_window < 0) return Status::error("sliding_window must be >= 0 (0: none)");
   return Status::ok();
 }
 
@@ -47,7 +48,7 @@ void KvCacheManager::set_event_log(EventLog* event_log) {
   // The replayer starts from an empty state, so a log must start from one.
   KVP_CHECK(seqs_.empty() && device_.num_free() == device_.num_blocks() && host_.num_free() == host_.num_blocks());
   log(kv_event::Init{config_.pool.num_device_blocks, config_.pool.num_host_blocks, config_.pool.block_size,
-                     config_.global_prefix_sharing});
+                     config_.global_prefix_sharing, config_.sliding_window});
 }
 
 void KvCacheManager::log(const KvEvent& event) { log_->record(event); }
@@ -117,24 +118,44 @@ Status KvCacheManager::mark_final(SeqId seq, int64_t num_final) {
                                        std::to_string(s->num_final) + ", " + std::to_string(s->num_slots) + "]"));
   }
   s->num_final = num_final;
-  register_final_blocks(*s);
+  register_final_blocks(*s);  // first: a block the window releases may be cached on its way
+  release_window_blocks(*s);
   changed();
   return Status::ok();
+}
+
+int64_t KvCacheManager::window_dead_blocks(int64_t num_final) const {
+  const int64_t w = config_.sliding_window;
+  if (w <= 0) return 0;
+  return std::max<int64_t>(0, (num_final - w + 1) / config_.pool.block_size);
+}
+
+void KvCacheManager::release_window_blocks(SequenceState& s) {
+  const int64_t dead = std::min(window_dead_blocks(s.num_final), s.table.size());
+  for (int64_t j = s.num_window_released; j < dead; ++j) {
+    const int32_t b = s.table[j];
+    s.window_parent = device_.handle(b);
+    s.table.set(j, kNoBlock);
+    if (logging()) log(kv_event::WindowRelease{s.id, j, b});
+    release_device_block(b);
+  }
+  s.num_window_released = std::max(s.num_window_released, dead);
 }
 
 void KvCacheManager::register_final_blocks(SequenceState& s) {
   if (!config_.enable_prefix_caching || s.swapped) return;
   const int64_t bs = config_.pool.block_size;
   const int64_t full = s.num_final / bs;
-  for (int64_t i = s.num_registered_blocks; i < full; ++i) {
+  for (int64_t i = std::max(s.num_registered_blocks, s.num_window_released); i < full; ++i) {
     const int32_t b = s.table[i];
     if (device_.is_cached(b)) continue;
     BlockHandle parent;
     if (i > 0) {
-      const int32_t p = s.table[i - 1];
+      // The parent's handle; the window may have released the entry (then it is the handle
+      // it had, current only while that block was not evicted since).
+      parent = s.table[i - 1] == kNoBlock ? s.window_parent : device_.handle(s.table[i - 1]);
       // A chain is only as good as its parent: an uncached parent cannot be matched.
-      if (!device_.is_cached(p)) continue;
-      parent = device_.handle(p);
+      if (!device_.is_current(parent) || !device_.is_cached(parent.block)) continue;
     }
     const BlockHash& h = block_hash(s, i);
     auto block_tokens = std::span<const int32_t>(s.tokens).subspan(i * bs, bs);
@@ -166,11 +187,15 @@ PrefixHit KvCacheManager::find_prefix(const SequenceState& s) const {
         cache_.find(block_hash(s, i), salt_of(s), std::span<const int32_t>(s.tokens).subspan(i * bs, bs), parent);
     if (b < 0) break;
     hit.blocks.push_back(b);
-    if (device_.refcount(b) == 0) ++hit.num_evictable;
     parent = device_.handle(b);
   }
   hit.num_looked_up = max_blocks;
   hit.num_tokens = static_cast<int64_t>(hit.blocks.size()) * bs;
+  // The blocks the sequence keeps leave the available pool: not those the window releases
+  // as soon as it takes them (take_prefix_hit), which stay cached.
+  for (auto j = static_cast<size_t>(window_dead_blocks(hit.num_tokens)); j < hit.blocks.size(); ++j) {
+    if (device_.refcount(hit.blocks[j]) == 0) ++hit.num_evictable;
+  }
   return hit;
 }
 
@@ -200,7 +225,9 @@ AllocStatus KvCacheManager::can_allocate(const SequenceState& s, int64_t n_new_t
   const bool admitting = s.table.empty();
   const int64_t watermark = admitting ? config_.watermark_blocks : 0;
   const int64_t total = blocks_for_tokens(end, bs);
-  if (total > config_.pool.num_device_blocks - watermark) return AllocStatus::kNever;
+  // The entries the window has released by then hold no block (admitting: those of the hit).
+  const int64_t released = admitting ? window_dead_blocks(hit.num_tokens) : s.num_window_released;
+  if (total - released > config_.pool.num_device_blocks - watermark) return AllocStatus::kNever;
   const int64_t need =
       total - (s.table.size() + num_hit) + (needs_copy_on_write(s, n_new_tokens + num_lookahead) ? 1 : 0);
   if (need <= 0) return AllocStatus::kOk;
@@ -230,6 +257,11 @@ void KvCacheManager::take_prefix_hit(SequenceState& s, const PrefixHit& hit) {
   s.num_registered_blocks = static_cast<int64_t>(hit.blocks.size());
   cache_.stats().hits += static_cast<int64_t>(hit.blocks.size());
   cache_.stats().misses += hit.num_looked_up - static_cast<int64_t>(hit.blocks.size());
+  // The hit's blocks wholly before the window of its first new position go straight back
+  // (still cached): the sequence keeps what the window needs. The log states the hit's
+  // length first, which the replayer bounds a window release by.
+  if (window_dead_blocks(hit.num_tokens) > 0 && logging()) log(kv_event::Slots{s.id, hit.num_tokens});
+  release_window_blocks(s);
 }
 
 AllocStatus KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens, const PrefixHit& hit,
@@ -293,6 +325,7 @@ int32_t KvCacheManager::take_device_block(bool is_copy_dst) {
   if (a.evicted) {
     cache_.erase(a.block);
     if (logging()) log(kv_event::Evict{a.block});
+    drop_orphans(a.block);
   }
   if (config_.poison_on_free) {
     if (is_copy_dst) {
@@ -318,6 +351,10 @@ void KvCacheManager::release_tail_to(SequenceState& s, int64_t num_blocks) {
     const int32_t b = s.table.back();
     s.table.pop_back();
     if (logging()) log(kv_event::Release{s.id, b});
+    if (b == kNoBlock) {
+      s.num_window_released = std::min(s.num_window_released, s.table.size());
+      continue;  // the window released its block already
+    }
     if (s.swapped) {
       host_.release(b);
     } else {
@@ -350,8 +387,9 @@ Status KvCacheManager::fork(SeqId parent, SeqId child) {
   c.table.clear();
   if (logging()) log(kv_event::Fork{parent, child});
   for (int32_t b : p->table.blocks()) {
-    device_.retain(b);
     c.table.push_back(b);
+    if (b == kNoBlock) continue;  // the child starts with the parent's released entries
+    device_.retain(b);
     if (logging()) {
       log(kv_event::Share{child, b, kv_event::ShareReason::kFork});
     }
@@ -371,12 +409,18 @@ Status KvCacheManager::truncate(SeqId seq, int64_t new_len) {
                   "new_len " + std::to_string(new_len) + " outside [0, " + std::to_string(s->tokens.size()) + "]"));
   }
   const int64_t bs = config_.pool.block_size;
+  if (window_dead_blocks(std::min(s->num_final, new_len)) < s->num_window_released) {
+    return Status::error(seq_error("truncate", seq,
+                                   "new_len " + std::to_string(new_len) +
+                                       " would need positions the sliding window already released (" +
+                                       std::to_string(s->num_window_released) + " blocks)"));
+  }
   if (!s->swapped && new_len < static_cast<int64_t>(s->tokens.size())) {
     // I9: cached blocks holding a dropped position leave the prefix cache.
     std::vector<BlockHandle> dropped;
     for (int64_t i = new_len / bs; i < s->table.size(); ++i) {
       const int32_t b = s->table[i];
-      if (!device_.is_cached(b)) continue;
+      if (b == kNoBlock || !device_.is_cached(b)) continue;
       rolled_back_generation_[static_cast<size_t>(b)] = device_.generation(b);
       dropped.push_back(device_.handle(b));
       drop_cache_entry(b);
@@ -408,7 +452,9 @@ Status KvCacheManager::swap_out(SeqId seq) {
   SequenceState* s = find(seq);
   if (s == nullptr) return Status::error(seq_error("swap_out", seq, "unknown sequence"));
   if (s->swapped) return Status::error(seq_error("swap_out", seq, "already swapped out"));
-  const int64_t k = s->table.size();
+  // The live entries move; the ones the window released stay kNoBlock.
+  const int64_t first = s->num_window_released;
+  const int64_t k = s->table.size() - first;
   if (host_.num_available() < k) {
     return Status::error(
         seq_error("swap_out", seq,
@@ -416,11 +462,11 @@ Status KvCacheManager::swap_out(SeqId seq) {
   }
   std::vector<BlockCopy> pairs;
   pairs.reserve(static_cast<size_t>(k));
-  for (int64_t i = 0; i < k; ++i) pairs.push_back({s->table[i], host_.allocate().block});
+  for (int64_t i = 0; i < k; ++i) pairs.push_back({s->table[first + i], host_.allocate().block});
   if (logging()) log(kv_event::SwapOut{seq, pairs});
   for (int64_t i = k - 1; i >= 0; --i) {
     release_device_block(pairs[static_cast<size_t>(i)].src);
-    s->table.set(i, pairs[static_cast<size_t>(i)].dst);
+    s->table.set(first + i, pairs[static_cast<size_t>(i)].dst);
   }
   ops_.swap_out.insert(ops_.swap_out.end(), pairs.begin(), pairs.end());
   s->swapped = true;
@@ -430,14 +476,15 @@ Status KvCacheManager::swap_out(SeqId seq) {
 
 bool KvCacheManager::can_swap_in(SeqId seq) const {
   const SequenceState* s = sequence(seq);
-  return s != nullptr && s->swapped && device_.num_available() >= s->table.size();
+  return s != nullptr && s->swapped && device_.num_available() >= s->table.size() - s->num_window_released;
 }
 
 Status KvCacheManager::swap_in(SeqId seq) {
   SequenceState* s = find(seq);
   if (s == nullptr) return Status::error(seq_error("swap_in", seq, "unknown sequence"));
   if (!s->swapped) return Status::error(seq_error("swap_in", seq, "not swapped out"));
-  const int64_t k = s->table.size();
+  const int64_t first = s->num_window_released;
+  const int64_t k = s->table.size() - first;
   if (device_.num_available() < k) {
     return Status::error(seq_error(
         "swap_in", seq,
@@ -446,12 +493,12 @@ Status KvCacheManager::swap_in(SeqId seq) {
   std::vector<BlockCopy> pairs;
   pairs.reserve(static_cast<size_t>(k));
   for (int64_t i = 0; i < k; ++i) {
-    pairs.push_back({s->table[i], take_device_block(/*is_copy_dst=*/false)});
+    pairs.push_back({s->table[first + i], take_device_block(/*is_copy_dst=*/false)});
   }
   if (logging()) log(kv_event::SwapIn{seq, pairs});
   for (int64_t i = k - 1; i >= 0; --i) {
     host_.release(pairs[static_cast<size_t>(i)].src);
-    s->table.set(i, pairs[static_cast<size_t>(i)].dst);
+    s->table.set(first + i, pairs[static_cast<size_t>(i)].dst);
   }
   ops_.swap_in.insert(ops_.swap_in.end(), pairs.begin(), pairs.end());
   s->swapped = false;
@@ -473,10 +520,28 @@ void KvCacheManager::drop_cache_entry(int32_t block) {
   }
 }
 
+void KvCacheManager::drop_orphans(int32_t block) {
+  // Tables release their tails first, so a chain's parent is normally evicted after its
+  // children. A sliding window releases a sequence's oldest blocks first: the parent can go
+  // first, and its cached descendants could never be matched again (check_cache_reachable).
+  // They leave the cache with it. Without a window nothing is orphaned this way; skip the scan.
+  if (config_.sliding_window <= 0) return;
+  std::vector<int32_t> gone{block};
+  for (size_t d = 0; d < gone.size(); ++d) {
+    for (int32_t c : cache_.blocks()) {
+      if (cache_.entry(c).parent.block != gone[d]) continue;
+      drop_cache_entry(c);
+      gone.push_back(c);
+    }
+  }
+}
+
 int32_t KvCacheManager::evict_cached(int32_t n) {
   int32_t evicted = 0;
   while (evicted < n && device_.lru_evictable() >= 0) {
-    drop_cache_entry(device_.lru_evictable());
+    const int32_t b = device_.lru_evictable();
+    drop_cache_entry(b);
+    drop_orphans(b);
     ++evicted;
   }
   if (evicted > 0) changed();

@@ -57,6 +57,11 @@ struct KvCacheConfig {
   bool poison_on_free = false;
   // Bits of SHA-256 kept in the chain hash; tests use a few to force collisions.
   int hash_bits = 256;
+  // Every layer's sliding window (ModelConfig::kv_window; 0: none). With W > 0, once
+  // positions [0, F) of a sequence are final, no token it will still run attends below
+  // F - W + 1, so its table entries wholly before that are released (kNoBlock): the leading
+  // window_dead_blocks(F) entries, exactly (I11). The backend refuses a plan that reads one.
+  int64_t sliding_window = 0;
 };
 
 // Returns an error naming the first bad field.
@@ -82,6 +87,10 @@ struct SequenceState {
   int64_t num_registered_blocks = 0;
   // Memo: chain hashes of the leading full blocks of `tokens` (pure function of tokens).
   mutable std::vector<BlockHash> block_hashes;
+  // Leading table entries the sliding window released (kNoBlock), and the handle the last of
+  // them had: the parent a later block is registered in the prefix cache under.
+  int64_t num_window_released = 0;
+  BlockHandle window_parent;
 };
 
 // One prefix-cache lookup (vLLM v1's get_computed_blocks): the cached blocks a sequence with
@@ -176,11 +185,13 @@ class KvCacheManager {
   // accepted tokens only), and is recorded in rolled_back_generation() so that
   // check_accepted_only_cache can tell if it ever stays registered. Rejected speculative
   // tokens are never final (the scheduler marks only accepted positions final), so a
-  // speculative rollback never touches a cached block.
+  // speculative rollback never touches a cached block. Error too (nothing changed): new_len
+  // would need positions a sliding window already released (I11).
   Status truncate(SeqId seq, int64_t new_len);
 
   // Moves the sequence's blocks to the host pool (plan op swap_out) and releases the device
-  // blocks. Error: unknown or already swapped sequence, too few free host blocks.
+  // blocks; entries a sliding window released stay released. Error: unknown or already
+  // swapped sequence, too few free host blocks.
   Status swap_out(SeqId seq);
   // Whether swap_in(seq) would succeed now.
   bool can_swap_in(SeqId seq) const;
@@ -194,6 +205,12 @@ class KvCacheManager {
   int32_t evict_cached(int32_t n);
   // Forgets every prefix-cache entry; evictable blocks become free.
   void flush_prefix_cache();
+
+  // Table entries wholly before the window of position `num_final` (the first position a
+  // sequence with num_final final positions may still run): max(0, (num_final - W + 1) / bs)
+  // with W = config().sliding_window > 0, else 0. I11: a sequence's leading entries, exactly
+  // these, are kNoBlock.
+  int64_t window_dead_blocks(int64_t num_final) const;
 
   // --- plan ops and audit ---
 
@@ -242,8 +259,12 @@ class KvCacheManager {
   int32_t take_device_block(bool is_copy_dst);
   void release_device_block(int32_t block);
   void release_tail_to(SequenceState& s, int64_t num_blocks);
+  // Releases the entries the window has left behind (window_dead_blocks(s.num_final)).
+  void release_window_blocks(SequenceState& s);
   void register_final_blocks(SequenceState& s);
   void drop_cache_entry(int32_t block);
+  // Drops the cache entries chained onto `block` (just evicted), and theirs, transitively.
+  void drop_orphans(int32_t block);
   SequenceState* find(SeqId seq);
 
   void log(const KvEvent& event);

@@ -13,6 +13,7 @@ namespace kvp::kv_event {
 struct Init {
   int32_t device_blocks = 0, host_blocks = 0, block_size = 0;
   bool global_prefix = false;
+  int64_t window = 0;  // every layer's sliding window (0: none, nothing is freed early)
 };
 struct Add {  // a sequence appears, empty table
   int64_t seq = 0, tenant = 0;
@@ -34,8 +35,13 @@ struct Cow {  // free block dst replaces src at table index; src released
   int64_t seq = 0, index = 0;
   int32_t src = 0, dst = 0;
 };
-struct Release {  // seq's last table entry (block) dropped, refcount - 1
+struct Release {  // seq's last table entry (block, or kNoBlock for a window-freed one) dropped, refcount - 1
   int64_t seq = 0;
+  int32_t block = 0;
+};
+struct WindowRelease {  // the sliding window left table entry `index` (block) behind: it is
+                        // released (refcount - 1) and the entry becomes kNoBlock
+  int64_t seq = 0, index = 0;
   int32_t block = 0;
 };
 struct Slots {  // seq now has len positions with slots
@@ -66,8 +72,9 @@ struct Free {  // seq (already with an empty table) ends
 
 namespace kvp {
 
-using KvEvent = std::variant<kv_event::Init, kv_event::Add, kv_event::Fork, kv_event::Alloc, kv_event::Share,
-                             kv_event::Cow, kv_event::Release, kv_event::Slots, kv_event::Cache, kv_event::Evict,
-                             kv_event::SwapOut, kv_event::SwapIn, kv_event::Poison, kv_event::Free>;
+using KvEvent =
+    std::variant<kv_event::Init, kv_event::Add, kv_event::Fork, kv_event::Alloc, kv_event::Share, kv_event::Cow,
+                 kv_event::Release, kv_event::WindowRelease, kv_event::Slots, kv_event::Cache, kv_event::Evict,
+                 kv_event::SwapOut, kv_event::SwapIn, kv_event::Poison, kv_event::Free>;
 
 }  // namespace kvp
