@@ -57,7 +57,12 @@ Result<EngineConfig> engine_config(const ModelConfig& model, const EngineOptions
   ec.kv.global_prefix_sharing = o.global_prefix_sharing;
   ec.kv.poison_on_free = o.poison_on_free;
   // Every layer windowed (Mistral): blocks behind the window are released as sequences run.
-  ec.kv.sliding_window = model.kv_window();
+  // Not under an attention plug-in: the ABI lets released entries be -1, and a plug-in that
+  // wrongly reads before its window would then read outside the pool (undefined behaviour,
+  // a crash under ASan); with every block kept it reads stale K/V and fails
+  // logits-vs-reference, the report its developer needs. kernel-check tests the skipping
+  // itself, with every entry behind the window naming a block of NaN.
+  ec.kv.sliding_window = o.attention_plugin != nullptr ? 0 : model.kv_window();
   ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
   ec.scheduler.max_num_seqs = o.max_num_seqs;
   ec.scheduler.max_model_len = o.max_model_len;
