@@ -283,8 +283,8 @@ Status Engine::step() {
   int64_t used = 0, allocated = 0;
   for (const auto& [id, s] : kv_.sequences()) {
     if (s.swapped) continue;
-    used += s.num_slots - s.num_window_released * kv_.block_size();  // released positions hold nothing
-    allocated += s.table.num_live() * kv_.block_size();
+    used += s.num_slots - s.num_window_released * kv_.block_size();            // released positions hold nothing
+    allocated += (s.table.size() - s.num_window_released) * kv_.block_size();  // the released entries hold none
   }
   counters_.kv_used_slots_sum += static_cast<double>(used);
   counters_.kv_allocated_slots_sum += static_cast<double>(allocated);

@@ -26,12 +26,6 @@ class BlockTable {
   // REQUIRES: 0 <= i < size().
   int32_t operator[](int64_t i) const { return blocks_[checked(i)]; }
   int32_t back() const { return (*this)[size() - 1]; }
-  // Entries that name a block (all but the leading kNoBlock ones).
-  int64_t num_live() const {
-    int64_t n = 0;
-    for (int32_t b : blocks_) n += b != kNoBlock ? 1 : 0;
-    return n;
-  }
 
   void push_back(int32_t block) { blocks_.push_back(block); }
   // REQUIRES: !empty().
