@@ -220,10 +220,21 @@ KVP_HOST_DEVICE inline void apply_rope(float* head, const float* cos, const floa
 // silu(z) = z * sigmoid(z).
 KVP_HOST_DEVICE inline float silu(float z) { return z / (1.0f + std::exp(-z)); }
 
+// PyTorch's tanh-approximated GELU (gelu(approximate="tanh"), transformers'
+// gelu_pytorch_tanh, Gemma's activation): 0.5 z (1 + tanh(sqrt(2 / pi) (z + 0.044715 z^3))).
+KVP_HOST_DEVICE inline float gelu_tanh(float z) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  const float inner = kSqrt2OverPi * (z + 0.044715f * z * z * z);
+  return 0.5f * z * (1.0f + std::tanh(inner));
+}
+
+// Gemma 2's soft-capping of an attention score or a logit: cap * tanh(s / cap); cap 0: s.
+KVP_HOST_DEVICE inline float soft_cap(float s, float cap) { return cap > 0.0f ? cap * std::tanh(s / cap) : s; }
+
 // Causal attention of one token at `position` over its sequence's context, for the query
 // heads that read KV heads kv_begin .. kv_begin + kv_count - 1 (`group` query heads per KV
 // head, GQA), read through the block table from one layer's K and V pools: for each head h,
-//   out_h = sum_j softmax_j(q_h . k_j * scale) v_j,  j = first..position,
+//   out_h = sum_j softmax_j(soft_cap(q_h . k_j * scale, softcap)) v_j,  j = first..position,
 // first = window_first(position, window): 0, or the sliding window's first position (window
 // > 0). The positions are cut into partitions [0, P), [P, 2P), ... of `partition` positions,
 // fixed in positions whatever the window; the partitions wholly before `first` are skipped
@@ -356,7 +367,7 @@ KVP_HOST_DEVICE inline void paged_attention_kv_heads(const float* q, const KvT* 
                                                      int64_t group, int64_t head_dim, int64_t position, float scale,
                                                      int64_t partition, float* scratch, float* out,
                                                      const float* k_scale = nullptr, const float* v_scale = nullptr,
-                                                     int64_t window = 0) {
+                                                     int64_t window = 0, float softcap = 0.0f) {
   const int64_t heads = kv_count * group;
   const int64_t first = window_first(position, window);
   float* acc = scratch;  // [heads][head_dim]
@@ -415,6 +426,9 @@ KVP_HOST_DEVICE inline void paged_attention_kv_heads(const float* q, const KvT* 
           }
 #endif
           for (; j < count; ++j) p[j] = dot(q_h, k_rows[j], head_dim) * scale;
+          if (softcap > 0.0f) {
+            for (j = 0; j < count; ++j) p[j] = soft_cap(p[j], softcap);
+          }
           for (j = 0; j < count; ++j)
             p[j] = online_softmax_step(p[j], tile + j == begin, part_max[h], part_sum[h], r[j]);
           accumulate_tile(acc + h * head_dim, v_rows, p, r, count, head_dim);
@@ -449,9 +463,9 @@ KVP_HOST_DEVICE inline void paged_attention_head(const float* q, const KvT* k_po
                                                  int64_t kv_head, int64_t head_dim, int64_t position, float scale,
                                                  int64_t partition, float* scratch, float* out,
                                                  const float* k_scale = nullptr, const float* v_scale = nullptr,
-                                                 int64_t window = 0) {
+                                                 int64_t window = 0, float softcap = 0.0f) {
   paged_attention_kv_heads(q, k_pool, v_pool, block_table, block_size, num_kv_heads, kv_head, 1, 1, head_dim, position,
-                           scale, partition, scratch, out, k_scale, v_scale, window);
+                           scale, partition, scratch, out, k_scale, v_scale, window, softcap);
 }
 
 }  // inline namespace

@@ -60,7 +60,8 @@ Result<bool> get_bool(const nlohmann::json& j, const char* key, bool fallback) {
   return it->get<bool>();
 }
 
-constexpr Architecture kArchitectures[] = {Architecture::kLlama, Architecture::kQwen2, Architecture::kMistral};
+constexpr Architecture kArchitectures[] = {Architecture::kLlama, Architecture::kQwen2, Architecture::kMistral,
+                                           Architecture::kGemma2, Architecture::kGemma3};
 
 std::string supported_architectures() {
   std::string out;
@@ -85,7 +86,9 @@ Result<Architecture> read_architecture(const nlohmann::json& j) {
     const std::string type = it->get<std::string>();
     for (Architecture a : kArchitectures)
       if (type == architecture_model_type(a)) by_type = a;
-    if (!by_type) return Status::error("key 'model_type': '" + type + "' is not supported (llama, qwen2, mistral are)");
+    if (!by_type)
+      return Status::error("key 'model_type': '" + type +
+                           "' is not supported (llama, qwen2, mistral, gemma2, gemma3_text are)");
   }
   if (by_class && by_type && *by_class != *by_type)
     return Status::error(std::string("key 'model_type': '") + architecture_model_type(*by_type) +
@@ -99,8 +102,11 @@ Result<Architecture> read_architecture(const nlohmann::json& j) {
 Status read_rope(const nlohmann::json& j, ModelConfig& c) {
   const char* key = is_set(j, "rope_parameters") ? "rope_parameters" : "rope_scaling";
   if (!is_set(j, key)) return Status::ok();
-  const nlohmann::json& r = j.at(key);
-  const std::string where = std::string(key) + ".";
+  const bool by_layer_type = j.at(key).is_object() && j.at(key).contains("full_attention");
+  // transformers v5 splits Gemma's rope_parameters by layer type: the full layers' are these
+  // (the sliding layers' are read by read_gemma).
+  const nlohmann::json& r = by_layer_type ? j.at(key).at("full_attention") : j.at(key);
+  const std::string where = std::string(key) + (by_layer_type ? ".full_attention." : ".");
   if (!r.is_object()) return Status::error(std::string("key '") + key + "' must be an object or null, got " + r.dump());
   std::string type = "default";
   for (const char* type_key : {"rope_type", "type"}) {
@@ -163,17 +169,30 @@ Result<std::vector<int32_t>> read_eos(const nlohmann::json& j) {
 // Keys that change the math in some architecture of the Llama family and that kvproof does
 // not implement; each is refused when set to anything but its neutral value.
 Status refuse_unimplemented(const nlohmann::json& j, Architecture arch) {
-  if (auto it = j.find("hidden_act"); it != j.end() && !it->is_null()) {
-    if (!it->is_string() || (*it != "silu" && *it != "swish"))
-      return not_implemented("hidden_act", *it, "only silu (SwiGLU) is");
+  const bool gemma = arch == Architecture::kGemma2 || arch == Architecture::kGemma3;
+  // Gemma's MLP is GeGLU with PyTorch's tanh GELU (transformers reads hidden_activation;
+  // configs carry hidden_act beside it); every other architecture's is SwiGLU.
+  for (const char* key : {"hidden_act", "hidden_activation"}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (gemma) {
+      if (*it != "gelu_pytorch_tanh") return not_implemented(key, *it, "Gemma's gelu_pytorch_tanh is");
+    } else if (std::string_view(key) == "hidden_activation" || !it->is_string() || (*it != "silu" && *it != "swish")) {
+      return not_implemented(key, *it, "only silu (SwiGLU) is");
+    }
   }
   for (const char* key :
-       {"hidden_activation", "final_logit_softcapping", "attn_logit_softcapping", "quantization_config",
-        "dual_chunk_attention_config", "attention_chunk_size", "no_rope_layers", "embedding_multiplier",
-        "logits_scaling", "residual_multiplier", "attention_multiplier", "query_pre_attn_scalar"}) {
+       {"quantization_config", "dual_chunk_attention_config", "attention_chunk_size", "no_rope_layers",
+        "embedding_multiplier", "logits_scaling", "residual_multiplier", "attention_multiplier"}) {
     if (is_set(j, key)) return not_implemented(key, j.at(key));
   }
-  for (const char* key : {"use_qk_norm", "qk_norm", "qk_layernorm", "use_mrope", "use_sliding_window"}) {
+  // Gemma's own keys (read by read_gemma); on another architecture they would change the math.
+  if (!gemma) {
+    for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping", "query_pre_attn_scalar"})
+      if (is_set(j, key)) return not_implemented(key, j.at(key));
+  }
+  for (const char* key :
+       {"use_qk_norm", "qk_norm", "qk_layernorm", "use_mrope", "use_sliding_window", "use_bidirectional_attention"}) {
     // Qwen2's window is read by from_json.
     if (arch == Architecture::kQwen2 && std::string_view(key) == "use_sliding_window") continue;
     if (auto it = j.find(key); it != j.end() && !it->is_null() && *it != false) return not_implemented(key, *it);
@@ -182,14 +201,15 @@ Status refuse_unimplemented(const nlohmann::json& j, Architecture arch) {
     return not_implemented("partial_rotary_factor", *it);
   if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
     if (!it->is_array()) return Status::error("key 'layer_types' must be a list, got " + it->dump());
+    const bool windows = arch == Architecture::kQwen2 || gemma;
     for (const auto& t : *it) {
-      if (t == "full_attention" || (arch == Architecture::kQwen2 && t == "sliding_attention")) continue;
-      return not_implemented("layer_types", t,
-                             arch == Architecture::kQwen2 ? "only full_attention and sliding_attention layers are"
-                                                          : "only full_attention layers are");
+      if (t == "full_attention" || (windows && t == "sliding_attention")) continue;
+      return not_implemented(
+          "layer_types", t,
+          windows ? "only full_attention and sliding_attention layers are" : "only full_attention layers are");
     }
   }
-  // Qwen2 reads sliding_window only when use_sliding_window is true, and Mistral always
+  // Qwen2 reads sliding_window only when use_sliding_window is true, Mistral and Gemma always
   // (from_json); Llama's modelling code has no window, so a value there is refused rather
   // than guessed at.
   if (arch == Architecture::kLlama && is_set(j, "sliding_window"))
@@ -204,6 +224,8 @@ const char* architecture_class_name(Architecture a) {
     case Architecture::kLlama: return "LlamaForCausalLM";
     case Architecture::kQwen2: return "Qwen2ForCausalLM";
     case Architecture::kMistral: return "MistralForCausalLM";
+    case Architecture::kGemma2: return "Gemma2ForCausalLM";
+    case Architecture::kGemma3: return "Gemma3ForCausalLM";
   }
   return "?";
 }
@@ -213,6 +235,8 @@ const char* architecture_model_type(Architecture a) {
     case Architecture::kLlama: return "llama";
     case Architecture::kQwen2: return "qwen2";
     case Architecture::kMistral: return "mistral";
+    case Architecture::kGemma2: return "gemma2";
+    case Architecture::kGemma3: return "gemma3_text";
   }
   return "?";
 }
@@ -232,8 +256,8 @@ Status ModelConfig::validate() const {
       return Status::error("sliding_window is MistralForCausalLM's and Qwen2ForCausalLM's; LlamaForCausalLM has none");
   }
   if (!sliding_layers.empty()) {
-    if (architecture != Architecture::kQwen2)
-      return Status::error(std::string("per-layer windows (layer_types) are Qwen2ForCausalLM's; ") +
+    if (architecture != Architecture::kQwen2 && !gemma())
+      return Status::error(std::string("per-layer windows (layer_types) are Qwen2ForCausalLM's and Gemma's; ") +
                            architecture_class_name(architecture) + " windows every layer or none");
     if (sliding_window == 0) return Status::error("layers named sliding without a sliding_window");
     if (static_cast<int64_t>(sliding_layers.size()) != num_layers)
@@ -276,9 +300,31 @@ Status ModelConfig::validate() const {
         return Status::error("Qwen2ForCausalLM has q/k/v biases and no o_proj or MLP biases");
       break;
     case Architecture::kMistral:
-      if (qkv_bias || o_bias || mlp_bias) return Status::error("MistralForCausalLM has no biases");
+    case Architecture::kGemma2:
+    case Architecture::kGemma3:
+      if (qkv_bias || o_bias || mlp_bias)
+        return Status::error(std::string(architecture_class_name(architecture)) + " has no biases");
       break;
   }
+  const auto non_negative = [](const char* name, double v) -> Status {
+    if (!(std::isfinite(v) && v >= 0.0))
+      return Status::error(std::string(name) + " must be finite and >= 0 (0: none), got " + std::to_string(v));
+    return Status::ok();
+  };
+  KVP_RETURN_IF_ERROR(non_negative("query_pre_attn_scalar", query_pre_attn_scalar));
+  KVP_RETURN_IF_ERROR(non_negative("attn_logit_softcapping", attn_logit_softcapping));
+  KVP_RETURN_IF_ERROR(non_negative("final_logit_softcapping", final_logit_softcapping));
+  KVP_RETURN_IF_ERROR(non_negative("rope_local_base_freq", rope_local_base_freq));
+  if (!gemma() && (query_pre_attn_scalar != 0.0 || attn_logit_softcapping != 0.0 || final_logit_softcapping != 0.0))
+    return Status::error("query_pre_attn_scalar and logit soft-capping are Gemma's; " +
+                         std::string(architecture_class_name(architecture)) + " has neither");
+  if (architecture != Architecture::kGemma3 && rope_local_base_freq != 0.0)
+    return Status::error("rope_local_base_freq is Gemma3ForCausalLM's");
+  if (rope_local_base_freq != 0.0 && !(rope_local_base_freq > 1.0))
+    return Status::error("rope_local_base_freq must be > 1, got " + std::to_string(rope_local_base_freq));
+  if (gemma() && !tie_word_embeddings)
+    return Status::error(std::string(architecture_class_name(architecture)) +
+                         " ties its LM head to the embeddings (tie_word_embeddings true)");
   for (int32_t id : eos_token_ids) {
     if (id < 0 || id >= vocab_size)
       return Status::error("eos_token_id " + std::to_string(id) + " is outside the vocabulary [0, " +
@@ -294,9 +340,23 @@ Status ModelConfig::validate() const {
   return Status::ok();
 }
 
+float ModelConfig::embed_scale() const {
+  return gemma() ? static_cast<float>(std::sqrt(static_cast<double>(hidden_size))) : 1.0f;
+}
+
+float ModelConfig::attention_scale() const {
+  // A scalar equal to head_dim keeps the backends' own fp32 formula (the same value up to its
+  // last bit, and a plug-in computes that one).
+  if (query_pre_attn_scalar > 0.0 && query_pre_attn_scalar != static_cast<double>(head_dim))
+    return static_cast<float>(1.0 / std::sqrt(query_pre_attn_scalar));
+  return 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
 int64_t ModelConfig::num_parameters() const {
   const int64_t h = hidden_size;
   int64_t per_layer = h * q_dim() * 2 + h * kv_dim() * 2 + 3 * h * intermediate_size + 2 * h;
+  if (gemma()) per_layer += 2 * h;           // pre- and post-feedforward norms
+  if (qk_norm()) per_layer += 2 * head_dim;  // q_norm, k_norm
   if (qkv_bias) per_layer += q_dim() + 2 * kv_dim();
   if (o_bias) per_layer += h;
   if (mlp_bias) per_layer += 2 * intermediate_size + h;
@@ -344,6 +404,83 @@ Status read_qwen2_window(const nlohmann::json& j, ModelConfig& c) {
   return Status::ok();
 }
 
+// A number key that may be null (none: 0) or absent (transformers' default).
+Result<double> get_optional_number(const nlohmann::json& j, const char* key, double fallback) {
+  auto it = j.find(key);
+  if (it == j.end()) return fallback;
+  if (it->is_null()) return 0.0;
+  if (!it->is_number())
+    return Status::error(std::string("key '") + key + "' must be a number or null, got " + it->dump());
+  return it->get<double>();
+}
+
+// Gemma 2 and Gemma 3, as transformers' Gemma2Config and Gemma3TextConfig read them (their
+// defaults where a key is absent): query_pre_attn_scalar (256), the caps (Gemma 2: 50 and
+// 30; Gemma 3: none; null: none), sliding_window (4096), the layers' types from layer_types,
+// else Gemma 2's alternation (layer l sliding when l is even: (l + 1) % 2 != 0) or Gemma 3's
+// sliding_window_pattern P (default 6; the 270M config spells it _sliding_window_pattern):
+// layer l sliding when (l + 1) % P != 0; Gemma 3's rope_local_base_freq (10000), or
+// transformers v5's rope_parameters split by layer type.
+Status read_gemma(const nlohmann::json& j, ModelConfig& c) {
+  const bool g3 = c.architecture == Architecture::kGemma3;
+  auto scalar = get_number(j, "query_pre_attn_scalar", 256.0);
+  if (!scalar) return scalar.status();
+  if (!(*scalar > 0.0)) return Status::error("key 'query_pre_attn_scalar' must be > 0, got " + std::to_string(*scalar));
+  c.query_pre_attn_scalar = *scalar;
+  auto attn_cap = get_optional_number(j, "attn_logit_softcapping", g3 ? 0.0 : 50.0);
+  if (!attn_cap) return attn_cap.status();
+  auto final_cap = get_optional_number(j, "final_logit_softcapping", g3 ? 0.0 : 30.0);
+  if (!final_cap) return final_cap.status();
+  if (*attn_cap < 0.0 || *final_cap < 0.0) return Status::error("logit soft-capping must be > 0 or null");
+  c.attn_logit_softcapping = *attn_cap;
+  c.final_logit_softcapping = *final_cap;
+  if (g3) {
+    auto local = get_number(j, "rope_local_base_freq", 10000.0);
+    if (!local) return local.status();
+    c.rope_local_base_freq = *local;
+  }
+  std::vector<bool> sliding;
+  if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
+    if (static_cast<int64_t>(it->size()) != c.num_layers)
+      return Status::error("key 'layer_types' has " + std::to_string(it->size()) + " entries for " +
+                           std::to_string(c.num_layers) + " layers (num_hidden_layers)");
+    for (const auto& t : *it) sliding.push_back(t == "sliding_attention");
+  } else {
+    int64_t pattern = 2;
+    if (g3) {
+      const char* key = is_set(j, "sliding_window_pattern") ? "sliding_window_pattern" : "_sliding_window_pattern";
+      auto p = get_int(j, key, int64_t{6});
+      if (!p) return p.status();
+      if (*p <= 0) return Status::error(std::string("key '") + key + "' must be > 0, got " + std::to_string(*p));
+      pattern = *p;
+    }
+    for (int64_t l = 0; l < c.num_layers; ++l) sliding.push_back((l + 1) % pattern != 0);
+  }
+  auto window = get_int(j, "sliding_window", int64_t{4096});
+  if (!window) return window.status();
+  const auto windowed = std::count(sliding.begin(), sliding.end(), true);
+  if (windowed > 0 && *window <= 0)
+    return Status::error("key 'sliding_window' must be a positive integer, got " + std::to_string(*window));
+  if (windowed > 0) c.sliding_window = *window;
+  if (windowed > 0 && windowed < static_cast<int64_t>(sliding.size())) c.sliding_layers = std::move(sliding);
+  // transformers v5: rope_parameters {"full_attention": {...}, "sliding_attention": {...}}.
+  if (auto it = j.find("rope_parameters"); it != j.end() && it->is_object() && it->contains("sliding_attention")) {
+    const nlohmann::json& local = it->at("sliding_attention");
+    if (!local.is_object()) return Status::error("key 'rope_parameters.sliding_attention' must be an object");
+    if (auto t = local.find("rope_type"); t != local.end() && !t->is_null() && *t != "default")
+      return not_implemented("rope_parameters.sliding_attention.rope_type", *t, "the sliding layers' rope is default");
+    auto theta = get_number(local, "rope_theta", g3 ? c.rope_local_base_freq : c.rope_theta);
+    if (!theta) return theta.status().with_context("rope_parameters.sliding_attention");
+    if (g3) {
+      c.rope_local_base_freq = *theta;
+    } else if (*theta != c.rope_theta) {
+      return not_implemented("rope_parameters.sliding_attention.rope_theta", *theta,
+                             "Gemma2ForCausalLM has one RoPE base");
+    }
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::first_layers(int64_t n) const {
@@ -381,10 +518,12 @@ Result<ModelConfig> ModelConfig::from_json(const nlohmann::json& j) {
   KVP_RETURN_IF_ERROR(take(c.num_kv_heads, "num_key_value_heads", c.num_heads));
   std::optional<int64_t> default_head_dim;
   if (c.num_heads > 0 && c.hidden_size % c.num_heads == 0) default_head_dim = c.hidden_size / c.num_heads;
+  // Gemma2Config and Gemma3TextConfig default head_dim to 256, whatever hidden / heads is.
+  if (c.architecture == Architecture::kGemma2 || c.architecture == Architecture::kGemma3) default_head_dim = 256;
   KVP_RETURN_IF_ERROR(take(c.head_dim, "head_dim", default_head_dim));
   KVP_RETURN_IF_ERROR(take(c.max_position_embeddings, "max_position_embeddings", std::nullopt));
 
-  auto theta = get_number(j, "rope_theta", 10000.0);
+  auto theta = get_number(j, "rope_theta", c.architecture == Architecture::kGemma3 ? 1000000.0 : 10000.0);
   if (!theta) return theta.status();
   c.rope_theta = *theta;
   KVP_RETURN_IF_ERROR(read_rope(j, c));
@@ -392,7 +531,8 @@ Result<ModelConfig> ModelConfig::from_json(const nlohmann::json& j) {
   if (!eps) return eps.status();
   c.rms_norm_eps = *eps;
 
-  auto tied = get_bool(j, "tie_word_embeddings", false);
+  const bool gemma = c.architecture == Architecture::kGemma2 || c.architecture == Architecture::kGemma3;
+  auto tied = get_bool(j, "tie_word_embeddings", gemma);  // Gemma's configs default to tied
   if (!tied) return tied.status();
   c.tie_word_embeddings = *tied;
   if (c.architecture == Architecture::kQwen2) {
@@ -402,8 +542,9 @@ Result<ModelConfig> ModelConfig::from_json(const nlohmann::json& j) {
     if (!attention_bias) return attention_bias.status();
     auto mlp_bias = get_bool(j, "mlp_bias", false);
     if (!mlp_bias) return mlp_bias.status();
-    if (c.architecture == Architecture::kMistral && (*attention_bias || *mlp_bias))
-      return not_implemented(*attention_bias ? "attention_bias" : "mlp_bias", true, "MistralForCausalLM has no biases");
+    if ((c.architecture == Architecture::kMistral || gemma) && (*attention_bias || *mlp_bias))
+      return not_implemented(*attention_bias ? "attention_bias" : "mlp_bias", true,
+                             std::string(architecture_class_name(c.architecture)) + " has no biases");
     c.qkv_bias = c.o_bias = *attention_bias;
     c.mlp_bias = *mlp_bias;
   }
@@ -414,6 +555,7 @@ Result<ModelConfig> ModelConfig::from_json(const nlohmann::json& j) {
                            std::to_string(c.sliding_window));
   }
   if (c.architecture == Architecture::kQwen2) KVP_RETURN_IF_ERROR(read_qwen2_window(j, c));
+  if (gemma) KVP_RETURN_IF_ERROR(read_gemma(j, c));
   auto eos = read_eos(j);
   if (!eos) return eos.status();
   c.eos_token_ids = std::move(*eos);
@@ -444,7 +586,7 @@ nlohmann::json ModelConfig::to_json() const {
       {"rms_norm_eps", rms_norm_eps},
       {"max_position_embeddings", max_position_embeddings},
       {"tie_word_embeddings", tie_word_embeddings},
-      {"hidden_act", "silu"},
+      {"hidden_act", gemma() ? "gelu_pytorch_tanh" : "silu"},
       {"torch_dtype", "float32"},
   };
   switch (rope_scaling.type) {
@@ -485,6 +627,23 @@ nlohmann::json ModelConfig::to_json() const {
     case Architecture::kMistral:
       j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json(nullptr);
       break;
+    case Architecture::kGemma2:
+    case Architecture::kGemma3: {
+      j["hidden_activation"] = "gelu_pytorch_tanh";
+      j["attention_bias"] = false;
+      j["query_pre_attn_scalar"] = query_pre_attn_scalar;
+      const auto cap = [](double v) { return v > 0.0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
+      j["attn_logit_softcapping"] = cap(attn_logit_softcapping);
+      j["final_logit_softcapping"] = cap(final_logit_softcapping);
+      if (architecture == Architecture::kGemma3) j["rope_local_base_freq"] = rope_local_base_freq;
+      // transformers needs a window for its sliding layers only; with none, every layer is full.
+      j["sliding_window"] = sliding_window > 0 ? sliding_window : 4096;
+      nlohmann::json types = nlohmann::json::array();
+      for (int64_t l = 0; l < num_layers; ++l)
+        types.push_back(layer_window(l) > 0 ? "sliding_attention" : "full_attention");
+      j["layer_types"] = types;
+      break;
+    }
   }
   if (eos_token_ids.size() == 1) j["eos_token_id"] = eos_token_ids[0];
   if (eos_token_ids.size() > 1) j["eos_token_id"] = eos_token_ids;

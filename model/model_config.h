@@ -9,6 +9,17 @@
 //                                 on, transformers' Qwen2Config) attending to the last W
 //   MistralForCausalLM / mistral  sliding_window null, or W: every layer attends to the last W
 //                                 positions, itself included (windowed_attention_first())
+//   Gemma2ForCausalLM / gemma2    Gemma's decoder (gemma() below): (1 + w) RMSNorm weights,
+//                                 embeddings times sqrt(hidden), GeGLU with the tanh GELU,
+//                                 sandwich norms around attention and the MLP, scores scaled
+//                                 by query_pre_attn_scalar^-1/2, attention and final logit
+//                                 soft-capping; layers alternate sliding (even) and full (odd)
+//                                 unless layer_types says otherwise; tied embeddings
+//   Gemma3ForCausalLM / gemma3_text  Gemma 2's decoder with q/k RMSNorm per head, no caps by
+//                                 default, one full layer in sliding_window_pattern (6:
+//                                 layers 5, 11, ...) or layer_types, and the sliding layers'
+//                                 own RoPE base rope_local_base_freq (unscaled; rope_scaling
+//                                 is the full layers')
 // docs/checkpoints.md lists every key that is read, ignored or refused.
 #pragma once
 
@@ -23,7 +34,7 @@
 
 namespace kvp {
 
-enum class Architecture { kLlama, kQwen2, kMistral };
+enum class Architecture { kLlama, kQwen2, kMistral, kGemma2, kGemma3 };
 
 // config.json `architectures[0]` and `model_type` of each architecture.
 const char* architecture_class_name(Architecture a);
@@ -72,6 +83,14 @@ struct ModelConfig {
   // per layer; empty: every layer (Mistral), or none when sliding_window is 0. Normalised by
   // from_json: empty when every layer is windowed, and no window at all when none is.
   std::vector<bool> sliding_layers;
+  // Gemma 2 / Gemma 3 only (0 elsewhere; validate() refuses them on another architecture):
+  // scores are scaled by query_pre_attn_scalar^-1/2 instead of head_dim^-1/2; a cap c > 0
+  // maps a score or a final logit s to c * tanh(s / c) (Gemma2's soft-capping, after the
+  // scale, before the mask); the sliding layers' RoPE base (Gemma 3; 0: rope_theta).
+  double query_pre_attn_scalar = 0.0;
+  double attn_logit_softcapping = 0.0;
+  double final_logit_softcapping = 0.0;
+  double rope_local_base_freq = 0.0;
   // Stop tokens: eos_token_id of config.json, replaced by generation_config.json's when that
   // file gives one (an integer or a list, as Hugging Face's generate reads them).
   std::vector<int32_t> eos_token_ids;
@@ -89,6 +108,19 @@ struct ModelConfig {
     return 2 * num_layers * kv_dim() * static_cast<int64_t>(dtype_size(kv_dtype));
   }
   int64_t num_parameters() const;
+  // Gemma's decoder (Gemma 2 and 3): (1 + w) norms, scaled embeddings, GeGLU (tanh GELU),
+  // four norms per layer. Gemma 3 adds q/k norms (qk_norm()).
+  bool gemma() const { return architecture == Architecture::kGemma2 || architecture == Architecture::kGemma3; }
+  bool qk_norm() const { return architecture == Architecture::kGemma3; }
+  // The embedding's multiplier: fp32 sqrt(hidden_size) for Gemma (transformers multiplies by
+  // a float32 tensor of hidden_size**0.5), else 1 (no multiply at all).
+  float embed_scale() const;
+  // The attention scores' scale, in fp32: query_pre_attn_scalar^-1/2 when set, else
+  // 1 / sqrt(head_dim) as the backends always computed it.
+  float attention_scale() const;
+  // The RoPE base of layer `layer`: rope_local_base_freq for a sliding layer when set, else
+  // rope_theta (and only then does rope_scaling apply: rope_inv_freq_of_layer).
+  bool layer_uses_local_rope(int64_t layer) const { return rope_local_base_freq > 0.0 && layer_window(layer) > 0; }
   // The attention window of layer `layer`: 0 (all of the past) or sliding_window.
   int64_t layer_window(int64_t layer) const {
     if (sliding_window == 0 || sliding_layers.empty()) return sliding_window;

@@ -64,6 +64,73 @@ ModelConfig tiny_qwen2_hybrid_config() {
   return c;
 }
 
+// tiny as Gemma2ForCausalLM (head_dim 32 independent of hidden / heads = 16, query_pre_attn_scalar
+// 24, not head_dim), layers alternating sliding (0, 2) and full (1, 3) with a window of 20.
+// The caps are much smaller than Gemma 2's published 50 and 30 so that they bend these random
+// weights' scores and logits (about unit and 2.5 standard deviations): with 50 and 30, tanh
+// is within 0.1% of the identity here and a dropped cap would hide inside the tolerance.
+ModelConfig tiny_gemma2_config() {
+  ModelConfig c = tiny_config();
+  c.architecture = Architecture::kGemma2;
+  c.num_heads = 4;
+  c.head_dim = 32;
+  c.tie_word_embeddings = true;
+  c.rms_norm_eps = 1e-6;
+  c.query_pre_attn_scalar = 24.0;
+  c.attn_logit_softcapping = 2.0;
+  c.final_logit_softcapping = 3.0;
+  c.sliding_window = 20;
+  c.sliding_layers = {true, false, true, false};
+  return c;
+}
+
+// tiny as Gemma3ForCausalLM: q/k norms, five layers of window 20 to one full (layer 5 of 6),
+// local RoPE base 10,000 beside a global 1,000,000, no caps (Gemma 3's published defaults),
+// MQA as in the 270M and 1B.
+ModelConfig tiny_gemma3_config() {
+  ModelConfig c = tiny_config();
+  c.architecture = Architecture::kGemma3;
+  c.num_layers = 6;
+  c.num_heads = 4;
+  c.num_kv_heads = 1;
+  c.head_dim = 32;
+  c.tie_word_embeddings = true;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 1000000.0;
+  c.rope_local_base_freq = 10000.0;
+  c.query_pre_attn_scalar = 32.0;
+  c.sliding_window = 20;
+  c.sliding_layers = {true, true, true, true, true, false};
+  return c;
+}
+
+// google/gemma-3-270m and google/gemma-3-1b-it, config.json (Gemma3ForCausalLM, model_type
+// gemma3_text): head_dim 256, 4 query heads and one KV head, window 512, layer_types five
+// sliding to one full, rope_theta 1e6 with rope_local_base_freq 1e4, query_pre_attn_scalar 256,
+// no caps, vocabulary 262,144, 32,768 positions, tied embeddings, eps 1e-6. 270M: hidden 640,
+// intermediate 2048, 18 layers; 1B: hidden 1152, intermediate 6912, 26 layers, eos [1, 106].
+ModelConfig gemma3_config(int64_t hidden, int64_t intermediate, int64_t layers, std::vector<int32_t> eos) {
+  ModelConfig c;
+  c.architecture = Architecture::kGemma3;
+  c.vocab_size = 262144;
+  c.hidden_size = hidden;
+  c.intermediate_size = intermediate;
+  c.num_layers = layers;
+  c.num_heads = 4;
+  c.num_kv_heads = 1;
+  c.head_dim = 256;
+  c.max_position_embeddings = 32768;
+  c.rope_theta = 1000000.0;
+  c.rope_local_base_freq = 10000.0;
+  c.rms_norm_eps = 1e-6;
+  c.tie_word_embeddings = true;
+  c.query_pre_attn_scalar = 256.0;
+  c.sliding_window = 512;
+  for (int64_t l = 0; l < layers; ++l) c.sliding_layers.push_back((l + 1) % 6 != 0);
+  c.eos_token_ids = std::move(eos);
+  return c;
+}
+
 // Real shapes: each config.json as published on the Hugging Face Hub (every key that the
 // math reads), with seeded random weights instead of the trained ones.
 ModelConfig real_config(Architecture arch, int64_t vocab, int64_t hidden, int64_t intermediate, int64_t layers,
@@ -132,8 +199,9 @@ void fill_uniform(float* data, std::size_t n, double stddev, uint64_t seed, int 
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"tiny",         "small",        "tiny-draft",   "small-draft",   "tiny-mistral-sw",
-          "smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b", "tinyllama-1.1b"};
+  return {"tiny",           "small",        "tiny-draft",   "small-draft",  "tiny-mistral-sw",
+          "tiny-gemma2",    "tiny-gemma3",  "smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b",
+          "tinyllama-1.1b", "gemma-3-270m", "gemma-3-1b"};
 }
 
 Result<ModelConfig> preset_config(std::string_view name) {
@@ -141,6 +209,10 @@ Result<ModelConfig> preset_config(std::string_view name) {
   if (name == "small") return small_config();
   if (name == "tiny-mistral-sw") return tiny_mistral_sw_config();
   if (name == "tiny-qwen2-hybrid") return tiny_qwen2_hybrid_config();
+  if (name == "tiny-gemma2") return tiny_gemma2_config();
+  if (name == "tiny-gemma3") return tiny_gemma3_config();
+  if (name == "gemma-3-270m") return gemma3_config(640, 2048, 18, {1});
+  if (name == "gemma-3-1b") return gemma3_config(1152, 6912, 26, {1, 106});
   if (name == "smollm2-135m") return smollm2_135m_config();
   if (name == "qwen2.5-0.5b") return qwen25_05b_config();
   if (name == "llama-3.2-1b") return llama32_1b_config();
@@ -178,9 +250,10 @@ Model make_random_model(const ModelConfig& config, uint64_t seed, int threads) {
       continue;
     }
     if (t.shape.size() == 1) {
-      // Norm gains near 1.
+      // Norm gains near 1 (Gemma stores the gain minus 1: norm_gain).
       Rng rng(s);
-      for (std::size_t i = 0; i < n; ++i) t.data[i] = static_cast<float>(1.0 + rng.uniform(-0.1, 0.1));
+      const double base = config.gemma() ? 0.0 : 1.0;
+      for (std::size_t i = 0; i < n; ++i) t.data[i] = static_cast<float>(base + rng.uniform(-0.1, 0.1));
       continue;
     }
     const double fan_in = static_cast<double>(t.shape[1]);

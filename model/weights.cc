@@ -37,10 +37,25 @@ ModelWeights allocate_weights(const ModelConfig& c, bool zeroed) {
       l.up_bias = vec(inter);
       l.down_bias = vec(h);
     }
+    if (c.gemma()) {
+      l.pre_feedforward_layernorm = vec(h);
+      l.post_feedforward_layernorm = vec(h);
+    }
+    if (c.qk_norm()) {
+      l.q_norm = vec(static_cast<Eigen::Index>(c.head_dim));
+      l.k_norm = vec(static_cast<Eigen::Index>(c.head_dim));
+    }
   }
   w.norm = vec(h);
   if (!c.tie_word_embeddings) w.lm_head = mat(vocab, h);
   return w;
+}
+
+VectorF norm_gain(const ModelConfig& c, const VectorF& w) {
+  if (!c.gemma()) return w;
+  VectorF g(w.size());
+  for (Eigen::Index i = 0; i < w.size(); ++i) g[i] = 1.0f + w[i];
+  return g;
 }
 
 std::vector<NamedTensor> named_tensors(const ModelConfig& c, ModelWeights& w) {
@@ -59,9 +74,17 @@ std::vector<NamedTensor> named_tensors(const ModelConfig& c, ModelWeights& w) {
     if (c.qkv_bias) vec(p + "self_attn.k_proj.bias", l.k_bias);
     mat(p + "self_attn.v_proj.weight", l.v_proj);
     if (c.qkv_bias) vec(p + "self_attn.v_proj.bias", l.v_bias);
+    if (c.qk_norm()) {
+      vec(p + "self_attn.q_norm.weight", l.q_norm);
+      vec(p + "self_attn.k_norm.weight", l.k_norm);
+    }
     mat(p + "self_attn.o_proj.weight", l.o_proj);
     if (c.o_bias) vec(p + "self_attn.o_proj.bias", l.o_bias);
     vec(p + "post_attention_layernorm.weight", l.post_attention_layernorm);
+    if (c.gemma()) {
+      vec(p + "pre_feedforward_layernorm.weight", l.pre_feedforward_layernorm);
+      vec(p + "post_feedforward_layernorm.weight", l.post_feedforward_layernorm);
+    }
     mat(p + "mlp.gate_proj.weight", l.gate_proj);
     if (c.mlp_bias) vec(p + "mlp.gate_proj.bias", l.gate_bias);
     mat(p + "mlp.up_proj.weight", l.up_proj);

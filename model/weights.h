@@ -17,21 +17,31 @@ using MatrixF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowM
 using VectorF = Eigen::VectorXf;
 
 struct LayerWeights {
-  VectorF input_layernorm;           // [hidden]
-  MatrixF q_proj;                    // [num_heads * head_dim, hidden]
-  MatrixF k_proj;                    // [num_kv_heads * head_dim, hidden]
-  MatrixF v_proj;                    // [num_kv_heads * head_dim, hidden]
-  MatrixF o_proj;                    // [hidden, num_heads * head_dim]
-  VectorF post_attention_layernorm;  // [hidden]
-  MatrixF gate_proj;                 // [intermediate, hidden]
-  MatrixF up_proj;                   // [intermediate, hidden]
-  MatrixF down_proj;                 // [hidden, intermediate]
+  VectorF input_layernorm;  // [hidden]
+  MatrixF q_proj;           // [num_heads * head_dim, hidden]
+  MatrixF k_proj;           // [num_kv_heads * head_dim, hidden]
+  MatrixF v_proj;           // [num_kv_heads * head_dim, hidden]
+  MatrixF o_proj;           // [hidden, num_heads * head_dim]
+  // [hidden]. Llama, Qwen2, Mistral: the MLP's input norm. Gemma: the norm of the attention's
+  // output before the residual add (its MLP's input norm is pre_feedforward_layernorm).
+  VectorF post_attention_layernorm;
+  MatrixF gate_proj;  // [intermediate, hidden]
+  MatrixF up_proj;    // [intermediate, hidden]
+  MatrixF down_proj;  // [hidden, intermediate]
   // Biases, empty unless the config has them (qkv_bias, o_bias, mlp_bias).
   VectorF q_bias, k_bias, v_bias;  // [q_dim], [kv_dim], [kv_dim]
   VectorF o_bias;                  // [hidden]
   VectorF gate_bias, up_bias;      // [intermediate]
   VectorF down_bias;               // [hidden]
+  // Gemma only (empty elsewhere): the MLP's input norm and its output's norm, [hidden]; Gemma
+  // 3's per-head q and k norms, [head_dim]. Every Gemma norm scales by (1 + w): norm_gain().
+  VectorF pre_feedforward_layernorm, post_feedforward_layernorm;
+  VectorF q_norm, k_norm;
 };
+
+// The gain an RMSNorm multiplies by, as stored weights give it: w, or Gemma's 1 + w (each
+// element one fp32 add, as transformers' `1.0 + self.weight.float()`).
+VectorF norm_gain(const ModelConfig& c, const VectorF& w);
 
 struct ModelWeights {
   MatrixF embed_tokens;  // [vocab, hidden]

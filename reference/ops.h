@@ -59,6 +59,20 @@ T silu(T z) {
   return z / (T(1) + std::exp(-z));
 }
 
+// PyTorch's tanh-approximated GELU (transformers' gelu_pytorch_tanh, Gemma's activation):
+// 0.5 z (1 + tanh(sqrt(2 / pi) (z + 0.044715 z^3))).
+template <typename T>
+T gelu_tanh(T z) {
+  const T sqrt_2_over_pi = std::sqrt(T(2) / T(3.14159265358979323846));
+  return T(0.5) * z * (T(1) + std::tanh(sqrt_2_over_pi * (z + T(0.044715) * z * z * z)));
+}
+
+// Gemma 2's soft-capping: cap * tanh(s / cap); cap 0: no cap.
+template <typename T>
+T soft_cap(T s, T cap) {
+  return cap > T(0) ? cap * std::tanh(s / cap) : s;
+}
+
 // The first position a query at `position` attends to: 0, or with a sliding window of W
 // positions (W > 0) max(0, position - W + 1). transformers' sliding-window mask keeps key
 // kv_idx for query q_idx when kv_idx > q_idx - W (masking_utils.sliding_window_overlay)
@@ -70,15 +84,16 @@ inline int64_t attention_first(int64_t position, int64_t window) {
 // Causal attention of one query head at position `position` over the keys and values of
 // one KV head, rows 0..capacity-1 of K and V ([positions, head_dim]). Only rows
 // attention_first(position, window)..position are read: that is the causal mask, banded by
-// the window when there is one (window 0: none). REQUIRES: 0 <= position < K.rows().
+// the window when there is one (window 0: none). Scores are q.k * scale (scale 0: the usual
+// 1 / sqrt(head_dim)), soft-capped when softcap > 0. REQUIRES: 0 <= position < K.rows().
 template <typename T>
 Vector<T> causal_attention(const Vector<T>& q, const Matrix<T>& k, const Matrix<T>& v, int64_t position,
-                           int64_t window = 0) {
+                           int64_t window = 0, T scale = T(0), T softcap = T(0)) {
   const int64_t first = attention_first(position, window);
   const int64_t n = position + 1 - first;
-  const T scale = T(1) / std::sqrt(static_cast<T>(q.size()));
+  if (scale == T(0)) scale = T(1) / std::sqrt(static_cast<T>(q.size()));
   Vector<T> scores(n);
-  for (int64_t j = 0; j < n; ++j) scores(j) = k.row(first + j).dot(q.transpose()) * scale;
+  for (int64_t j = 0; j < n; ++j) scores(j) = soft_cap<T>(k.row(first + j).dot(q.transpose()) * scale, softcap);
   const Vector<T> p = softmax<T>(scores);
   Vector<T> out = Vector<T>::Zero(v.cols());
   for (int64_t j = 0; j < n; ++j) out += p(j) * v.row(first + j).transpose();

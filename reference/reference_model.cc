@@ -1,6 +1,7 @@
 #include "reference/reference_model.h"
 
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -202,13 +203,20 @@ ReferenceModel<T>::ReferenceModel(const Model& model, int threads) : config_(mod
   Eigen::initParallel();  // products may run on several threads (set_threads)
   const ModelWeights& w = model.weights;
   Conversions<T> convert;
+  // Norm gains (Gemma's 1 + w), kept alive until the conversions have run.
+  std::deque<VectorF> gains;
+  const auto gain = [&](const VectorF& v) -> const VectorF& { return gains.emplace_back(norm_gain(config_, v)); };
   convert.add_weights(embed_tokens_, w.embed_tokens);
   layers_.resize(w.layers.size());
   for (std::size_t i = 0; i < w.layers.size(); ++i) {
     const LayerWeights& l = w.layers[i];
     Layer& d = layers_[i];
-    convert.add(d.input_layernorm, l.input_layernorm);
-    convert.add(d.post_attention_layernorm, l.post_attention_layernorm);
+    convert.add(d.input_layernorm, gain(l.input_layernorm));
+    convert.add(d.post_attention_layernorm, gain(l.post_attention_layernorm));
+    convert.add(d.pre_feedforward_layernorm, gain(l.pre_feedforward_layernorm));
+    convert.add(d.post_feedforward_layernorm, gain(l.post_feedforward_layernorm));
+    convert.add(d.q_norm, gain(l.q_norm));
+    convert.add(d.k_norm, gain(l.k_norm));
     convert.add_weights(d.q_proj, l.q_proj);
     convert.add_weights(d.k_proj, l.k_proj);
     convert.add_weights(d.v_proj, l.v_proj);
@@ -224,10 +232,20 @@ ReferenceModel<T>::ReferenceModel(const Model& model, int threads) : config_(mod
     convert.add(d.up_bias, l.up_bias);
     convert.add(d.down_bias, l.down_bias);
   }
-  convert.add(norm_, w.norm);
+  convert.add(norm_, gain(w.norm));
   if (!config_.tie_word_embeddings) convert.add_weights(lm_head_, w.lm_head);
   convert.run(threads);
   inv_freq_ = rope_inv_freq<T>(config_);
+  local_inv_freq_ = inv_freq_;
+  for (int64_t l = 0; l < config_.num_layers; ++l)
+    if (config_.layer_uses_local_rope(l)) local_inv_freq_ = rope_inv_freq_of_layer<T>(config_, l);
+}
+
+template <typename T>
+T ReferenceModel<T>::attention_scale() const {
+  const double s =
+      config_.query_pre_attn_scalar > 0.0 ? config_.query_pre_attn_scalar : static_cast<double>(config_.head_dim);
+  return T(1) / std::sqrt(static_cast<T>(s));
 }
 
 template <typename T>
@@ -291,7 +309,8 @@ template <typename T>
 typename ReferenceModel<T>::Matrix ReferenceModel<T>::attend_block(const Matrix& q, int64_t n, int64_t layer,
                                                                    int64_t start, const DenseKVCache<T>& cache) const {
   const int64_t d = config_.head_dim;
-  const T scale = T(1) / std::sqrt(static_cast<T>(d));
+  const T scale = attention_scale();
+  const T softcap = static_cast<T>(config_.attn_logit_softcapping);
   const Eigen::Index rows = q.rows();  // n queries and the block's padding rows
   const Eigen::Index panels = (start + n + kAttentionPanel - 1) / kAttentionPanel;
   Matrix out = Matrix::Zero(rows, config_.q_dim());
@@ -320,6 +339,8 @@ typename ReferenceModel<T>::Matrix ReferenceModel<T>::attend_block(const Matrix&
       ref::product_abt<T>(isa_, qh.data(), d, kp.data(), d, rows, kAttentionPanel, d, s.data(), kAttentionPanel);
       scores.middleCols(p * kAttentionPanel, kAttentionPanel) = s * scale;
     }
+    // Gemma 2's soft-capping of every score, after the scale, before the mask.
+    if (softcap > T(0)) scores = scores.unaryExpr([softcap](T z) { return ref::soft_cap<T>(z, softcap); });
     // The causal mask: query i (position start + i) weighs positions first..start+i, where
     // first is 0 or, in a windowed layer, the window's first position (ref::attention_first);
     // every other weight is 0.
@@ -355,36 +376,55 @@ void ReferenceModel<T>::forward_block(std::span<const int32_t> tokens, DenseKVCa
   // have no position; their results are dropped.
   const Eigen::Index rows = (n + kRowMultiple - 1) / kRowMultiple * kRowMultiple;
   Matrix x = Matrix::Zero(rows, config_.hidden_size);
-  for (Eigen::Index i = 0; i < n; ++i)
+  for (Eigen::Index i = 0; i < n; ++i) {
     x.row(i) = embed_tokens_.row(tokens[static_cast<std::size_t>(i)]).template cast<T>();
+    if (config_.gemma()) x.row(i) *= static_cast<T>(config_.embed_scale());  // Gemma: times sqrt(hidden)
+  }
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     const Layer& layer = layers_[static_cast<std::size_t>(l)];
+    const std::vector<T>& inv_freq = inv_freq_of(l);
 
-    // Attention block: H = RMSNorm(X); Q, K, V = H Wq, H Wk, H Wv; RoPE on each row of Q and K.
+    // Attention block: H = RMSNorm(X); Q, K, V = H Wq, H Wk, H Wv; (Gemma 3: RMSNorm of each
+    // head of Q and K); RoPE on each row of Q and K.
     const Matrix h = rms_norm_rows<T>(x, layer.input_layernorm, eps);
     Matrix q = linear_rows<T>(isa_, layer.q_proj, layer.q_bias, h, workers_.get());
     Matrix k = linear_rows<T>(isa_, layer.k_proj, layer.k_bias, h, workers_.get());
     const Matrix v = linear_rows<T>(isa_, layer.v_proj, layer.v_bias, h, workers_.get());
+    const auto head_norm = [&](Matrix& m, Eigen::Index i, int64_t head, const Vector& gain) {
+      const Vector part = m.row(i).segment(head * d, d).transpose();
+      m.row(i).segment(head * d, d) = ref::rms_norm<T>(part, gain, eps).transpose();
+    };
     for (Eigen::Index i = 0; i < n; ++i) {  // the padding row (if any) has no position
       const int64_t position = start + i;
-      for (int64_t head = 0; head < config_.num_heads; ++head)
-        ref::apply_rope<T>(q.row(i).data() + head * d, d, position, inv_freq_);
+      for (int64_t head = 0; head < config_.num_heads; ++head) {
+        if (config_.qk_norm()) head_norm(q, i, head, layer.q_norm);
+        ref::apply_rope<T>(q.row(i).data() + head * d, d, position, inv_freq);
+      }
       for (int64_t kvh = 0; kvh < config_.num_kv_heads; ++kvh) {
-        ref::apply_rope<T>(k.row(i).data() + kvh * d, d, position, inv_freq_);
+        if (config_.qk_norm()) head_norm(k, i, kvh, layer.k_norm);
+        ref::apply_rope<T>(k.row(i).data() + kvh * d, d, position, inv_freq);
         // K/V of the block go into the cache before attention reads them.
         cache.keys(l, kvh).row(position) = k.row(i).segment(kvh * d, d);
         cache.values(l, kvh).row(position) = v.row(i).segment(kvh * d, d);
       }
     }
-    x += linear_rows<T>(isa_, layer.o_proj, layer.o_bias, attend_block(q, n, l, start, cache), workers_.get());
+    const Matrix attn =
+        linear_rows<T>(isa_, layer.o_proj, layer.o_bias, attend_block(q, n, l, start, cache), workers_.get());
+    // Gemma normalises the attention's output before the residual add (its sandwich norm).
+    x += config_.gemma() ? rms_norm_rows<T>(attn, layer.post_attention_layernorm, eps) : attn;
 
-    // MLP block (SwiGLU): X += (silu(H2 W_gate) * (H2 W_up)) W_down.
-    const Matrix h2 = rms_norm_rows<T>(x, layer.post_attention_layernorm, eps);
-    const Matrix gate = linear_rows<T>(isa_, layer.gate_proj, layer.gate_bias, h2, workers_.get()).unaryExpr([](T z) {
-      return ref::silu<T>(z);
-    });
+    // MLP block (SwiGLU; Gemma's GeGLU with the tanh GELU): X += (act(H2 W_gate) * (H2 W_up)) W_down,
+    // H2 = RMSNorm(X) (Gemma: its pre-feedforward norm; the MLP's output normalised too).
+    const Matrix h2 =
+        rms_norm_rows<T>(x, config_.gemma() ? layer.pre_feedforward_layernorm : layer.post_attention_layernorm, eps);
+    const bool geglu = config_.gemma();
+    const Matrix gate =
+        linear_rows<T>(isa_, layer.gate_proj, layer.gate_bias, h2, workers_.get()).unaryExpr([geglu](T z) {
+          return geglu ? ref::gelu_tanh<T>(z) : ref::silu<T>(z);
+        });
     const Matrix up = linear_rows<T>(isa_, layer.up_proj, layer.up_bias, h2, workers_.get());
-    x += linear_rows<T>(isa_, layer.down_proj, layer.down_bias, gate.cwiseProduct(up), workers_.get());
+    const Matrix mlp = linear_rows<T>(isa_, layer.down_proj, layer.down_bias, gate.cwiseProduct(up), workers_.get());
+    x += config_.gemma() ? rms_norm_rows<T>(mlp, layer.post_feedforward_layernorm, eps) : mlp;
   }
   // Tied embeddings: the LM head is the embedding matrix itself (one copy, not two).
   const Weights& lm_head = config_.tie_word_embeddings ? embed_tokens_ : lm_head_;
@@ -393,6 +433,12 @@ void ReferenceModel<T>::forward_block(std::span<const int32_t> tokens, DenseKVCa
   // head in one product grew verify's peak by ~100 MB.
   rows_times_into<T>(isa_, rms_norm_rows<T>(x, norm_, eps), lm_head, n, workers_.get(), logits.row(row).data(),
                      logits.cols());
+  // Gemma 2's final soft-capping.
+  const T cap = static_cast<T>(config_.final_logit_softcapping);
+  if (cap > T(0)) {
+    auto block = logits.middleRows(row, n);
+    block = block.unaryExpr([cap](T z) { return ref::soft_cap<T>(z, cap); });
+  }
 }
 
 template <typename T>
@@ -402,18 +448,26 @@ typename ReferenceModel<T>::Vector ReferenceModel<T>::forward_one(int32_t token,
   const T eps = static_cast<T>(config_.rms_norm_eps);
 
   Vector x = embed_tokens_.row(token).transpose().template cast<T>();
+  if (config_.gemma()) x *= static_cast<T>(config_.embed_scale());  // Gemma: times sqrt(hidden)
+  const T scale = attention_scale();
+  const T softcap = static_cast<T>(config_.attn_logit_softcapping);
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     const Layer& layer = layers_[static_cast<std::size_t>(l)];
+    const std::vector<T>& inv_freq = inv_freq_of(l);
 
-    // Attention block: h = RMSNorm(x); q, k, v = h Wq, h Wk, h Wv; RoPE on q and k.
+    // Attention block: h = RMSNorm(x); q, k, v = h Wq, h Wk, h Wv; (Gemma 3: RMSNorm of each
+    // head of q and k); RoPE on q and k.
     const Vector h = ref::rms_norm<T>(x, layer.input_layernorm, eps);
     Vector q = linear<T>(layer.q_proj, layer.q_bias, h);
     Vector k = linear<T>(layer.k_proj, layer.k_bias, h);
     const Vector v = linear<T>(layer.v_proj, layer.v_bias, h);
-    for (int64_t head = 0; head < config_.num_heads; ++head)
-      ref::apply_rope<T>(q.segment(head * d, d), position, inv_freq_);
+    for (int64_t head = 0; head < config_.num_heads; ++head) {
+      if (config_.qk_norm()) q.segment(head * d, d) = ref::rms_norm<T>(q.segment(head * d, d), layer.q_norm, eps);
+      ref::apply_rope<T>(q.segment(head * d, d), position, inv_freq);
+    }
     for (int64_t kvh = 0; kvh < config_.num_kv_heads; ++kvh) {
-      ref::apply_rope<T>(k.segment(kvh * d, d), position, inv_freq_);
+      if (config_.qk_norm()) k.segment(kvh * d, d) = ref::rms_norm<T>(k.segment(kvh * d, d), layer.k_norm, eps);
+      ref::apply_rope<T>(k.segment(kvh * d, d), position, inv_freq);
       // K/V of this position go into the cache before attention reads it.
       cache.keys(l, kvh).row(position) = k.segment(kvh * d, d).transpose();
       cache.values(l, kvh).row(position) = v.segment(kvh * d, d).transpose();
@@ -422,20 +476,30 @@ typename ReferenceModel<T>::Vector ReferenceModel<T>::forward_one(int32_t token,
     Vector attn(config_.q_dim());
     for (int64_t head = 0; head < config_.num_heads; ++head) {
       const int64_t kvh = head / config_.group_size();
-      attn.segment(head * d, d) = ref::causal_attention<T>(q.segment(head * d, d), cache.keys(l, kvh),
-                                                           cache.values(l, kvh), position, config_.layer_window(l));
+      attn.segment(head * d, d) =
+          ref::causal_attention<T>(q.segment(head * d, d), cache.keys(l, kvh), cache.values(l, kvh), position,
+                                   config_.layer_window(l), scale, softcap);
     }
-    x += linear<T>(layer.o_proj, layer.o_bias, attn);
+    const Vector o = linear<T>(layer.o_proj, layer.o_bias, attn);
+    x += config_.gemma() ? ref::rms_norm<T>(o, layer.post_attention_layernorm, eps) : o;
 
-    // MLP block (SwiGLU): x += W_down (silu(h W_gate) * (h W_up)).
-    const Vector h2 = ref::rms_norm<T>(x, layer.post_attention_layernorm, eps);
-    const Vector gate = linear<T>(layer.gate_proj, layer.gate_bias, h2).unaryExpr([](T z) { return ref::silu<T>(z); });
+    // MLP block (SwiGLU; Gemma: GeGLU between its pre- and post-feedforward norms).
+    const Vector h2 =
+        ref::rms_norm<T>(x, config_.gemma() ? layer.pre_feedforward_layernorm : layer.post_attention_layernorm, eps);
+    const bool geglu = config_.gemma();
+    const Vector gate = linear<T>(layer.gate_proj, layer.gate_bias, h2).unaryExpr([geglu](T z) {
+      return geglu ? ref::gelu_tanh<T>(z) : ref::silu<T>(z);
+    });
     const Vector up = linear<T>(layer.up_proj, layer.up_bias, h2);
-    x += linear<T>(layer.down_proj, layer.down_bias, gate.cwiseProduct(up));
+    const Vector mlp = linear<T>(layer.down_proj, layer.down_bias, gate.cwiseProduct(up));
+    x += config_.gemma() ? ref::rms_norm<T>(mlp, layer.post_feedforward_layernorm, eps) : mlp;
   }
   // Tied embeddings: the LM head is the embedding matrix itself (one copy, not two).
   const Weights& lm_head = config_.tie_word_embeddings ? embed_tokens_ : lm_head_;
-  return linear<T>(lm_head, Vector(), ref::rms_norm<T>(x, norm_, eps));
+  Vector logits = linear<T>(lm_head, Vector(), ref::rms_norm<T>(x, norm_, eps));
+  const T cap = static_cast<T>(config_.final_logit_softcapping);
+  if (cap > T(0)) logits = logits.unaryExpr([cap](T z) { return ref::soft_cap<T>(z, cap); });
+  return logits;
 }
 
 template class ReferenceModel<float>;

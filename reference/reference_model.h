@@ -87,7 +87,10 @@ class ReferenceModel {
   // A weight matrix: fp32 whatever T is (see the constructor).
   using Weights = ref::Matrix<float>;
   struct Layer {
+    // Every norm's gain (Gemma's 1 + w already added: norm_gain); Gemma's two MLP norms and
+    // Gemma 3's per-head q/k norms are empty elsewhere.
     Vector input_layernorm, post_attention_layernorm;
+    Vector pre_feedforward_layernorm, post_feedforward_layernorm, q_norm, k_norm;
     Weights q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
     // Empty when the model has no such bias; `linear` then adds nothing.
     Vector q_bias, k_bias, v_bias, o_bias, gate_bias, up_bias, down_bias;
@@ -107,6 +110,13 @@ class ReferenceModel {
 
   ModelConfig config_;
   std::vector<T> inv_freq_;  // rope_inv_freq<T>(config_): rope_scaling applied
+  // The sliding layers' (Gemma 3's rope_local_base_freq; unscaled), or inv_freq_.
+  std::vector<T> local_inv_freq_;
+  const std::vector<T>& inv_freq_of(int64_t layer) const {
+    return config_.layer_uses_local_rope(layer) ? local_inv_freq_ : inv_freq_;
+  }
+  // Scores' scale (query_pre_attn_scalar^-1/2 or head_dim^-1/2) and soft-cap (0: none).
+  T attention_scale() const;
   Weights embed_tokens_;
   std::vector<Layer> layers_;
   Vector norm_;

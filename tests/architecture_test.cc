@@ -97,8 +97,8 @@ TEST(Architectures, UnimplementedArchitecturesAndKeysAreRefusedByName) {
   expect_refused(j, "GemmaForCausalLM is not supported");
   j = kSmolLM2;
   j.erase("architectures");
-  j["model_type"] = "gemma2";
-  expect_refused(j, "'model_type': 'gemma2' is not supported");
+  j["model_type"] = "gemma";
+  expect_refused(j, "'model_type': 'gemma' is not supported");
   j = kSmolLM2;
   j["model_type"] = "qwen2";
   expect_refused(j, "does not match architectures LlamaForCausalLM");

@@ -982,6 +982,43 @@ TEST(CudaEmu, GivesTheCpuBackendsBitsForEveryKvDtype) {
           << dtype_name(kEveryKvDtype[x]) << " vs " << dtype_name(kEveryKvDtype[y]);
 }
 
+// Gemma 2 and Gemma 3 (tiny-gemma2, tiny-gemma3: windowed and full layers, soft-capped
+// scores and logits, q/k norms, two RoPE bases, GeGLU, sandwich norms): the emulated CUDA
+// kernels give the CPU backend's bits there too, chunked prefill across partitions and
+// windows, two sequences batched, then decode.
+TEST(CudaEmu, GivesTheCpuBackendsBitsForGemma) {
+  for (const char* preset : {"tiny-gemma2", "tiny-gemma3"}) {
+    SCOPED_TRACE(preset);
+    const Model m = *make_preset(preset, 0);
+    std::vector<SeqSchedule> seqs(2);
+    seqs[0].tokens = tokens_for(150, m.config.vocab_size, 1);
+    seqs[0].chunks = chunks_of(150, {40, 37, 1});
+    seqs[0].table = scrambled_table(38, 128, 5);
+    seqs[1].tokens = tokens_for(90, m.config.vocab_size, 2);
+    seqs[1].chunks = chunks_of(90, {64, 1});
+    seqs[1].table = scrambled_table(23, 128, 6, seqs[0].table);
+    seqs[1].start_step = 1;
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(dtype_name(dtype));
+      BackendParams p;
+      p.pool = pool_shape_for(m.config, 4, 128, 0, dtype);
+      p.attention_partition = 32;
+      auto cpu = make_cpu(m, p);
+      auto emu = make_cuda(m, p);
+      ASSERT_TRUE(cpu.is_ok()) << cpu.status().message();
+      ASSERT_TRUE(emu.is_ok()) << emu.status().message();
+      const std::vector<Logits> a = run_schedule(**cpu, seqs);
+      const std::vector<Logits> b = run_schedule(**emu, seqs);
+      ASSERT_EQ(a.size(), b.size());
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        ASSERT_FALSE(a[i].empty());
+        EXPECT_FALSE(all_nan(a[i]));
+        EXPECT_TRUE(bitwise_equal(a[i], b[i])) << "sequence " << i;
+      }
+    }
+  }
+}
+
 // The CPU backend's pools in every KV dtype: a written element reads back as a value of the
 // pool's type (times its KV head's scale, fp8), unwritten slots and poisoned blocks read as
 // NaN and make the logits that read them NaN, and a swap round trip keeps the next decode's

@@ -135,7 +135,7 @@ TEST(Differential, CudaEmuBackendWithBf16KvPassesItsToleranceAndFailsF32s) {
 
 // The real architectures at small sizes: Qwen2 (q/k/v biases, tied embeddings, group 4),
 // Llama with llama3 rope scaling and every bias, the same with linear rope scaling, and
-// Mistral with sliding windows of 7, 4 and 3 positions over blocks of 4; the
+// Mistral with sliding windows of 7, 4 and 3 positions over blocks of 4, Gemma 2 and Gemma 3; the
 // cpu and cuda-emu backends each against the reference, every check of verify.
 class Architectures : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
 TEST_P(Architectures, EngineMatchesReference) {
@@ -158,14 +158,30 @@ TEST_P(Architectures, EngineMatchesReference) {
     // one and shorter; the workload's contexts are many windows long.
     case 3: c.architecture = Architecture::kMistral, c.sliding_window = 7; break;
     case 4: c.architecture = Architecture::kMistral, c.sliding_window = 4; break;
-    default: c.architecture = Architecture::kMistral, c.sliding_window = 3; break;
+    case 5: c.architecture = Architecture::kMistral, c.sliding_window = 3; break;
+    // Gemma 2 (window 3 on layer 0, caps that bend scores and logits, query_pre_attn_scalar
+    // not head_dim) and Gemma 3 (window 4 on layer 0, q/k norms, a local RoPE base), both
+    // with head_dim 32 independent of hidden / heads.
+    case 6:
+      c.architecture = Architecture::kGemma2;
+      c.num_heads = 4, c.head_dim = 32, c.tie_word_embeddings = true;
+      c.query_pre_attn_scalar = 20.0, c.attn_logit_softcapping = 2.0, c.final_logit_softcapping = 3.0;
+      c.sliding_window = 3, c.sliding_layers = {true, false};
+      break;
+    default:
+      c.architecture = Architecture::kGemma3;
+      c.num_heads = 4, c.head_dim = 32, c.tie_word_embeddings = true;
+      c.query_pre_attn_scalar = 32.0, c.rope_theta = 1e6, c.rope_local_base_freq = 1e4;
+      c.sliding_window = 4, c.sliding_layers = {true, false};
+      break;
   }
   VerifyOptions o = with_block_size(4);
   o.backend = parse_backend_kind(std::get<1>(GetParam())).value();
   expect_passes(make_random_model(c, 21), mixed(), o);
 }
 INSTANTIATE_TEST_SUITE_P(Differential, Architectures,
-                         ::testing::Combine(::testing::Values(0, 1, 2, 3, 4, 5), ::testing::Values("cpu", "cuda-emu")));
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3, 4, 5, 6, 7),
+                                            ::testing::Values("cpu", "cuda-emu")));
 
 // The request `spec` as the engine would have run it, its rows the oracle's own (rounded
 // to fp32) at the positions in [from, tokens).

@@ -72,12 +72,13 @@ __global__ void fill_kv_nan_kernel(KvT* x, int64_t n) {
   for (int64_t i = first; i < n && i < first + kFillPerThread; ++i) kvp::kernels::kv_store_nan(x + i);
 }
 
-__global__ void embed_kernel(const float* table, const int32_t* ids, int64_t n, int64_t hidden, float* x) {
+__global__ void embed_kernel(const float* table, const int32_t* ids, int64_t n, int64_t hidden, float scale, float* x) {
   const int64_t i = global_index();
   if (i >= n * hidden) return;
   const int64_t t = i / hidden;
   const int64_t c = i % hidden;
-  x[i] = table[static_cast<int64_t>(ids[t]) * hidden + c];
+  const float e = table[static_cast<int64_t>(ids[t]) * hidden + c];
+  x[i] = scale == 1.0f ? e : e * scale;
 }
 
 // One thread per row: rms_norm's reduction is dot(x, x) in its fixed order.
@@ -160,7 +161,7 @@ __global__ void attention_partition_kernel(const float* q, const KvT* k_pool, co
                                            int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
                                            int64_t partition, int64_t max_partitions, float* workspace,
                                            const float* k_scale, const float* v_scale, bool bf16_accumulator,
-                                           int64_t window) {
+                                           int64_t window, float softcap) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) / num_kv_heads;
   const int64_t kv_head = static_cast<int64_t>(blockIdx.x) % num_kv_heads;
   const int64_t part = static_cast<int64_t>(blockIdx.y);
@@ -211,8 +212,8 @@ __global__ void attention_partition_kernel(const float* q, const KvT* k_pool, co
     for (int64_t e = tid; e < group * count; e += threads) {
       const int64_t h = e / count;
       const int64_t j = e % count;
-      p_tile[h * kAttentionTile + j] =
-          kvp::kernels::dot(q_group + h * head_dim, k_tile + j * head_dim, head_dim) * scale;
+      const float score = kvp::kernels::dot(q_group + h * head_dim, k_tile + j * head_dim, head_dim) * scale;
+      p_tile[h * kAttentionTile + j] = softcap > 0.0f ? kvp::kernels::soft_cap(score, softcap) : score;
     }
     __syncthreads();
     if (tid < group) {
@@ -288,6 +289,11 @@ __global__ void attention_merge_kernel(const float* workspace, const int32_t* po
 __global__ void silu_mul_kernel(float* gate, const float* up, int64_t n) {
   const int64_t i = global_index();
   if (i < n) gate[i] = kvp::kernels::silu(gate[i]) * up[i];
+}
+
+__global__ void gelu_tanh_mul_kernel(float* gate, const float* up, int64_t n) {
+  const int64_t i = global_index();
+  if (i < n) gate[i] = kvp::kernels::gelu_tanh(gate[i]) * up[i];
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
@@ -369,9 +375,9 @@ std::string fill_kv_nan(void* d_x, int64_t n, DType dtype) {
   }
 }
 
-std::string embed(const float* d_table, const int32_t* d_ids, int64_t n, int64_t hidden, float* d_x) {
+std::string embed(const float* d_table, const int32_t* d_ids, int64_t n, int64_t hidden, float* d_x, float scale) {
   if (n <= 0) return {};
-  KVP_LAUNCH(embed_kernel, grid_for(n * hidden), dim3(kThreads), 0, nullptr)(d_table, d_ids, n, hidden, d_x);
+  KVP_LAUNCH(embed_kernel, grid_for(n * hidden), dim3(kThreads), 0, nullptr)(d_table, d_ids, n, hidden, scale, d_x);
   return launched("embed_kernel");
 }
 
@@ -415,14 +421,15 @@ std::string attention_typed(const float* d_q, const void* d_k_pool, const void* 
                             int64_t max_blocks_per_seq, const int32_t* d_seq_of_token, const int32_t* d_positions,
                             int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
                             float scale, int64_t partition, int64_t max_partitions, float* d_workspace,
-                            const float* d_k_scale, const float* d_v_scale, bool bf16_accumulator, int64_t window) {
+                            const float* d_k_scale, const float* d_v_scale, bool bf16_accumulator, int64_t window,
+                            float softcap) {
   const dim3 grid(static_cast<unsigned>(n * num_kv_heads), static_cast<unsigned>(max_partitions));
   const int64_t group = num_heads / num_kv_heads;
   KVP_LAUNCH(attention_partition_kernel<KvT>, grid, dim3(static_cast<unsigned>(attention_threads(group, head_dim))),
              attention_shared_bytes(group, head_dim), nullptr)
   (d_q, static_cast<const KvT*>(d_k_pool), static_cast<const KvT*>(d_v_pool), d_block_tables, max_blocks_per_seq,
    d_seq_of_token, d_positions, num_heads, num_kv_heads, head_dim, block_size, scale, partition, max_partitions,
-   d_workspace, d_k_scale, d_v_scale, bf16_accumulator, window);
+   d_workspace, d_k_scale, d_v_scale, bf16_accumulator, window, softcap);
   return launched("attention_partition_kernel");
 }
 }  // namespace
@@ -478,9 +485,10 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
                       const int32_t* d_positions, int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                       int64_t block_size, float scale, int64_t partition, int64_t max_partitions, float* d_workspace,
                       float* d_out, const float* d_k_scale, const float* d_v_scale, AttentionVariant variant,
-                      int64_t window) {
+                      int64_t window, float softcap) {
   if (n <= 0) return {};
   if (window < 0) return "attention: window " + std::to_string(window) + " is negative";
+  if (!(softcap >= 0.0f)) return "attention: softcap " + std::to_string(softcap) + " is not >= 0";
   if (std::string shape = check_attention_shape(num_heads, num_kv_heads, head_dim); !shape.empty()) return shape;
   if (partition <= 0 || max_partitions <= 0 || max_partitions > 65535)
     return "attention: " + std::to_string(max_partitions) + " partitions of " + std::to_string(partition) +
@@ -493,7 +501,7 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
     using KvT = std::remove_pointer_t<decltype(tag)>;
     return attention_typed<KvT>(d_q, d_k_pool, d_v_pool, d_block_tables, max_blocks_per_seq, d_seq_of_token,
                                 d_positions, n, num_heads, num_kv_heads, head_dim, block_size, scale, partition,
-                                max_partitions, d_workspace, d_k_scale, d_v_scale, bf16_accumulator, window);
+                                max_partitions, d_workspace, d_k_scale, d_v_scale, bf16_accumulator, window, softcap);
   };
   std::string launched_error;
   switch (kv_dtype) {
@@ -514,6 +522,12 @@ std::string silu_mul(float* d_gate, const float* d_up, int64_t n) {
   if (n <= 0) return {};
   KVP_LAUNCH(silu_mul_kernel, grid_for(n), dim3(kThreads), 0, nullptr)(d_gate, d_up, n);
   return launched("silu_mul_kernel");
+}
+
+std::string gelu_tanh_mul(float* d_gate, const float* d_up, int64_t n) {
+  if (n <= 0) return {};
+  KVP_LAUNCH(gelu_tanh_mul_kernel, grid_for(n), dim3(kThreads), 0, nullptr)(d_gate, d_up, n);
+  return launched("gelu_tanh_mul_kernel");
 }
 
 std::string add_in_place(float* d_x, const float* d_y, int64_t n) {

@@ -61,9 +61,11 @@ std::string synchronize();
 bool kv_dtype_supported(DType dtype);
 // Elements d_x[0, n) of a KV pool of `dtype` = that type's quiet NaN (poison fill).
 std::string fill_kv_nan(void* d_x, int64_t n, DType dtype);
-// d_x[t, :] = d_table[d_ids[t], :], t < n.
-std::string embed(const float* d_table, const int32_t* d_ids, int64_t n, int64_t hidden, float* d_x);
-// Row r of d_out = rms_norm(row d_rows[r] of d_x) (d_rows null: row r), r < n.
+// d_x[t, :] = d_table[d_ids[t], :] (times `scale` unless it is 1: Gemma's sqrt(hidden)), t < n.
+std::string embed(const float* d_table, const int32_t* d_ids, int64_t n, int64_t hidden, float* d_x,
+                  float scale = 1.0f);
+// Row r of d_out = rms_norm(row d_rows[r] of d_x) (d_rows null: row r), r < n. d_out may be
+// d_x (in place) when d_rows is null.
 std::string rms_norm(const float* d_x, const int32_t* d_rows, const float* d_weight, int64_t n, int64_t hidden,
                      float eps, float* d_out);
 // d_y[t, r] = dot(d_w[r, :], d_x[t, :]) (+ d_bias[r], one fp32 add after the dot, when d_bias
@@ -92,7 +94,8 @@ enum class AttentionVariant { kExact, kBf16Accumulator, kDropKvScales };
 // Paged attention, decode and chunked prefill alike: token t (sequence d_seq_of_token[t],
 // position d_positions[t]) attends causally to positions [first, position] of its sequence
 // (first = kernels::window_first(position, window): 0 without a window; with one, the blocks
-// wholly before it are never read)
+// wholly before it are never read), each score soft-capped when softcap > 0 (Gemma 2's
+// kernels::soft_cap, after the scale)
 // through its block table row; query head h reads KV head h / (num_heads / num_kv_heads).
 // Positions are cut into partitions of `partition` positions (fixed in positions, never a
 // number of splits). Kernel 1 runs one thread block per (token, KV head, partition): it loads
@@ -111,10 +114,12 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
                       const int32_t* d_positions, int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                       int64_t block_size, float scale, int64_t partition, int64_t max_partitions, float* d_workspace,
                       float* d_out, const float* d_k_scale = nullptr, const float* d_v_scale = nullptr,
-                      AttentionVariant variant = AttentionVariant::kExact, int64_t window = 0);
+                      AttentionVariant variant = AttentionVariant::kExact, int64_t window = 0, float softcap = 0.0f);
 
 // d_gate[i] = silu(d_gate[i]) * d_up[i], i < n.
 std::string silu_mul(float* d_gate, const float* d_up, int64_t n);
+// d_gate[i] = gelu_tanh(d_gate[i]) * d_up[i], i < n (Gemma's GeGLU).
+std::string gelu_tanh_mul(float* d_gate, const float* d_up, int64_t n);
 // d_x[i] += d_y[i], i < n.
 std::string add_in_place(float* d_x, const float* d_y, int64_t n);
 

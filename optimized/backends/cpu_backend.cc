@@ -159,8 +159,8 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::create(std::shared_ptr<const Mod
   KVP_RETURN_IF_ERROR(config.validate().with_context("cpu backend config"));
   KVP_RETURN_IF_ERROR(check_pool_matches_model(config.pool, model.config).with_context("cpu backend config"));
   if (config.attention_plugin != nullptr)
-    KVP_RETURN_IF_ERROR(check_plugin_for_window(*config.attention_plugin, model.config.sliding_window)
-                            .with_context("cpu backend config"));
+    KVP_RETURN_IF_ERROR(
+        check_plugin_for_model(*config.attention_plugin, model.config).with_context("cpu backend config"));
   // Each pool of one layer must be addressable: blocks * block_size * kv_dim elements.
   const int64_t per_block = static_cast<int64_t>(config.pool.block_size) * model.config.kv_dim();
   const int64_t max_blocks = std::max(config.pool.num_device_blocks, config.pool.num_host_blocks);
@@ -181,6 +181,14 @@ CpuBackend::CpuBackend(std::shared_ptr<const Model> model, const CpuBackendConfi
   KVP_CHECK(check_pool_matches_model(config_.pool, model_->config).is_ok());
   const ModelConfig& c = model_->config;
   inv_freq_ = rope_inv_freq<float>(c);
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    if (c.layer_uses_local_rope(l)) local_inv_freq_ = rope_inv_freq_of_layer<float>(c, l);
+  for (const LayerWeights& w : model_->weights.layers) {
+    gains_.push_back({norm_gain(c, w.input_layernorm), norm_gain(c, w.post_attention_layernorm),
+                      norm_gain(c, w.pre_feedforward_layernorm), norm_gain(c, w.post_feedforward_layernorm),
+                      norm_gain(c, w.q_norm), norm_gain(c, w.k_norm)});
+  }
+  final_gain_ = norm_gain(c, model_->weights.norm);
   // Zeros, or every element the dtype's quiet NaN (kernels/kv_element.h).
   const std::size_t element = dtype_size(config_.pool.kv_dtype);
   std::vector<std::byte> one(element, std::byte{0});
@@ -326,7 +334,8 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
   const ModelConfig& c = model_->config;
   const int64_t d = c.head_dim;
   const int64_t n = plan.num_tokens();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale = c.attention_scale();
+  const auto softcap = static_cast<float>(c.attn_logit_softcapping);
   const std::byte* k_bytes = device_k_[static_cast<std::size_t>(layer)].data();
   const std::byte* v_bytes = device_v_[static_cast<std::size_t>(layer)].data();
   const float* k_scale = k_scales_of(layer);
@@ -379,7 +388,7 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
         kernels::paged_attention_kv_heads(q + row, k_pool, v_pool, table, config_.pool.block_size, c.num_kv_heads,
                                           kv_begin, kv_per_item, group, d, plan.positions[static_cast<std::size_t>(t)],
                                           scale, config_.attention_partition, scratch.data(), out + row, k_scale,
-                                          v_scale, window);
+                                          v_scale, window, softcap);
       }
     });
   };
@@ -437,31 +446,42 @@ void CpuBackend::write_new_kv(const BatchPlan& plan, int64_t layer) {
   });
 }
 
-void CpuBackend::mlp(const LayerWeights& w, int64_t n) {
-  // SwiGLU: x += W_down (silu(W_gate h) * (W_up h)).
+void CpuBackend::mlp(const LayerWeights& w, const LayerGains& g, int64_t n) {
+  // SwiGLU: x += W_down (silu(W_gate h) * (W_up h)), h = RMSNorm(x). Gemma: GeGLU (the tanh
+  // GELU) after its pre-feedforward norm, the output normalised before the add.
   const ModelConfig& c = model_->config;
   const int64_t hidden = c.hidden_size;
   const auto eps = static_cast<float>(c.rms_norm_eps);
   Scratch& s = *scratch_;
+  const VectorF& in_gain = c.gemma() ? g.pre_feedforward : g.post_attention;
   for (int64_t t = 0; t < n; ++t)
-    kernels::rms_norm(s.x.data() + t * hidden, w.post_attention_layernorm.data(), hidden, eps, s.h.data() + t * hidden);
-  // gate = silu(W_gate h) * (W_up h) in one pass over the threads: each thread's rows of both
+    kernels::rms_norm(s.x.data() + t * hidden, in_gain.data(), hidden, eps, s.h.data() + t * hidden);
+  // gate = act(W_gate h) * (W_up h) in one pass over the threads: each thread's rows of both
   // products, then the same columns' elementwise products (which run on the threads too).
   const int64_t inter = c.intermediate_size;
   const kernels::GemmIsa isa = config_.gemm_isa;
+  const bool geglu = c.gemma();
   const auto gate_up = [&](int64_t begin, int64_t end) {
     kernels::gemm_rows(isa, w.gate_proj.data(), bias_or_null(w.gate_bias), inter, hidden, s.h.data(), n, s.gate.data(),
                        begin, end);
     kernels::gemm_rows(isa, w.up_proj.data(), bias_or_null(w.up_bias), inter, hidden, s.h.data(), n, s.up.data(), begin,
                        end);
     for (int64_t t = 0; t < n; ++t) {
-      float* g = s.gate.data() + t * inter;
+      float* gt = s.gate.data() + t * inter;
       const float* u = s.up.data() + t * inter;
-      for (int64_t j = begin; j < end; ++j) g[j] = kernels::silu(g[j]) * u[j];
+      if (geglu) {
+        for (int64_t j = begin; j < end; ++j) gt[j] = kernels::gelu_tanh(gt[j]) * u[j];
+      } else {
+        for (int64_t j = begin; j < end; ++j) gt[j] = kernels::silu(gt[j]) * u[j];
+      }
     }
   };
   split_rows(inter, 2 * inter * hidden * n, gate_up);
   project(w.down_proj.data(), w.down_bias, hidden, c.intermediate_size, s.gate.data(), n, s.proj.data());
+  if (c.gemma()) {
+    for (int64_t t = 0; t < n; ++t)
+      kernels::rms_norm(s.proj.data() + t * hidden, g.post_feedforward.data(), hidden, eps, s.proj.data() + t * hidden);
+  }
   for (int64_t i = 0; i < n * hidden; ++i) s.x[static_cast<std::size_t>(i)] += s.proj[static_cast<std::size_t>(i)];
 }
 
@@ -489,50 +509,77 @@ void CpuBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   resize(s.gate, n * c.intermediate_size);
   resize(s.up, n * c.intermediate_size);
 
+  const float embed_scale = c.embed_scale();  // Gemma: sqrt(hidden); else 1, not applied
   for (int64_t t = 0; t < n; ++t) {
     const float* e = model_->weights.embed_tokens.data() + plan.token_ids[static_cast<std::size_t>(t)] * hidden;
-    std::copy_n(e, hidden, s.x.data() + t * hidden);
+    float* x = s.x.data() + t * hidden;
+    std::copy_n(e, hidden, x);
+    if (c.gemma()) {
+      for (int64_t i = 0; i < hidden; ++i) x[i] *= embed_scale;
+    }
   }
 
-  // cos/sin of every token's position, shared by all heads and layers.
-  std::vector<float> cos_table(static_cast<std::size_t>(n * half)), sin_table(static_cast<std::size_t>(n * half));
-  for (int64_t t = 0; t < n; ++t)
-    kernels::rope_cos_sin(plan.positions[static_cast<std::size_t>(t)], inv_freq_.data(), half,
-                          cos_table.data() + t * half, sin_table.data() + t * half);
+  // cos/sin of every token's position, shared by all heads and layers (Gemma 3's sliding
+  // layers: a second table, of their own RoPE base).
+  const auto cos_sin = [&](const std::vector<float>& inv_freq, std::vector<float>& cs, std::vector<float>& sn) {
+    cs.resize(static_cast<std::size_t>(n * half));
+    sn.resize(static_cast<std::size_t>(n * half));
+    for (int64_t t = 0; t < n; ++t)
+      kernels::rope_cos_sin(plan.positions[static_cast<std::size_t>(t)], inv_freq.data(), half, cs.data() + t * half,
+                            sn.data() + t * half);
+  };
+  std::vector<float> cos_table, sin_table, local_cos, local_sin;
+  cos_sin(inv_freq_, cos_table, sin_table);
+  if (!local_inv_freq_.empty()) cos_sin(local_inv_freq_, local_cos, local_sin);
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = model_->weights.layers[static_cast<std::size_t>(l)];
+    const LayerGains& g = gains_[static_cast<std::size_t>(l)];
+    const bool local = c.layer_uses_local_rope(l);
+    const std::vector<float>& layer_cos = local ? local_cos : cos_table;
+    const std::vector<float>& layer_sin = local ? local_sin : sin_table;
     for (int64_t t = 0; t < n; ++t)
-      kernels::rms_norm(s.x.data() + t * hidden, w.input_layernorm.data(), hidden, eps, s.h.data() + t * hidden);
+      kernels::rms_norm(s.x.data() + t * hidden, g.input.data(), hidden, eps, s.h.data() + t * hidden);
     const Projection qkv[] = {{w.q_proj.data(), &w.q_bias, c.q_dim(), s.q.data()},
                               {w.k_proj.data(), &w.k_bias, c.kv_dim(), s.k.data()},
                               {w.v_proj.data(), &w.v_bias, c.kv_dim(), s.v.data()}};
     project_all(qkv, hidden, s.h.data(), n);
     for (int64_t t = 0; t < n; ++t) {
-      const float* cs = cos_table.data() + t * half;
-      const float* sn = sin_table.data() + t * half;
-      for (int64_t head = 0; head < c.num_heads; ++head)
-        kernels::apply_rope(s.q.data() + t * c.q_dim() + head * d, cs, sn, half);
-      for (int64_t kvh = 0; kvh < c.num_kv_heads; ++kvh)
-        kernels::apply_rope(s.k.data() + t * c.kv_dim() + kvh * d, cs, sn, half);
+      const float* cs = layer_cos.data() + t * half;
+      const float* sn = layer_sin.data() + t * half;
+      for (int64_t head = 0; head < c.num_heads; ++head) {
+        float* qh = s.q.data() + t * c.q_dim() + head * d;
+        if (c.qk_norm()) kernels::rms_norm(qh, g.q_norm.data(), d, eps, qh);  // Gemma 3, before RoPE
+        kernels::apply_rope(qh, cs, sn, half);
+      }
+      for (int64_t kvh = 0; kvh < c.num_kv_heads; ++kvh) {
+        float* kh = s.k.data() + t * c.kv_dim() + kvh * d;
+        if (c.qk_norm()) kernels::rms_norm(kh, g.k_norm.data(), d, eps, kh);
+        kernels::apply_rope(kh, cs, sn, half);
+      }
     }
     // Every new token's K/V goes into its slot before any attention reads (a token attends
     // to the tokens of its own chunk).
     write_new_kv(plan, l);
     attention(plan, l, s.q.data(), s.attn.data());
     project(w.o_proj.data(), w.o_bias, hidden, c.q_dim(), s.attn.data(), n, s.proj.data());
+    if (c.gemma()) {  // Gemma normalises the attention's output before the residual add
+      for (int64_t t = 0; t < n; ++t)
+        kernels::rms_norm(s.proj.data() + t * hidden, g.post_attention.data(), hidden, eps, s.proj.data() + t * hidden);
+    }
     for (int64_t i = 0; i < n * hidden; ++i) s.x[static_cast<std::size_t>(i)] += s.proj[static_cast<std::size_t>(i)];
 
-    mlp(w, n);
+    mlp(w, g, n);
   }
 
   if (num_rows == 0) return;
   resize(s.final_h, num_rows * hidden);
   for (int64_t r = 0; r < num_rows; ++r)
-    kernels::rms_norm(s.x.data() + logit_tokens[static_cast<std::size_t>(r)] * hidden, model_->weights.norm.data(),
-                      hidden, eps, s.final_h.data() + r * hidden);
+    kernels::rms_norm(s.x.data() + logit_tokens[static_cast<std::size_t>(r)] * hidden, final_gain_.data(), hidden, eps,
+                      s.final_h.data() + r * hidden);
   project(model_->weights.output_embedding(c).data(), VectorF(), c.vocab_size, hidden, s.final_h.data(), num_rows,
           out.logits.data());
+  apply_final_softcap(c, out.logits.data(), num_rows * c.vocab_size);
 }
 
 }  // namespace kvp

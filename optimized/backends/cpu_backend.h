@@ -113,7 +113,8 @@ class CpuBackend final : public Backend {
   // One layer's steps of run_model: the plan's new K/V into their slots (before any attention
   // reads), and the MLP with its residual add (scratch h, gate, up, proj; x updated).
   void write_new_kv(const BatchPlan& plan, int64_t layer);
-  void mlp(const LayerWeights& w, int64_t n);
+  struct LayerGains;
+  void mlp(const LayerWeights& w, const LayerGains& g, int64_t n);
   // Y[t, r] = dot(W[r, :], X[t, :]) (+ bias[r] when bias is not empty: one fp32 add after
   // the dot, as the CUDA kernel does) for t < n, r < out_dim, split over rows r.
   void project(const float* w, const VectorF& bias, int64_t out_dim, int64_t in_dim, const float* x, int64_t n,
@@ -141,7 +142,15 @@ class CpuBackend final : public Backend {
 
   std::shared_ptr<const Model> model_;
   CpuBackendConfig config_;
-  std::vector<float> inv_freq_;  // [head_dim / 2]
+  std::vector<float> inv_freq_;        // [head_dim / 2]
+  std::vector<float> local_inv_freq_;  // Gemma 3's sliding layers' (rope_inv_freq_of_layer), or empty
+  // Every norm's gain (norm_gain: Gemma's 1 + w), per layer: input, post-attention, Gemma's
+  // pre- and post-feedforward and q/k norms (empty elsewhere); then the final norm's.
+  struct LayerGains {
+    VectorF input, post_attention, pre_feedforward, post_feedforward, q_norm, k_norm;
+  };
+  std::vector<LayerGains> gains_;
+  VectorF final_gain_;
   // Per layer K and V pools, raw elements of config_.pool.kv_dtype.
   std::vector<std::vector<std::byte>> device_k_, device_v_, host_k_, host_v_;
   std::unique_ptr<ThreadPool> pool_;

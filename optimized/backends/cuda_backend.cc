@@ -90,6 +90,11 @@ struct CudaBackend::Device {
     // Biases; null when the model has none.
     float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr, *o_bias = nullptr;
     float *gate_bias = nullptr, *up_bias = nullptr, *down_bias = nullptr;
+    // Gemma's MLP norms and Gemma 3's q/k norms; null elsewhere. Every norm pointer holds the
+    // gain (norm_gain: Gemma's 1 + w).
+    float *pre_feedforward_layernorm = nullptr, *post_feedforward_layernorm = nullptr;
+    float *q_norm = nullptr, *k_norm = nullptr;
+    bool local_rope = false;  // Gemma 3's sliding layer: local_inv_freq
   };
   std::vector<void*> owned;   // device allocations, freed at destruction
   std::vector<void*> pinned;  // pinned host allocations
@@ -98,7 +103,8 @@ struct CudaBackend::Device {
   float* norm = nullptr;
   float* lm_head = nullptr;
   float* inv_freq = nullptr;
-  float* k_scales = nullptr;  // fp8 pools: [layers][kv heads]; else null
+  float* local_inv_freq = nullptr;  // Gemma 3's sliding layers' RoPE; null when none
+  float* k_scales = nullptr;        // fp8 pools: [layers][kv heads]; else null
   float* v_scales = nullptr;
   std::vector<std::byte*> k_pool, v_pool;  // device, per layer, of kv_dtype
   std::vector<std::byte*> host_k, host_v;  // pinned host, per layer, of kv_dtype
@@ -193,8 +199,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const Model& model, con
     KVP_RETURN_IF_ERROR(
         check_plugin_for_backend(*config.attention_plugin, KVP_CUDA_FLAVOUR_NAME, kPluginDevice, config.pool.kv_dtype)
             .with_context(context));
-    KVP_RETURN_IF_ERROR(
-        check_plugin_for_window(*config.attention_plugin, model.config.sliding_window).with_context(context));
+    KVP_RETURN_IF_ERROR(check_plugin_for_model(*config.attention_plugin, model.config).with_context(context));
   } else {
     KVP_RETURN_IF_ERROR(
         cuda_status(ck::check_attention_shape(model.config.num_heads, model.config.num_kv_heads, model.config.head_dim))
@@ -221,7 +226,7 @@ Status CudaBackend::init() {
     return d.upload(p, tensor.data(), static_cast<int64_t>(tensor.size()));
   };
   KVP_RETURN_IF_ERROR(up(&d.embed, m.weights.embed_tokens));
-  KVP_RETURN_IF_ERROR(up(&d.norm, m.weights.norm));
+  KVP_RETURN_IF_ERROR(up(&d.norm, norm_gain(c, m.weights.norm)));
   if (c.tie_word_embeddings) {
     d.lm_head = d.embed;
   } else {
@@ -229,12 +234,19 @@ Status CudaBackend::init() {
   }
   for (const LayerWeights& w : m.weights.layers) {
     Device::Layer l;
-    KVP_RETURN_IF_ERROR(up(&l.input_layernorm, w.input_layernorm));
+    KVP_RETURN_IF_ERROR(up(&l.input_layernorm, norm_gain(c, w.input_layernorm)));
     KVP_RETURN_IF_ERROR(up(&l.q, w.q_proj));
     KVP_RETURN_IF_ERROR(up(&l.k, w.k_proj));
     KVP_RETURN_IF_ERROR(up(&l.v, w.v_proj));
     KVP_RETURN_IF_ERROR(up(&l.o, w.o_proj));
-    KVP_RETURN_IF_ERROR(up(&l.post_attention_layernorm, w.post_attention_layernorm));
+    KVP_RETURN_IF_ERROR(up(&l.post_attention_layernorm, norm_gain(c, w.post_attention_layernorm)));
+    for (auto [dst, norm] : {std::pair{&l.pre_feedforward_layernorm, &w.pre_feedforward_layernorm},
+                             {&l.post_feedforward_layernorm, &w.post_feedforward_layernorm},
+                             {&l.q_norm, &w.q_norm},
+                             {&l.k_norm, &w.k_norm}}) {
+      if (norm->size() != 0) KVP_RETURN_IF_ERROR(up(dst, norm_gain(c, *norm)));
+    }
+    l.local_rope = c.layer_uses_local_rope(static_cast<int64_t>(d.layers.size()));
     KVP_RETURN_IF_ERROR(up(&l.gate, w.gate_proj));
     KVP_RETURN_IF_ERROR(up(&l.up, w.up_proj));
     KVP_RETURN_IF_ERROR(up(&l.down, w.down_proj));
@@ -251,6 +263,12 @@ Status CudaBackend::init() {
   }
   const std::vector<float> inv_freq = rope_inv_freq<float>(c);
   KVP_RETURN_IF_ERROR(d.upload(&d.inv_freq, inv_freq.data(), static_cast<int64_t>(inv_freq.size())));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (!c.layer_uses_local_rope(l)) continue;
+    const std::vector<float> local = rope_inv_freq_of_layer<float>(c, l);
+    KVP_RETURN_IF_ERROR(d.upload(&d.local_inv_freq, local.data(), static_cast<int64_t>(local.size())));
+    break;
+  }
   if (!config_.pool.k_scales.empty()) {
     KVP_RETURN_IF_ERROR(
         d.upload(&d.k_scales, config_.pool.k_scales.data(), static_cast<int64_t>(config_.pool.k_scales.size())));
@@ -409,27 +427,43 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   float* upv = d.up.as<float>();
   const int32_t* positions = d.positions.as<int32_t>();
 
-  KVP_CUDA_RETURN_IF_ERROR(ck::embed(d.embed, d.token_ids.as<int32_t>(), n, hidden, x));
+  KVP_CUDA_RETURN_IF_ERROR(ck::embed(d.embed, d.token_ids.as<int32_t>(), n, hidden, x, c.embed_scale()));
   for (std::size_t l = 0; l < d.layers.size(); ++l) {
     const Device::Layer& w = d.layers[l];
+    const float* inv_freq = w.local_rope ? d.local_inv_freq : d.inv_freq;
     KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(x, nullptr, w.input_layernorm, n, hidden, eps, h));
     KVP_CUDA_RETURN_IF_ERROR(ck::project(w.q, w.q_bias, c.q_dim(), hidden, h, n, q));
     KVP_CUDA_RETURN_IF_ERROR(ck::project(w.k, w.k_bias, c.kv_dim(), hidden, h, n, k));
     KVP_CUDA_RETURN_IF_ERROR(ck::project(w.v, w.v_bias, c.kv_dim(), hidden, h, n, v));
-    KVP_CUDA_RETURN_IF_ERROR(ck::rope(q, n, c.num_heads, c.head_dim, positions, d.inv_freq));
-    KVP_CUDA_RETURN_IF_ERROR(ck::rope(k, n, c.num_kv_heads, c.head_dim, positions, d.inv_freq));
+    if (c.qk_norm()) {  // Gemma 3: each head's RMSNorm, in place, before RoPE
+      KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(q, nullptr, w.q_norm, n * c.num_heads, c.head_dim, eps, q));
+      KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(k, nullptr, w.k_norm, n * c.num_kv_heads, c.head_dim, eps, k));
+    }
+    KVP_CUDA_RETURN_IF_ERROR(ck::rope(q, n, c.num_heads, c.head_dim, positions, inv_freq));
+    KVP_CUDA_RETURN_IF_ERROR(ck::rope(k, n, c.num_kv_heads, c.head_dim, positions, inv_freq));
     // Every new token's K/V goes into its slot before attention reads (same stream: ordered).
     KVP_CUDA_RETURN_IF_ERROR(ck::write_kv(k, v, d.slots.as<int64_t>(), n, c.kv_dim(), config_.pool.kv_dtype,
                                           d.k_pool[l], d.v_pool[l], c.head_dim, layer_scale(d.k_scales, l),
                                           layer_scale(d.v_scales, l)));
     KVP_RETURN_IF_ERROR(attend(plan, l, q, attn, max_partitions));
     KVP_CUDA_RETURN_IF_ERROR(ck::project(w.o, w.o_bias, hidden, c.q_dim(), attn, n, proj));
+    // Gemma: the attention's output normalised before the add, GeGLU between the pre- and
+    // post-feedforward norms.
+    if (c.gemma())
+      KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(proj, nullptr, w.post_attention_layernorm, n, hidden, eps, proj));
     KVP_CUDA_RETURN_IF_ERROR(ck::add_in_place(x, proj, n * hidden));
-    KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(x, nullptr, w.post_attention_layernorm, n, hidden, eps, h));
+    KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(
+        x, nullptr, c.gemma() ? w.pre_feedforward_layernorm : w.post_attention_layernorm, n, hidden, eps, h));
     KVP_CUDA_RETURN_IF_ERROR(ck::project(w.gate, w.gate_bias, c.intermediate_size, hidden, h, n, gate));
     KVP_CUDA_RETURN_IF_ERROR(ck::project(w.up, w.up_bias, c.intermediate_size, hidden, h, n, upv));
-    KVP_CUDA_RETURN_IF_ERROR(ck::silu_mul(gate, upv, n * c.intermediate_size));
+    if (c.gemma()) {
+      KVP_CUDA_RETURN_IF_ERROR(ck::gelu_tanh_mul(gate, upv, n * c.intermediate_size));
+    } else {
+      KVP_CUDA_RETURN_IF_ERROR(ck::silu_mul(gate, upv, n * c.intermediate_size));
+    }
     KVP_CUDA_RETURN_IF_ERROR(ck::project(w.down, w.down_bias, hidden, c.intermediate_size, gate, n, proj));
+    if (c.gemma())
+      KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(proj, nullptr, w.post_feedforward_layernorm, n, hidden, eps, proj));
     KVP_CUDA_RETURN_IF_ERROR(ck::add_in_place(x, proj, n * hidden));
   }
   if (num_rows == 0) return Status::ok();
@@ -440,7 +474,9 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
       ck::rms_norm(x, d.logit_rows.as<int32_t>(), d.norm, num_rows, hidden, eps, d.final_h.as<float>()));
   KVP_CUDA_RETURN_IF_ERROR(
       ck::project(d.lm_head, nullptr, c.vocab_size, hidden, d.final_h.as<float>(), num_rows, d.logits.as<float>()));
-  return cuda_status(ck::copy_to_host(out.logits.data(), d.logits.ptr, fbytes(num_rows * c.vocab_size)));
+  KVP_RETURN_IF_ERROR(cuda_status(ck::copy_to_host(out.logits.data(), d.logits.ptr, fbytes(num_rows * c.vocab_size))));
+  apply_final_softcap(c, out.logits.data(), num_rows * c.vocab_size);
+  return Status::ok();
 }
 
 Status CudaBackend::attend(const BatchPlan& plan, std::size_t layer, const float* q, float* out,
@@ -448,14 +484,14 @@ Status CudaBackend::attend(const BatchPlan& plan, std::size_t layer, const float
   const ModelConfig& c = model_config_;
   Device& d = *dev_;
   if (config_.attention_plugin == nullptr) {
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    return cuda_status(ck::attention(q, config_.pool.kv_dtype, d.k_pool[layer], d.v_pool[layer],
-                                     d.block_tables.as<int32_t>(), plan.max_blocks_per_seq,
-                                     d.seq_of_token.as<int32_t>(), d.positions.as<int32_t>(), plan.num_tokens(),
-                                     c.num_heads, c.num_kv_heads, c.head_dim, config_.pool.block_size, scale,
-                                     config_.attention_partition, max_partitions, d.attn_workspace.as<float>(), out,
-                                     layer_scale(d.k_scales, layer), layer_scale(d.v_scales, layer),
-                                     attention_variant(config_.planted), c.layer_window(static_cast<int64_t>(layer))));
+    const float scale = c.attention_scale();
+    return cuda_status(ck::attention(
+        q, config_.pool.kv_dtype, d.k_pool[layer], d.v_pool[layer], d.block_tables.as<int32_t>(),
+        plan.max_blocks_per_seq, d.seq_of_token.as<int32_t>(), d.positions.as<int32_t>(), plan.num_tokens(),
+        c.num_heads, c.num_kv_heads, c.head_dim, config_.pool.block_size, scale, config_.attention_partition,
+        max_partitions, d.attn_workspace.as<float>(), out, layer_scale(d.k_scales, layer),
+        layer_scale(d.v_scales, layer), attention_variant(config_.planted), c.layer_window(static_cast<int64_t>(layer)),
+        static_cast<float>(c.attn_logit_softcapping)));
   }
   // Uploaded once per step (at layer 0); the other plan arrays are the kernel's own uploads.
   if (layer == 0) {

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "common/text.h"
+#include "kernels/cpu_attention.h"
 #include "kernels/kv_index.h"
 
 namespace kvp {
@@ -199,6 +200,12 @@ std::vector<int32_t> lay_out_logit_rows(const BatchPlan& plan, int64_t vocab_siz
   }
   out.logits.assign(logit_tokens.size() * static_cast<std::size_t>(vocab_size), 0.0f);
   return logit_tokens;
+}
+
+void apply_final_softcap(const ModelConfig& c, float* logits, int64_t n) {
+  if (c.final_logit_softcapping <= 0.0) return;
+  const auto cap = static_cast<float>(c.final_logit_softcapping);
+  for (int64_t i = 0; i < n; ++i) logits[i] = kernels::soft_cap(logits[i], cap);
 }
 
 }  // namespace kvp

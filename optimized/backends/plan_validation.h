@@ -62,4 +62,8 @@ Result<int64_t> preflight_plan(const BatchPlan& plan, const KvPoolShape& pool, c
 std::vector<int32_t> lay_out_logit_rows(const BatchPlan& plan, int64_t vocab_size, StepOutput& out,
                                         std::vector<int32_t>& seq_of_token);
 
+// Gemma's final soft-capping of a step's n logits in place, every backend alike
+// (kernels::soft_cap on the host: the same bits); nothing without final_logit_softcapping.
+void apply_final_softcap(const ModelConfig& c, float* logits, int64_t n);
+
 }  // namespace kvp

@@ -55,6 +55,20 @@ Status check_plugin_for_window(const kvp_attention_plugin& plugin, int64_t slidi
   return Status::ok();
 }
 
+Status check_plugin_for_model(const kvp_attention_plugin& plugin, const ModelConfig& model) {
+  KVP_RETURN_IF_ERROR(check_plugin_for_window(plugin, model.sliding_window));
+  const std::string why = std::string("attention plug-in ") + plugin.name + ": the model ";
+  if (model.attn_logit_softcapping > 0.0)
+    return Status::error(why + "soft-caps its attention scores at " + std::to_string(model.attn_logit_softcapping) +
+                         ", which the plug-in ABI cannot pass");
+  if (model.attention_scale() != 1.0f / std::sqrt(static_cast<float>(model.head_dim)))
+    return Status::error(
+        why + "scales its scores by query_pre_attn_scalar^-1/2 = " + std::to_string(model.attention_scale()) +
+        ", not 1 / sqrt(head_dim), which the plug-in ABI "
+        "cannot pass");
+  return Status::ok();
+}
+
 Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& plan, int32_t num_heads,
                         const KvPoolShape& pool, const PluginBatch& batch) {
   kvp_attention_args args{};

@@ -11,6 +11,7 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "kvproof/attention_plugin.h"
+#include "model/model_config.h"
 #include "optimized/backends/batch_plan.h"
 #include "optimized/kv/kv_pool_shape.h"
 
@@ -27,6 +28,11 @@ Status check_plugin_for_backend(const kvp_attention_plugin& plugin, const char* 
 // earlier plug-in, or one without supports_window, is refused for a windowed model, naming
 // it, rather than attended to over the whole past.
 Status check_plugin_for_window(const kvp_attention_plugin& plugin, int64_t sliding_window);
+
+// check_plugin_for_window for the model's window, and refuses what no ABI version passes: a
+// score scale other than 1 / sqrt(head_dim) (Gemma's query_pre_attn_scalar) and Gemma 2's
+// attention soft-capping; a plug-in would attend to the wrong scores without knowing it.
+Status check_plugin_for_model(const kvp_attention_plugin& plugin, const ModelConfig& model);
 
 // The ABI's name for a pool element type (f32, f16, bf16, fp8-e4m3, fp8-e5m2); REQUIRES one
 // of those. A version-1 plug-in is refused fp8 pools (its ABI has no name for them).
