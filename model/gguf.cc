@@ -106,6 +106,10 @@ Status save_gguf(const Model& model, const std::string& path, const GgufOptions&
         "gguf: rope_scaling is not written (llama.cpp takes Llama 3's as a rope_freqs tensor, linear as "
         "rope.scaling.*; neither is exported yet): export a preset without it");
   if (c.mlp_bias) return Status::error("gguf: mlp_bias (gate/up/down biases) has no llama.cpp tensor");
+  if (c.gemma())
+    return Status::error(std::string("gguf: ") + architecture_class_name(c.architecture) +
+                         " is not written (llama.cpp's gemma2/gemma3 architectures are not exported yet; as llama it "
+                         "would lose Gemma's norms, GeGLU and scaling)");
   if (c.sliding_window > 0)
     return Status::error("gguf: sliding_window " + std::to_string(c.sliding_window) +
                          " is not written (llama.cpp's llama architecture would attend to the whole past)");

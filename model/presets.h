@@ -12,6 +12,13 @@
 //          presets.cc) with seeded random weights: the engine checked at real shapes (GQA
 //          group 3, 7, 4 and 8; Qwen2 biases; llama3 rope scaling; vocabularies up to 151,936)
 //          without a download
+//   gemma-3-270m, gemma-3-1b
+//          google/gemma-3-270m's and google/gemma-3-1b-it's published configs (Gemma3ForCausalLM:
+//          five sliding layers of window 512 to one full, head_dim 256, MQA, vocab 262,144)
+//   tiny-mistral-sw, tiny-qwen2-hybrid, tiny-gemma2, tiny-gemma3
+//          tiny as each windowed architecture (window 20): every layer (Mistral), the last two
+//          (Qwen2), alternating with caps 2 and 3 (Gemma 2), five to one with q/k norms and two
+//          RoPE bases (Gemma 3)
 //
 // Weights are scaled so that each projection keeps unit variance and the logits have a
 // standard deviation of about 2.5: next-token distributions that are neither one-hot nor

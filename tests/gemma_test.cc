@@ -97,8 +97,8 @@ TEST(Gemma, Gemma2ConfigReadsItsCapsAndAlternatingLayers) {
   // transformers' defaults where keys are absent: caps 50 and 30, scalar 256, window 4096,
   // head_dim 256 (not hidden / heads), tied.
   json j = kGemma2_2b;
-  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
-                          "sliding_window", "head_dim"})
+  for (const char* key :
+       {"attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "sliding_window", "head_dim"})
     j.erase(key);
   auto d = ModelConfig::from_json(j);
   ASSERT_TRUE(d.is_ok()) << d.status().message();
@@ -109,6 +109,30 @@ TEST(Gemma, Gemma2ConfigReadsItsCapsAndAlternatingLayers) {
   j["final_logit_softcapping"] = nullptr;
   EXPECT_EQ(ModelConfig::from_json(j)->attn_logit_softcapping, 0.0);
   EXPECT_EQ(ModelConfig::from_json(j)->final_logit_softcapping, 0.0);
+}
+
+// transformers v5 splits Gemma 3's rope by layer type: the full layers' entry is rope_scaling
+// (with its theta), the sliding layers' theta is rope_local_base_freq.
+TEST(Gemma, RopeParametersByLayerTypeAndTheOlderPattern) {
+  json j = kGemma3_1b;
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j.erase("rope_local_base_freq");
+  j["sliding_window_pattern"] = 3;
+  j["rope_parameters"] = {{"full_attention", {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", 2e6}}},
+                          {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 5000.0}}}};
+  auto c = ModelConfig::from_json(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->rope_theta, 2e6);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_EQ(c->rope_scaling.factor, 8.0);
+  EXPECT_EQ(c->rope_local_base_freq, 5000.0);
+  for (int64_t l = 0; l < 26; ++l) EXPECT_EQ(c->layer_window(l) > 0, (l + 1) % 3 != 0) << "layer " << l;
+  j["rope_parameters"]["sliding_attention"]["rope_type"] = "linear";
+  auto bad = ModelConfig::from_json(j);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("rope_parameters.sliding_attention.rope_type"), std::string::npos)
+      << bad.status().message();
 }
 
 TEST(Gemma, WhatGemmaCannotBeIsRefusedByName) {
@@ -156,7 +180,8 @@ Vec row_of(const MatrixF& m, int64_t r) {
 Vec matvec(const MatrixF& w, const Vec& x) {
   Vec y(static_cast<std::size_t>(w.rows()), 0.0);
   for (int64_t r = 0; r < w.rows(); ++r)
-    for (int64_t i = 0; i < w.cols(); ++i) y[static_cast<std::size_t>(r)] += double(w(r, i)) * x[static_cast<std::size_t>(i)];
+    for (int64_t i = 0; i < w.cols(); ++i)
+      y[static_cast<std::size_t>(r)] += double(w(r, i)) * x[static_cast<std::size_t>(i)];
   return y;
 }
 // Gemma2RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w), the gain `1.0 + self.weight.float()`
@@ -166,7 +191,8 @@ Vec gemma_rms_norm(const Vec& x, const VectorF& w, double eps) {
   for (double v : x) ms += v * v;
   ms /= static_cast<double>(x.size());
   Vec y(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) y[i] = x[i] / std::sqrt(ms + eps) * double(1.0f + w[static_cast<Eigen::Index>(i)]);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    y[i] = x[i] / std::sqrt(ms + eps) * double(1.0f + w[static_cast<Eigen::Index>(i)]);
   return y;
 }
 double gelu_pytorch_tanh(double z) {
@@ -177,7 +203,8 @@ double cap(double s, double c) { return c > 0 ? c * std::tanh(s / c) : s; }
 // rotate_half RoPE of one head at `pos` with base `theta` (default rope type).
 void rope(double* h, int64_t d, int64_t pos, double theta) {
   for (int64_t i = 0; i < d / 2; ++i) {
-    const double angle = static_cast<double>(pos) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+    const double angle =
+        static_cast<double>(pos) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
     const double x1 = h[i], x2 = h[i + d / 2];
     h[i] = x1 * std::cos(angle) - x2 * std::sin(angle);
     h[i + d / 2] = x2 * std::cos(angle) + x1 * std::sin(angle);
@@ -203,14 +230,16 @@ std::vector<Vec> naive_gemma(const Model& m, const std::vector<int32_t>& tokens)
       const Vec v = matvec(w.v_proj, h);
       for (int64_t head = 0; head < c.num_heads; ++head) {
         if (c.architecture == Architecture::kGemma3) {
-          const Vec part = gemma_rms_norm(Vec(q.begin() + head * d, q.begin() + (head + 1) * d), w.q_norm, c.rms_norm_eps);
+          const Vec part =
+              gemma_rms_norm(Vec(q.begin() + head * d, q.begin() + (head + 1) * d), w.q_norm, c.rms_norm_eps);
           std::copy(part.begin(), part.end(), q.begin() + head * d);
         }
         rope(q.data() + head * d, d, static_cast<int64_t>(pos), theta);
       }
       for (int64_t kvh = 0; kvh < c.num_kv_heads; ++kvh) {
         if (c.architecture == Architecture::kGemma3) {
-          const Vec part = gemma_rms_norm(Vec(k.begin() + kvh * d, k.begin() + (kvh + 1) * d), w.k_norm, c.rms_norm_eps);
+          const Vec part =
+              gemma_rms_norm(Vec(k.begin() + kvh * d, k.begin() + (kvh + 1) * d), w.k_norm, c.rms_norm_eps);
           std::copy(part.begin(), part.end(), k.begin() + kvh * d);
         }
         rope(k.data() + kvh * d, d, static_cast<int64_t>(pos), theta);
@@ -228,7 +257,8 @@ std::vector<Vec> naive_gemma(const Model& m, const std::vector<int32_t>& tokens)
         for (int64_t j : seen) {
           double s = 0;
           for (int64_t e = 0; e < d; ++e)
-            s += q[static_cast<std::size_t>(head * d + e)] * keys[static_cast<std::size_t>(l)][static_cast<std::size_t>(j)][static_cast<std::size_t>(kvh * d + e)];
+            s += q[static_cast<std::size_t>(head * d + e)] *
+                 keys[static_cast<std::size_t>(l)][static_cast<std::size_t>(j)][static_cast<std::size_t>(kvh * d + e)];
           scores.push_back(cap(s * std::pow(c.query_pre_attn_scalar, -0.5), c.attn_logit_softcapping));
         }
         double mx = scores[0], sum = 0;
@@ -237,7 +267,9 @@ std::vector<Vec> naive_gemma(const Model& m, const std::vector<int32_t>& tokens)
         for (std::size_t i = 0; i < seen.size(); ++i)
           for (int64_t e = 0; e < d; ++e)
             attn[static_cast<std::size_t>(head * d + e)] +=
-                scores[i] / sum * values[static_cast<std::size_t>(l)][static_cast<std::size_t>(seen[i])][static_cast<std::size_t>(kvh * d + e)];
+                scores[i] / sum *
+                values[static_cast<std::size_t>(l)][static_cast<std::size_t>(seen[i])]
+                      [static_cast<std::size_t>(kvh * d + e)];
       }
       const Vec o = gemma_rms_norm(matvec(w.o_proj, attn), w.post_attention_layernorm, c.rms_norm_eps);
       for (std::size_t i = 0; i < x.size(); ++i) x[i] += o[i];

@@ -291,6 +291,14 @@ TEST(Gguf, WhatLlamaCppCannotTakeIsRefusedByNameAndNoFileIsLeft) {
   Status s = save_gguf(scaled, path, {});
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("gguf: rope_scaling is not written"), std::string::npos) << s.message();
+  // Gemma, even with every layer full (no window to refuse): as llama it would lose its math.
+  Model gemma = make_preset("tiny-gemma3").value();
+  gemma.config.sliding_window = 0;
+  gemma.config.sliding_layers.clear();
+  gemma.config.rope_local_base_freq = 0;
+  s = save_gguf(gemma, path, {});
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("gguf: Gemma3ForCausalLM is not written"), std::string::npos) << s.message();
   Model tiny = make_preset("tiny").value();
   GgufOptions f64;
   f64.dtype = DType::kF64;

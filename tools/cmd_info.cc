@@ -74,6 +74,16 @@ void add_info_command(CLI::App& app, int& exit_code) {
     } else {
       std::printf("  sliding window      none\n");
     }
+    if (c.gemma()) {
+      const auto cap = [](double v) { return v > 0 ? std::to_string(v) : std::string("none"); };
+      std::printf(
+          "  gemma               embed x %g, scores x %g (query_pre_attn_scalar %g), caps attn %s / final %s%s\n",
+          static_cast<double>(c.embed_scale()), static_cast<double>(c.attention_scale()), c.query_pre_attn_scalar,
+          cap(c.attn_logit_softcapping).c_str(), cap(c.final_logit_softcapping).c_str(),
+          c.qk_norm() ? ", q/k norms" : "");
+      if (c.rope_local_base_freq > 0)
+        std::printf("  local rope_theta    %g (sliding layers)\n", c.rope_local_base_freq);
+    }
     std::string eos;
     for (int32_t id : c.eos_token_ids) eos += (eos.empty() ? "" : ", ") + std::to_string(id);
     std::printf("  stop tokens (eos)   %s\n", eos.empty() ? "none" : eos.c_str());
