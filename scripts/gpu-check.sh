@@ -314,7 +314,8 @@ if [ -n "${BUILT:-}" ]; then
     --benchmark_out_format=json
 
   # Every architecture kvproof reads, at real shapes: tiny (Llama), tiny-mistral-sw (Mistral
-  # with a sliding window), tiny-qwen2-hybrid (Qwen2, windows on its last two layers), the
+  # with a sliding window), tiny-qwen2-hybrid (Qwen2, windows on its last two layers),
+  # tiny-gemma2 and tiny-gemma3 (Gemma 2 and 3, hybrids), gemma-3-270m (published shape), the
   # four real-shape presets (SmolLM2: Llama, tied; Qwen2.5: Qwen2 biases, group 7; Llama 3.2: llama3 rope
   # scaling; TinyLlama: untied), the larger ones exported sharded in bf16.
   # shellcheck disable=SC2317  # run through step's bash -c
@@ -324,7 +325,12 @@ if [ -n "${BUILT:-}" ]; then
     # A windowed model (tiny-mistral-sw, tiny-qwen2-hybrid: window 20): a prompt of 70 tokens,
     # three and a half windows, so that most positions attend through the window
     # (transformers' mask; the hybrid's layer_types).
-    case "$preset" in tiny-mistral-sw | tiny-qwen2-hybrid) prompt=$(seq -s, 1 7 490) ;; esac
+    # Gemma (tiny-gemma2, tiny-gemma3: window 20, caps, q/k norms, two RoPE bases) likewise;
+    # gemma-3-270m (window 512): 1,300 tokens, two and a half windows.
+    case "$preset" in
+      tiny-mistral-sw | tiny-qwen2-hybrid | tiny-gemma2 | tiny-gemma3) prompt=$(seq -s, 1 7 490) ;;
+      gemma-3-270m) prompt=$(seq -s, 1 1300) ;;
+    esac
     "$BUILD/bin/kvproof" export --preset "$preset" --out "$dir" "$@" &&
       "$BUILD/bin/kvproof" generate --checkpoint "$dir" --prompt "$prompt" \
         --max-tokens 12 --temperature 0 --ignore-eos --json --top-logits 5 >"$OUT/generate-$preset.json" &&
@@ -335,6 +341,9 @@ if [ -n "${BUILT:-}" ]; then
   step hf-crosscheck-tiny 120 crosscheck tiny
   step hf-crosscheck-tiny-mistral-sw 120 crosscheck tiny-mistral-sw
   step hf-crosscheck-tiny-qwen2-hybrid 120 crosscheck tiny-qwen2-hybrid
+  step hf-crosscheck-tiny-gemma2 120 crosscheck tiny-gemma2
+  step hf-crosscheck-tiny-gemma3 120 crosscheck tiny-gemma3
+  step hf-crosscheck-gemma-3-270m 300 crosscheck gemma-3-270m --dtype bf16
   step hf-crosscheck-smollm2-135m 180 crosscheck smollm2-135m
   step hf-crosscheck-qwen2.5-0.5b 240 crosscheck qwen2.5-0.5b --shards 2 --dtype bf16
   step hf-crosscheck-llama-3.2-1b 300 crosscheck llama-3.2-1b --shards 3 --dtype bf16

@@ -46,7 +46,10 @@ def main() -> int:
     # version reads, and check that it was honoured.
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
     dtype_key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
-    model = AutoModelForCausalLM.from_pretrained(args.checkpoint, **{dtype_key: torch.float32})
+    # Eager attention: transformers' own plain implementation, the one every architecture has
+    # (Gemma 2's soft-capping and the sliding windows included; SDPA may not apply a softcap).
+    model = AutoModelForCausalLM.from_pretrained(args.checkpoint, attn_implementation="eager",
+                                                 **{dtype_key: torch.float32})
     arch = type(model).__name__
     dtypes = {p.dtype for p in model.parameters()}
     if dtypes != {torch.float32}:
