@@ -420,7 +420,7 @@ Result<EngineConfig> Driver::build_engine(const Pool& pool) {
   }
   ec.kv.enable_prefix_caching = o_.prefix_sharing && !contiguous();
   // The window releases blocks in the paged pool; a contiguous reservation keeps its span.
-  ec.kv.sliding_window = o_.sliding_window && !contiguous() ? cost_.model.sliding_window : 0;
+  ec.kv.sliding_window = o_.sliding_window && !contiguous() ? cost_.model.kv_window() : 0;
   ec.kv.watermark_blocks =
       contiguous() ? 0
                    : static_cast<int32_t>(std::floor(o_.watermark_fraction * static_cast<double>(pool.device_blocks)));

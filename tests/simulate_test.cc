@@ -81,6 +81,28 @@ TEST(CostModel, DecodeStepIsMemoryBound) {
   EXPECT_NEAR(s.total_s, 0.010746616341343796, 1e-12);
 }
 
+TEST(CostModel, AHybridReadsTheWindowInItsWindowedLayersOnly) {
+  // Gemma 3 1B (L = 26, 4 global + 22 windowed of 512, Hq = 4, Hkv = 1, D = 256, P = 1e9) on an
+  // A100-80GB, one decode token at context 2000 (position 1999):
+  //   a global layer reads 2000 positions, a windowed one 512 (positions 1488..1999)
+  //   kv bytes per layer and token = 2 * 1 * 256 * 2 = 1024
+  //   bytes = 1e9 * 2 + 1024 * (4 * (2000 + 1) + 22 * (512 + 1)) = 2e9 + 1024 * 19290 = 2019752960
+  //   flops = 2 * 1e9 + 4 * 4 * 256 * (4 * 2000 + 22 * 512) = 2e9 + 4096 * 19264 = 2078905344
+  CostModelConfig c;
+  c.model = *find_model_preset("gemma-3-1b");
+  c.gpu = *find_gpu_preset("a100-80gb");
+  EXPECT_EQ(c.model.windowed_layers(), 22);
+  EXPECT_EQ(c.model.kv_window(), 0);  // one block table: the global layers keep every block
+  const StepCost s = step_cost(c, plan_of({{1, 2000}}), 16);
+  EXPECT_DOUBLE_EQ(s.bytes, 2019752960.0);
+  EXPECT_DOUBLE_EQ(s.flops, 2078905344.0);
+  // The same model with every layer global reads 26 * 2001 positions.
+  c.model.full_attention_layers = 26;
+  EXPECT_DOUBLE_EQ(step_cost(c, plan_of({{1, 2000}}), 16).bytes, 2e9 + 1024.0 * 26 * 2001);
+  c.model.full_attention_layers = 27;
+  EXPECT_FALSE(c.validate().is_ok());
+}
+
 TEST(CostModel, SwapsCostHostLinkTime) {
   BatchPlan p = plan_of({});
   p.ops.swap_out = {{0, 0}, {1, 1}};
@@ -100,7 +122,8 @@ TEST(CostModel, KvPoolIsMemoryTimesUtilizationMinusWeightsMinusReserve) {
 }
 
 TEST(CostModel, PresetsAndErrors) {
-  for (const char* m : {"llama-2-7b", "llama-2-13b", "llama-3-8b", "mistral-7b", "qwen2.5-7b"})
+  for (const char* m :
+       {"llama-2-7b", "llama-2-13b", "llama-3-8b", "mistral-7b", "qwen2.5-7b", "gemma-3-1b", "gemma-3-27b"})
     EXPECT_TRUE(find_model_preset(m).is_ok()) << m;
   for (const char* g : {"a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "H200"})
     EXPECT_TRUE(find_gpu_preset(g).is_ok()) << g;

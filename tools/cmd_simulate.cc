@@ -78,7 +78,8 @@ struct SimulateFlags {
 };
 
 void add_simulate_flags(CLI::App* cmd, SimulateFlags& f) {
-  cmd->add_option("--model", f.sim.model, "llama-2-7b, llama-2-13b, llama-3-8b, mistral-7b, qwen2.5-7b")
+  cmd->add_option("--model", f.sim.model,
+                  "llama-2-7b, llama-2-13b, llama-3-8b, mistral-7b, qwen2.5-7b, gemma-3-1b, gemma-3-27b")
       ->capture_default_str();
   cmd->add_option("--gpu", f.sim.gpu, "a100-40gb, a100-80gb, h100-80gb, h200-141gb")->capture_default_str();
   cmd->add_option("--gpu-memory-utilization", f.sim.gpu_memory_utilization, "share of GPU memory the engine uses")

@@ -38,6 +38,14 @@ std::vector<ModelSpec> model_presets() {
       // Qwen/Qwen2.5-7B: 28 layers, 28 heads, 4 KV heads, hidden 3584; 32k native context
       // (the model card's longer contexts need YaRN scaling).
       {"qwen2.5-7b", 28, 28, 4, 128, 152064, 32768, 7.62e9},
+      // google/gemma-3-1b-it: 26 layers, 4 heads, 1 KV head, head_dim 256, vocab 262,144, 32k
+      // context; five layers of window 512 to one global (layers 5, 11, 17, 23: 4 global).
+      // Parameters: the Gemma 3 technical report's table 1 (302M embedding + 698M other).
+      {"gemma-3-1b", 26, 4, 1, 256, 262144, 32768, 1.0e9, 512, 4},
+      // google/gemma-3-27b (text): 62 layers, 32 heads, 16 KV heads, head_dim 128, vocab
+      // 262,208, 128k context; window 1024 on five layers in six (10 global). Parameters: the
+      // report's 1,416M embedding + 25,600M other (the 417M vision encoder left out).
+      {"gemma-3-27b", 62, 32, 16, 128, 262208, 131072, 27.016e9, 1024, 10},
   };
 }
 
@@ -83,6 +91,9 @@ Status CostModelConfig::validate() const {
   if (model.num_layers <= 0 || model.num_heads <= 0 || model.num_kv_heads <= 0 || model.head_dim <= 0)
     return Status::error("model '" + model.name + "': layers, heads, KV heads and head dim must be > 0");
   if (model.sliding_window < 0) return Status::error("model '" + model.name + "': sliding_window must be >= 0");
+  if (model.full_attention_layers < 0 || model.full_attention_layers > model.num_layers ||
+      (model.full_attention_layers > 0 && model.sliding_window == 0))
+    return Status::error("model '" + model.name + "': full_attention_layers must be in [0, layers] with a window");
   if (!positive(model.num_parameters)) return Status::error("model '" + model.name + "': num_parameters must be > 0");
   if (!positive(gpu.memory_bytes)) return Status::error("gpu '" + gpu.name + "': memory_bytes must be > 0");
   if (!positive(gpu.memory_bandwidth)) return Status::error("gpu '" + gpu.name + "': memory_bandwidth must be > 0");
@@ -115,19 +126,34 @@ StepCost step_cost(const CostModelConfig& c, const BatchPlan& plan, int32_t bloc
   const double tokens = static_cast<double>(plan.num_tokens());
   const ModelSpec& m = c.model;
   const int64_t w = m.sliding_window;
-  double attended = 0;  // sum over new tokens of the positions each attends to
-  for (int32_t p : plan.positions) attended += static_cast<double>(p + 1 - kernels::window_first(p, w));
-  double context = 0;  // K/V positions read per sequence: from its first new token's window on
+  // Positions attended and K/V positions read, for a full layer and for a windowed one.
+  double attended_full = 0, attended_windowed = 0;
+  for (int32_t p : plan.positions) {
+    attended_full += static_cast<double>(p + 1);
+    attended_windowed += static_cast<double>(p + 1 - kernels::window_first(p, w));
+  }
+  double context_full = 0, context_windowed = 0;  // a windowed layer: from its first new token's window on
   for (std::size_t i = 0; i < plan.context_lens.size(); ++i) {
     const int64_t len = plan.context_lens[i];
-    const int64_t n = w > 0 ? plan.query_start[i + 1] - plan.query_start[i] : len;
-    context += static_cast<double>(len - kernels::window_first(len - n, w));
+    const int64_t n = plan.query_start[i + 1] - plan.query_start[i];
+    context_full += static_cast<double>(len);
+    context_windowed += static_cast<double>(len - kernels::window_first(len - n, w));
   }
+  // Per layer on average: a hybrid's full and windowed layers weighted by their counts (a
+  // model of one kind takes its own figures as they are).
+  const auto layers = static_cast<double>(m.num_layers);
+  const auto windowed = static_cast<double>(m.windowed_layers());
+  const double full = layers - windowed;
+  const auto mix = [&](double f, double wd) {
+    return windowed == 0 ? f : full == 0 ? wd : (full * f + windowed * wd) / layers;
+  };
+  const double attended = mix(attended_full, attended_windowed);
+  const double context = mix(context_full + tokens, context_windowed + tokens);
   const double kv_token = c.kv_bytes_per_token();
   if (tokens > 0) {
     s.flops =
         2.0 * m.num_parameters * tokens + 4.0 * static_cast<double>(m.num_layers * m.num_heads * m.head_dim) * attended;
-    s.bytes = c.weight_bytes() + kv_token * (context + tokens);
+    s.bytes = c.weight_bytes() + kv_token * context;
     s.compute_s = s.flops / (c.gpu.peak_bf16_flops * c.compute_efficiency);
     s.memory_s = s.bytes / (c.gpu.memory_bandwidth * c.bandwidth_efficiency);
   }

@@ -4,11 +4,13 @@
 //
 // The formula (docs/simulate.md repeats it; every constant is a named field below):
 //
-//   flops(step)   = 2 * P * T  +  4 * L * Hq * D * sum_t (pos_t + 1)
+//   flops(step)   = 2 * P * T  +  4 * Hq * D * sum_layers sum_t (positions t attends to)
 //                   (weights: one multiply-add per parameter per new token; attention: QK^T
-//                    and AV over the causal context of every new token t)
-//   bytes(step)   = W  +  kv_bytes_per_token * (sum_i context_len_i + T)
-//                   (weights read once per step, every sequence's K/V read once, the T new
+//                    and AV over the causal context of every new token t: pos_t + 1, or at
+//                    most the window in a windowed layer)
+//   bytes(step)   = W  +  kv_bytes_per_layer_token * sum_layers (sum_i context_i + T)
+//                   (weights read once per step, every sequence's K/V read once per layer,
+//                    a windowed layer from its first new token's window on, the T new
 //                    tokens' K/V written)
 //   compute_s     = flops / (peak_bf16_flops * compute_efficiency)
 //   memory_s      = bytes / (memory_bandwidth * bandwidth_efficiency)
@@ -49,8 +51,17 @@ struct ModelSpec {
   // engine releases the blocks behind it (KvCacheConfig::sliding_window) and attention reads
   // at most the window.
   int64_t sliding_window = 0;
+  // A hybrid's layers that attend to everything beside the windowed ones (Gemma 3's global
+  // layers, one in six); 0: every layer through sliding_window. With one block table per
+  // sequence a hybrid keeps every block (its full layers read them): only its attention reads
+  // shrink, not its memory (kv_window()).
+  int64_t full_attention_layers = 0;
 
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  // The window the KV manager may release blocks behind: every layer's, or none.
+  int64_t kv_window() const { return full_attention_layers == 0 ? sliding_window : 0; }
+  // Layers attending through the window, and to everything.
+  int64_t windowed_layers() const { return sliding_window > 0 ? num_layers - full_attention_layers : 0; }
 };
 
 // A GPU's datasheet numbers (dense bf16 Tensor Core rate, no sparsity).
@@ -63,7 +74,7 @@ struct GpuSpec {
 };
 
 // The presets. Names are case-insensitive: llama-2-7b, llama-2-13b, llama-3-8b, mistral-7b,
-// qwen2.5-7b; a100-40gb, a100-80gb, h100-80gb, h200-141gb (aliases a100, h100, h200).
+// qwen2.5-7b, gemma-3-1b, gemma-3-27b; a100-40gb, a100-80gb, h100-80gb, h200-141gb (aliases a100, h100, h200).
 std::vector<ModelSpec> model_presets();
 std::vector<GpuSpec> gpu_presets();
 Result<ModelSpec> find_model_preset(const std::string& name);
