@@ -365,6 +365,28 @@ int64_t ModelConfig::num_parameters() const {
 
 namespace {
 
+// layer_types: one entry per layer, true for sliding_attention (its entries were checked by
+// refuse_unimplemented); empty when the key is absent or null.
+Result<std::vector<bool>> read_layer_types(const nlohmann::json& j, int64_t num_layers) {
+  std::vector<bool> sliding;
+  auto it = j.find("layer_types");
+  if (it == j.end() || it->is_null()) return sliding;
+  if (static_cast<int64_t>(it->size()) != num_layers)
+    return Status::error("key 'layer_types' has " + std::to_string(it->size()) + " entries for " +
+                         std::to_string(num_layers) + " layers (num_hidden_layers)");
+  for (const auto& t : *it) sliding.push_back(t == "sliding_attention");
+  return sliding;
+}
+
+// The window W on the layers `sliding` marks, normalised as ModelConfig keeps it: no window
+// when no layer has it, no per-layer list when every layer has it.
+void set_windowed_layers(ModelConfig& c, int64_t window, std::vector<bool> sliding) {
+  const auto windowed = std::count(sliding.begin(), sliding.end(), true);
+  if (windowed == 0) return;
+  c.sliding_window = window;
+  if (windowed < static_cast<int64_t>(sliding.size())) c.sliding_layers = std::move(sliding);
+}
+
 // Qwen2's window, as transformers' Qwen2Config reads it: sliding_window counts only when
 // use_sliding_window is true; then layer_types names each layer full_attention or
 // sliding_attention, by default sliding_attention from layer max_window_layers (default 28)
@@ -373,12 +395,10 @@ namespace {
 Status read_qwen2_window(const nlohmann::json& j, ModelConfig& c) {
   auto use = get_bool(j, "use_sliding_window", false);
   if (!use) return use.status();
-  std::vector<bool> sliding;
-  if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
-    if (static_cast<int64_t>(it->size()) != c.num_layers)
-      return Status::error("key 'layer_types' has " + std::to_string(it->size()) + " entries for " +
-                           std::to_string(c.num_layers) + " layers (num_hidden_layers)");
-    for (const auto& t : *it) sliding.push_back(t == "sliding_attention");
+  auto types = read_layer_types(j, c.num_layers);
+  if (!types) return types.status();
+  std::vector<bool> sliding = std::move(*types);
+  if (!sliding.empty()) {
     const bool any = std::find(sliding.begin(), sliding.end(), true) != sliding.end();
     if (any && !*use)
       return Status::error(
@@ -397,10 +417,7 @@ Status read_qwen2_window(const nlohmann::json& j, ModelConfig& c) {
     if (*first < 0) return Status::error("key 'max_window_layers' must be >= 0, got " + std::to_string(*first));
     for (int64_t l = 0; l < c.num_layers; ++l) sliding.push_back(l >= *first);
   }
-  const auto windowed = std::count(sliding.begin(), sliding.end(), true);
-  if (windowed == 0) return Status::ok();  // no layer has the window
-  c.sliding_window = *window;
-  if (windowed < static_cast<int64_t>(sliding.size())) c.sliding_layers = std::move(sliding);
+  set_windowed_layers(c, *window, std::move(sliding));
   return Status::ok();
 }
 
@@ -439,13 +456,10 @@ Status read_gemma(const nlohmann::json& j, ModelConfig& c) {
     if (!local) return local.status();
     c.rope_local_base_freq = *local;
   }
-  std::vector<bool> sliding;
-  if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
-    if (static_cast<int64_t>(it->size()) != c.num_layers)
-      return Status::error("key 'layer_types' has " + std::to_string(it->size()) + " entries for " +
-                           std::to_string(c.num_layers) + " layers (num_hidden_layers)");
-    for (const auto& t : *it) sliding.push_back(t == "sliding_attention");
-  } else {
+  auto types = read_layer_types(j, c.num_layers);
+  if (!types) return types.status();
+  std::vector<bool> sliding = std::move(*types);
+  if (sliding.empty()) {
     int64_t pattern = 2;
     if (g3) {
       const char* key = is_set(j, "sliding_window_pattern") ? "sliding_window_pattern" : "_sliding_window_pattern";
@@ -461,8 +475,7 @@ Status read_gemma(const nlohmann::json& j, ModelConfig& c) {
   const auto windowed = std::count(sliding.begin(), sliding.end(), true);
   if (windowed > 0 && *window <= 0)
     return Status::error("key 'sliding_window' must be a positive integer, got " + std::to_string(*window));
-  if (windowed > 0) c.sliding_window = *window;
-  if (windowed > 0 && windowed < static_cast<int64_t>(sliding.size())) c.sliding_layers = std::move(sliding);
+  set_windowed_layers(c, *window, std::move(sliding));
   // transformers v5: rope_parameters {"full_attention": {...}, "sliding_attention": {...}}.
   if (auto it = j.find("rope_parameters"); it != j.end() && it->is_object() && it->contains("sliding_attention")) {
     const nlohmann::json& local = it->at("sliding_attention");

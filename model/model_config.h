@@ -119,8 +119,10 @@ struct ModelConfig {
   // 1 / sqrt(head_dim) as the backends always computed it.
   float attention_scale() const;
   // The RoPE base of layer `layer`: rope_local_base_freq for a sliding layer when set, else
-  // rope_theta (and only then does rope_scaling apply: rope_inv_freq_of_layer).
-  bool layer_uses_local_rope(int64_t layer) const { return rope_local_base_freq > 0.0 && layer_window(layer) > 0; }
+  // rope_theta (and only then does rope_scaling apply: model/rope.h).
+  bool layer_uses_local_rope(int64_t layer) const { return has_local_rope() && layer_window(layer) > 0; }
+  // Whether some layer does (a local base, and a window on some layer).
+  bool has_local_rope() const { return rope_local_base_freq > 0.0 && sliding_window > 0; }
   // The attention window of layer `layer`: 0 (all of the past) or sliding_window.
   int64_t layer_window(int64_t layer) const {
     if (sliding_window == 0 || sliding_layers.empty()) return sliding_window;

@@ -59,12 +59,11 @@ std::vector<T> rope_inv_freq(const ModelConfig& c) {
   return out;
 }
 
-// The inverse frequencies layer `layer` rotates by: a Gemma 3 sliding layer's come from
-// rope_local_base_freq, unscaled (transformers gives its local rotary embedding rope_theta =
-// rope_local_base_freq and the default rope type); every other layer's are rope_inv_freq's.
+// Gemma 3's sliding layers' inverse frequencies: rope_local_base_freq, unscaled (transformers
+// gives its local rotary embedding rope_theta = rope_local_base_freq and the default rope type).
+// REQUIRES: c.rope_local_base_freq > 0.
 template <typename T>
-std::vector<T> rope_inv_freq_of_layer(const ModelConfig& c, int64_t layer) {
-  if (!c.layer_uses_local_rope(layer)) return rope_inv_freq<T>(c);
+std::vector<T> rope_local_inv_freq(const ModelConfig& c) {
   ModelConfig local = c;
   local.rope_theta = c.rope_local_base_freq;
   local.rope_scaling = RopeScaling{};

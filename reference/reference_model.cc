@@ -236,9 +236,7 @@ ReferenceModel<T>::ReferenceModel(const Model& model, int threads) : config_(mod
   if (!config_.tie_word_embeddings) convert.add_weights(lm_head_, w.lm_head);
   convert.run(threads);
   inv_freq_ = rope_inv_freq<T>(config_);
-  local_inv_freq_ = inv_freq_;
-  for (int64_t l = 0; l < config_.num_layers; ++l)
-    if (config_.layer_uses_local_rope(l)) local_inv_freq_ = rope_inv_freq_of_layer<T>(config_, l);
+  if (config_.has_local_rope()) local_inv_freq_ = rope_local_inv_freq<T>(config_);
 }
 
 template <typename T>

@@ -110,7 +110,7 @@ class ReferenceModel {
 
   ModelConfig config_;
   std::vector<T> inv_freq_;  // rope_inv_freq<T>(config_): rope_scaling applied
-  // The sliding layers' (Gemma 3's rope_local_base_freq; unscaled), or inv_freq_.
+  // The sliding layers' (Gemma 3's rope_local_base_freq; unscaled); empty when none uses it.
   std::vector<T> local_inv_freq_;
   const std::vector<T>& inv_freq_of(int64_t layer) const {
     return config_.layer_uses_local_rope(layer) ? local_inv_freq_ : inv_freq_;

@@ -939,21 +939,27 @@ void set_test_scales(const ModelConfig& m, KvPoolShape& pool) {
 
 constexpr DType kEveryKvDtype[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kF8E5M2};
 
+// Two sequences through scrambled block tables of a 128-block pool: 150 tokens in chunks of
+// 40, 37 and 1 (several attention partitions of 32), and 90 in 64 and 1, joining at step 1.
+std::vector<SeqSchedule> two_sequence_schedule(int64_t vocab) {
+  std::vector<SeqSchedule> seqs(2);
+  seqs[0].tokens = tokens_for(150, vocab, 1);
+  seqs[0].chunks = chunks_of(150, {40, 37, 1});
+  seqs[0].table = scrambled_table(38, 128, 5);
+  seqs[1].tokens = tokens_for(90, vocab, 2);
+  seqs[1].chunks = chunks_of(90, {64, 1});
+  seqs[1].table = scrambled_table(23, 128, 6, seqs[0].table);
+  seqs[1].start_step = 1;
+  return seqs;
+}
+
 // The emulated CUDA kernels call the CPU backend's loops one output per CUDA thread, so they
 // give the CPU backend's bits, for every KV dtype (the same conversions on write, the same
 // scaled reads): chunked prefill across several attention partitions, GQA, two sequences
 // batched through scrambled block tables, then decode.
 TEST(CudaEmu, GivesTheCpuBackendsBitsForEveryKvDtype) {
   const Model& m = tiny();
-  std::vector<SeqSchedule> seqs(2);
-  seqs[0].tokens = tokens_for(150, m.config.vocab_size, 1);
-  seqs[0].chunks = chunks_of(150, {40, 37, 1});
-  seqs[0].table = scrambled_table(38, 128, 5);
-  seqs[1].tokens = tokens_for(90, m.config.vocab_size, 2);
-  seqs[1].chunks = chunks_of(90, {64, 1});
-  std::vector<int32_t> used = seqs[0].table;
-  seqs[1].table = scrambled_table(23, 128, 6, used);
-  seqs[1].start_step = 1;
+  const std::vector<SeqSchedule> seqs = two_sequence_schedule(m.config.vocab_size);
   std::vector<std::vector<Logits>> by_dtype;
   for (const DType dtype : kEveryKvDtype) {
     SCOPED_TRACE(dtype_name(dtype));
@@ -990,14 +996,7 @@ TEST(CudaEmu, GivesTheCpuBackendsBitsForGemma) {
   for (const char* preset : {"tiny-gemma2", "tiny-gemma3"}) {
     SCOPED_TRACE(preset);
     const Model m = *make_preset(preset, 0);
-    std::vector<SeqSchedule> seqs(2);
-    seqs[0].tokens = tokens_for(150, m.config.vocab_size, 1);
-    seqs[0].chunks = chunks_of(150, {40, 37, 1});
-    seqs[0].table = scrambled_table(38, 128, 5);
-    seqs[1].tokens = tokens_for(90, m.config.vocab_size, 2);
-    seqs[1].chunks = chunks_of(90, {64, 1});
-    seqs[1].table = scrambled_table(23, 128, 6, seqs[0].table);
-    seqs[1].start_step = 1;
+    const std::vector<SeqSchedule> seqs = two_sequence_schedule(m.config.vocab_size);
     for (const DType dtype : {DType::kF32, DType::kBF16}) {
       SCOPED_TRACE(dtype_name(dtype));
       BackendParams p;

@@ -181,8 +181,7 @@ CpuBackend::CpuBackend(std::shared_ptr<const Model> model, const CpuBackendConfi
   KVP_CHECK(check_pool_matches_model(config_.pool, model_->config).is_ok());
   const ModelConfig& c = model_->config;
   inv_freq_ = rope_inv_freq<float>(c);
-  for (int64_t l = 0; l < c.num_layers; ++l)
-    if (c.layer_uses_local_rope(l)) local_inv_freq_ = rope_inv_freq_of_layer<float>(c, l);
+  if (c.has_local_rope()) local_inv_freq_ = rope_local_inv_freq<float>(c);
   for (const LayerWeights& w : model_->weights.layers) {
     gains_.push_back({norm_gain(c, w.input_layernorm), norm_gain(c, w.post_attention_layernorm),
                       norm_gain(c, w.pre_feedforward_layernorm), norm_gain(c, w.post_feedforward_layernorm),

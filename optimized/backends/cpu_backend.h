@@ -143,7 +143,7 @@ class CpuBackend final : public Backend {
   std::shared_ptr<const Model> model_;
   CpuBackendConfig config_;
   std::vector<float> inv_freq_;        // [head_dim / 2]
-  std::vector<float> local_inv_freq_;  // Gemma 3's sliding layers' (rope_inv_freq_of_layer), or empty
+  std::vector<float> local_inv_freq_;  // Gemma 3's sliding layers' (rope_local_inv_freq), or empty
   // Every norm's gain (norm_gain: Gemma's 1 + w), per layer: input, post-attention, Gemma's
   // pre- and post-feedforward and q/k norms (empty elsewhere); then the final norm's.
   struct LayerGains {

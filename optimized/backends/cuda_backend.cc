@@ -263,11 +263,9 @@ Status CudaBackend::init() {
   }
   const std::vector<float> inv_freq = rope_inv_freq<float>(c);
   KVP_RETURN_IF_ERROR(d.upload(&d.inv_freq, inv_freq.data(), static_cast<int64_t>(inv_freq.size())));
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    if (!c.layer_uses_local_rope(l)) continue;
-    const std::vector<float> local = rope_inv_freq_of_layer<float>(c, l);
+  if (c.has_local_rope()) {
+    const std::vector<float> local = rope_local_inv_freq<float>(c);
     KVP_RETURN_IF_ERROR(d.upload(&d.local_inv_freq, local.data(), static_cast<int64_t>(local.size())));
-    break;
   }
   if (!config_.pool.k_scales.empty()) {
     KVP_RETURN_IF_ERROR(
