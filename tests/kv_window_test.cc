@@ -159,6 +159,57 @@ TEST(KvWindow, CheckWindowBlocksSeesABlockNoTokenReadsStillHeld) {
       << kept.message();
 }
 
+// A sequence registers the block after its released ones under the handle the last released
+// block had. Another holder of that block may rewrite it in place at the same generation (it
+// truncated into the block while both held it, and writes once the window let go: a sole
+// holder does not copy on write) and cache it with other tokens. The next block must not be
+// chained onto it: the kv_ops fuzzer found that entry (its hash not the chain hash of its
+// parent's, check_prefix_cache). Block size 4, window 3: position p attends from p - 2.
+TEST(KvWindow, NoBlockIsChainedOntoAReleasedParentAnotherSequenceRewrote) {
+  KvCacheConfig c = window_config(/*prefix_caching=*/true);
+  c.sliding_window = 3;
+  KvCacheManager m(c);
+  std::vector<int64_t> slots;
+  // Sequence 1: five tokens, block 0 (1..4) final and cached.
+  ASSERT_TRUE(m.add_sequence(1, 0, prompt(5)).is_ok());
+  ASSERT_TRUE(m.allocate_slots(1, 5, slots).is_ok());
+  ASSERT_TRUE(m.mark_final(1, 5).is_ok());
+  const int32_t b0 = m.sequence(1)->table[0];
+  ASSERT_TRUE(m.device_allocator().is_cached(b0));
+  // Sequence 2 shares it; sequence 1 truncates into it (its entry leaves the cache).
+  ASSERT_TRUE(m.fork(1, 2).is_ok());
+  ASSERT_TRUE(m.truncate(1, 2).is_ok());
+  ASSERT_FALSE(m.device_allocator().is_cached(b0));
+  // Sequence 2 decodes position 5: final 6, position 6 attends from 4, block 0 released.
+  ASSERT_TRUE(m.append_tokens(2, V{6}).is_ok());
+  ASSERT_TRUE(m.allocate_slots(2, 1, slots).is_ok());
+  ASSERT_TRUE(m.mark_final(2, 6).is_ok());
+  expect_released(m, 2, 1);
+  // Sequence 1, now the sole holder, writes 9, 9 into block 0 in place and caches it.
+  ASSERT_TRUE(m.append_tokens(1, V{9, 9}).is_ok());
+  ASSERT_TRUE(m.allocate_slots(1, 2, slots).is_ok());
+  ASSERT_EQ(m.sequence(1)->table[0], b0);
+  ASSERT_TRUE(m.mark_final(1, 4).is_ok());
+  ASSERT_TRUE(m.device_allocator().is_cached(b0));
+  // Sequence 2 fills block 1 (5..8): its parent was block 0 holding 1..4, no longer there.
+  ASSERT_TRUE(m.append_tokens(2, V{7, 8}).is_ok());
+  ASSERT_TRUE(m.allocate_slots(2, 2, slots).is_ok());
+  ASSERT_TRUE(m.mark_final(2, 8).is_ok());
+  EXPECT_FALSE(m.device_allocator().is_cached(m.sequence(2)->table[1]));
+  EXPECT_TRUE(check_all(m).is_ok()) << check_all(m).message();
+
+  // Control: with nobody rewriting the released block, the next block is chained onto it.
+  ASSERT_TRUE(m.add_sequence(3, 0, prompt(6, 20)).is_ok());
+  ASSERT_TRUE(m.allocate_slots(3, 6, slots).is_ok());
+  ASSERT_TRUE(m.mark_final(3, 6).is_ok());
+  expect_released(m, 3, 1);
+  ASSERT_TRUE(m.append_tokens(3, V{26, 27}).is_ok());
+  ASSERT_TRUE(m.allocate_slots(3, 2, slots).is_ok());
+  ASSERT_TRUE(m.mark_final(3, 8).is_ok());
+  EXPECT_TRUE(m.device_allocator().is_cached(m.sequence(3)->table[1]));
+  EXPECT_TRUE(check_all(m).is_ok()) << check_all(m).message();
+}
+
 TEST(KvWindow, TheReplayerChecksEveryWindowRelease) {
   KvCacheManager m(window_config(/*prefix_caching=*/true));
   EventLog log;

@@ -156,6 +156,13 @@ void KvCacheManager::register_final_blocks(SequenceState& s) {
       parent = s.table[i - 1] == kNoBlock ? s.window_parent : device_.handle(s.table[i - 1]);
       // A chain is only as good as its parent: an uncached parent cannot be matched.
       if (!device_.is_current(parent) || !device_.is_cached(parent.block)) continue;
+      // A released block keeps its generation while another sequence holds it, and that
+      // sequence may rewrite it in place: it truncated into the block while both held it
+      // and writes once this one's window let go (no copy on write for a sole holder). It
+      // may then cache the block with other tokens. Chain onto the block only while its entry
+      // still holds this sequence's block i - 1 (found by the kv_ops fuzzer: a next block
+      // registered under a parent whose tokens had changed).
+      if (s.table[i - 1] == kNoBlock && !same_block_content(cache_.entry(parent.block), s, i - 1)) continue;
     }
     const BlockHash& h = block_hash(s, i);
     auto block_tokens = std::span<const int32_t>(s.tokens).subspan(i * bs, bs);
@@ -167,6 +174,13 @@ void KvCacheManager::register_final_blocks(SequenceState& s) {
     if (logging()) log(kv_event::Cache{b});
   }
   s.num_registered_blocks = std::max(s.num_registered_blocks, full);
+}
+
+bool KvCacheManager::same_block_content(const PrefixCacheEntry& e, const SequenceState& s, int64_t i) const {
+  const int64_t bs = config_.pool.block_size;
+  const auto tokens = std::span<const int32_t>(s.tokens).subspan(i * bs, bs);
+  return e.salt == salt_of(s) && std::equal(tokens.begin(), tokens.end(), e.tokens.begin(), e.tokens.end()) &&
+         e.hash == block_hash(s, i);
 }
 
 // ---------------------------------------------------------------- slots

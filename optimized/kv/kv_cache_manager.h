@@ -233,6 +233,8 @@ class KvCacheManager {
   int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }
   // The salt a sequence's blocks are hashed with (0 with global sharing).
   int64_t salt_of(const SequenceState& s) const { return config_.global_prefix_sharing ? 0 : s.tenant; }
+  // Whether prefix-cache entry e holds s's full block i: its salt, its tokens and its chain hash.
+  bool same_block_content(const PrefixCacheEntry& e, const SequenceState& s, int64_t i) const;
   // Chain hash of full block i of the sequence's tokens. REQUIRES: (i+1)*block_size <= tokens.
   const BlockHash& block_hash(const SequenceState& s, int64_t i) const;
   // Counts state changes (every successful non-const method but take_plan_ops and
