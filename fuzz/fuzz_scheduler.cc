@@ -1,7 +1,7 @@
 // Scheduler fuzzer: the serving engine on the fake backend (tests/fake_backend.h), driven by
 // random request arrivals, cancellations and steps over a random configuration (block size,
 // pool sizes, watermark, chunk size, token budget, sequence limit, preemption mode,
-// admission rule, prefix caching, n-gram speculation). The first bytes choose the
+// admission rule, prefix caching, n-gram speculation, a sliding window). The first bytes choose the
 // configuration, then each 4 bytes are one command (at most kMaxCommands): add a request
 // (prompts share prefixes; greedy or sampled, n parallel samples, two tenants), cancel one
 // (finished or not), or run 1-4 steps. Every plan is checked before it runs (check_plan:
@@ -51,6 +51,10 @@ kvp::EngineConfig read_config(kvp::fuzz::ByteReader& in) {
     c.speculation.k = 1 + (flags >> 5) % 4;
   }
   c.vocab_size = kVocab;
+  // A sliding window (every layer's) in half the inputs: blocks released behind it under
+  // chunked prefill, preemption, forks, prefix hits and n-gram drafts and their rollback.
+  static constexpr int kWindows[] = {0, 0, 0, 0, 1, 3, 6, 12};
+  c.kv.sliding_window = kWindows[in.below(8)];
   return c;
 }
 
@@ -101,7 +105,7 @@ class Checked {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kvp::fuzz::ByteReader in(data, size);
   const kvp::EngineConfig config = read_config(in);
-  auto backend = std::make_unique<kvp::testing::FakeBackend>(config.kv.pool, kVocab);
+  auto backend = std::make_unique<kvp::testing::FakeBackend>(config.kv.pool, kVocab, config.kv.sliding_window);
   auto created = kvp::Engine::create(config, *backend);
   if (!created.is_ok()) return 0;  // a configuration the engine refuses (checked by its own tests)
   kvp::Engine& engine = **created;

@@ -34,6 +34,7 @@ struct Schedule {
   AdmissionRule admission;
   bool prefix_caching;
   SpeculationParams speculation = {};  // every request's (off: plain decoding)
+  int64_t window = 0;                  // KvCacheConfig::sliding_window (the fake backend's only)
 };
 
 // Draw functions (called inside a property, where *gen draws a value).
@@ -76,6 +77,7 @@ EngineConfig engine_config(const Schedule& s, int64_t vocab, const ModelConfig* 
   c.kv.watermark_blocks = 1;
   c.kv.enable_prefix_caching = s.prefix_caching;
   c.kv.poison_on_free = true;
+  c.kv.sliding_window = s.window;
   c.scheduler.max_num_batched_tokens = s.budget;
   c.scheduler.max_num_seqs = s.max_seqs;
   c.scheduler.max_model_len = kMaxLen;
@@ -194,6 +196,8 @@ RC_GTEST_PROP(EngineProperty, EveryAdmittedRequestCanBeScheduledAlone, ()) {
   c.kv.pool.num_host_blocks = *rc::gen::inRange(0, 7);
   c.kv.watermark_blocks = *rc::gen::inRange(0, 4);
   c.kv.enable_prefix_caching = *rc::gen::arbitrary<bool>();
+  // A window lets a request longer than the pool in (admission bounds it by the window).
+  c.kv.sliding_window = *rc::gen::element(0, 0, 0, 1, 3, 8);
   c.scheduler.max_num_batched_tokens = *rc::gen::inRange(1, 64);
   c.scheduler.max_num_seqs = *rc::gen::inRange(1, 4);
   c.scheduler.max_model_len = *rc::gen::inRange(1, 97);
@@ -202,11 +206,13 @@ RC_GTEST_PROP(EngineProperty, EveryAdmittedRequestCanBeScheduledAlone, ()) {
   c.scheduler.preemption = *rc::gen::element(PreemptionMode::kRecompute, PreemptionMode::kSwap);
   c.vocab_size = 64;
   RC_PRE(validate(c).is_ok());
-  testing::FakeBackend backend(c.kv.pool, c.vocab_size);
+  testing::FakeBackend backend(c.kv.pool, c.vocab_size, c.kv.sliding_window);
   Engine engine(c, backend);
   RequestSpec spec;
   // Mostly near the limits (the whole pool, max_model_len), where admission is decided.
-  const int64_t len_limit = std::min<int64_t>(c.scheduler.max_model_len, int64_t{c.kv.pool.num_device_blocks} * bs);
+  const int64_t len_limit =
+      c.kv.sliding_window > 0 ? int64_t{c.scheduler.max_model_len}
+                              : std::min<int64_t>(c.scheduler.max_model_len, int64_t{c.kv.pool.num_device_blocks} * bs);
   const int64_t total = std::max<int64_t>(2, len_limit + *rc::gen::inRange(-3, 3));
   const auto prompt = static_cast<int>(*rc::gen::inRange<int64_t>(1, total));
   for (int t = 0; t < prompt; ++t) spec.prompt.push_back(*rc::gen::inRange(0, 64));
@@ -230,11 +236,23 @@ RC_GTEST_PROP(EngineProperty, EveryAdmittedRequestCanBeScheduledAlone, ()) {
 }
 
 RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmallPool, ()) {
-  const Schedule s = draw_schedule();
+  Schedule s = draw_schedule();
+  // A sliding window in three draws of seven (every layer windowed, Mistral's): blocks
+  // released behind it as positions turn final, under chunked prefill, drafts and their
+  // rollback, preemption of both kinds, forks and prefix hits; check_plan refuses a read of
+  // a released entry, check_engine_state holds I11 after every step.
+  s.window = *rc::gen::element(0, 0, 0, 0, 1, 3, 9);
+  if (s.window > 0) {
+    // A pool near what one request needs behind the window (Scheduler::worst_case_blocks),
+    // plus the watermark: windowed requests contend and preempt as unwindowed ones do.
+    const int64_t step = std::max<int64_t>(std::min(s.budget, s.chunk), 1 + s.speculation.k);
+    const auto windowed = static_cast<int32_t>((s.window - 1 + step) / s.block_size + 3);
+    s.num_blocks = std::min(s.num_blocks, windowed + *rc::gen::inRange(0, 6));
+  }
   const auto prefix = draw_prefix();
   const auto requests = draw_requests(prefix, 1, 40);
   const EngineConfig config = engine_config(s, 64);
-  testing::FakeBackend backend(config.kv.pool, 64);
+  testing::FakeBackend backend(config.kv.pool, 64, s.window);
   Engine engine(config, backend);
   // The draft model runs on a fake backend of its own (its own pool).
   KvCacheConfig draft_kv;
@@ -275,6 +293,7 @@ RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmal
   RC_ASSERT(check_no_leak(engine.kv()).is_ok());
   RC_ASSERT(engine.flush_prefix_cache_when_idle().is_ok());
   RC_ASSERT(check_all_free(engine.kv()).is_ok());
+  RC_CLASSIFY(s.window > 0, "windowed");
   RC_CLASSIFY(engine.metrics().counters.preemptions > 0, "preempted");
   RC_CLASSIFY(engine.metrics().counters.copy_on_writes > 0, "copy-on-write");
   RC_CLASSIFY(engine.metrics().counters.spec_accepted > 0, "drafts accepted");

@@ -14,12 +14,15 @@ namespace kvp::testing {
 
 class FakeBackend final : public Backend {
  public:
-  // `pool`: the engine's KV pool shape (config.kv.pool); token ids must be < vocab.
-  FakeBackend(const KvPoolShape& pool, int64_t vocab) : pool_(pool), vocab_(vocab) {}
+  // `pool`: the engine's KV pool shape (config.kv.pool); token ids must be < vocab; `window`:
+  // the engine's sliding window (config.kv.sliding_window; 0: none): the plan validator then
+  // accepts released entries before it and refuses reads of them.
+  FakeBackend(const KvPoolShape& pool, int64_t vocab, int64_t window = 0)
+      : pool_(pool), vocab_(vocab), window_(window) {}
 
   Status execute(const BatchPlan& plan, StepOutput& out) override {
-    KVP_RETURN_IF_ERROR(validate_plan(plan, pool_, {vocab_, std::numeric_limits<int32_t>::max()}));
-    auto reads = check_plan_read_scope(plan, pool_);
+    KVP_RETURN_IF_ERROR(validate_plan(plan, pool_, {vocab_, std::numeric_limits<int32_t>::max(), window_}));
+    auto reads = check_plan_read_scope(plan, pool_, window_);
     if (!reads) return reads.status();
     audited_ += *reads;
     const auto n = static_cast<std::size_t>(plan.num_seqs());
@@ -50,6 +53,7 @@ class FakeBackend final : public Backend {
  private:
   KvPoolShape pool_;
   int64_t vocab_;
+  int64_t window_;
   int64_t steps_ = 0;
   int64_t audited_ = 0;
 };
