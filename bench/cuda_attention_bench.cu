@@ -91,6 +91,10 @@ void BM_DecodeAttention(benchmark::State& state) {
   cudaMalloc(&d_q, static_cast<std::size_t>(batch * kHeads * kHeadDim) * 4);
   cudaMalloc(&d_out, static_cast<std::size_t>(batch * kHeads * kHeadDim) * 4);
   cudaMalloc(&d_ws, static_cast<std::size_t>(ck::attention_workspace_floats(batch, kHeads, kHeadDim, parts)) * 4);
+  // The engine's one-launch merge: tickets zeroed once, left zero by every launch.
+  int32_t* d_counters = nullptr;
+  cudaMalloc(&d_counters, static_cast<std::size_t>(batch * kKvHeads) * 4);
+  cudaMemset(d_counters, 0, static_cast<std::size_t>(batch * kKvHeads) * 4);
   cudaMemcpy(d_tables, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(d_seq, seq_of_token.data(), seq_of_token.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(d_pos, positions.data(), positions.size() * 4, cudaMemcpyHostToDevice);
@@ -103,7 +107,8 @@ void BM_DecodeAttention(benchmark::State& state) {
   const auto run = [&](int64_t c) {
     return ck::attention(d_q, kvp::DType::kBF16, k_pool, v_pool, d_tables + c * batch * blocks_per_seq, blocks_per_seq,
                          d_seq, d_pos, batch, kHeads, kKvHeads, kHeadDim, kBlock, scale,
-                         kvp::kernels::kDefaultAttentionPartition, parts, d_ws, d_out);
+                         kvp::kernels::kDefaultAttentionPartition, parts, d_ws, d_out, nullptr, nullptr,
+                         ck::AttentionVariant::kExact, 0, 0.0f, d_counters);
   };
   std::string error = run(0);  // warm-up
   cudaDeviceSynchronize();
@@ -129,8 +134,9 @@ void BM_DecodeAttention(benchmark::State& state) {
   state.counters["of_copy"] = copy_bandwidth() > 0 ? gbps * 1e9 / copy_bandwidth() : 0;
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  for (void* p : {static_cast<void*>(d_tables), static_cast<void*>(d_seq), static_cast<void*>(d_pos),
-                  static_cast<void*>(d_q), static_cast<void*>(d_out), static_cast<void*>(d_ws), k_pool, v_pool})
+  for (void* p :
+       {static_cast<void*>(d_tables), static_cast<void*>(d_seq), static_cast<void*>(d_pos), static_cast<void*>(d_q),
+        static_cast<void*>(d_out), static_cast<void*>(d_ws), static_cast<void*>(d_counters), k_pool, v_pool})
     cudaFree(p);
 }
 

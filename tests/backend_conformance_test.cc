@@ -28,6 +28,10 @@
 #include "model/presets.h"
 #include "reference/reference_model.h"
 
+#if !defined(KVP_CUDA_DEVICE_FLAVOUR)
+#include "kernels/simt/runtime.h"
+#endif
+
 namespace kvp {
 namespace {
 
@@ -989,11 +993,12 @@ TEST(CudaEmu, GivesTheCpuBackendsBitsForEveryKvDtype) {
 }
 
 // Gemma 2 and Gemma 3 (tiny-gemma2, tiny-gemma3: windowed and full layers, soft-capped
-// scores and logits, q/k norms, two RoPE bases, GeGLU, sandwich norms): the emulated CUDA
-// kernels give the CPU backend's bits there too, chunked prefill across partitions and
-// windows, two sequences batched, then decode.
+// scores and logits, q/k norms, two RoPE bases, GeGLU, sandwich norms) and Qwen2
+// (tiny-qwen2-hybrid: q/k/v biases, windowed and full layers): the emulated CUDA kernels
+// give the CPU backend's bits there too, chunked prefill across partitions and windows, two
+// sequences batched, then decode.
 TEST(CudaEmu, GivesTheCpuBackendsBitsForGemma) {
-  for (const char* preset : {"tiny-gemma2", "tiny-gemma3"}) {
+  for (const char* preset : {"tiny-gemma2", "tiny-gemma3", "tiny-qwen2-hybrid"}) {
     SCOPED_TRACE(preset);
     const Model m = *make_preset(preset, 0);
     const std::vector<SeqSchedule> seqs = two_sequence_schedule(m.config.vocab_size);
@@ -1014,6 +1019,35 @@ TEST(CudaEmu, GivesTheCpuBackendsBitsForGemma) {
         EXPECT_FALSE(all_nan(a[i]));
         EXPECT_TRUE(bitwise_equal(a[i], b[i])) << "sequence " << i;
       }
+    }
+  }
+}
+
+// The engine's step is at most eight launches a layer, plus four (the embedding and the first
+// layer's input norm; the final norm and the LM head): the fused kernels (project_qkv,
+// heads_rope_kv, attention with its merge, project, add_norm, project_gated, project, add_norm). The
+// unfused layer was 17 launches (Llama), 19 (Gemma 2), 21 (Gemma 3). Counted by the SIMT
+// layer on this thread, for a prefill and a decode step of every architecture.
+TEST(CudaEmu, AStepIsAtMostEightLaunchesALayer) {
+  for (const char* preset : {"tiny", "tiny-qwen2-hybrid", "tiny-gemma2", "tiny-gemma3"}) {
+    SCOPED_TRACE(preset);
+    const Model m = *make_preset(preset, 0);
+    BackendParams p;
+    p.pool = pool_shape_for(m.config, 4, 16, 0, DType::kF32);
+    p.attention_partition = 32;
+    auto emu = make_cuda(m, p);
+    ASSERT_TRUE(emu.is_ok()) << emu.status().message();
+    const std::vector<int32_t> table = {3, 1, 4, 0};
+    const std::vector<int32_t> prompt = tokens_for(12, m.config.vocab_size, 7);
+    const uint64_t bound = 8 * static_cast<uint64_t>(m.config.num_layers) + 4;
+    for (const SeqChunk& chunk : {SeqChunk{table, prompt, 0}, SeqChunk{table, {prompt[0]}, 12}}) {
+      StepOutput out;
+      const uint64_t before = kvp::simt::launches_on_this_thread();
+      const Status st = (*emu)->execute(make_plan({chunk}, 4), out);
+      const uint64_t launches = kvp::simt::launches_on_this_thread() - before;
+      ASSERT_TRUE(st.is_ok()) << st.message();
+      EXPECT_GT(launches, 0u);  // counted at all
+      EXPECT_LE(launches, bound) << chunk.tokens.size() << " tokens, " << m.config.num_layers << " layers";
     }
   }
 }

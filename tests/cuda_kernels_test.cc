@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -214,6 +215,138 @@ TEST(CUDA_KERNEL_SUITE, EmbedRmsNormSiluAddAndRopeMatchTheCpuLoops) {
       kk::apply_rope(x.data() + (t * heads + h) * head_dim, cs.data(), sn.data(), head_dim / 2);
   }
   expect_close(download<float>(dq, x.size()), x, "rope");
+}
+
+// The engine's fused kernels (a layer in eight launches) against the unfused kernels they
+// replace, on the same inputs: the same values on every flavour (bit for bit emulated).
+TEST(CUDA_KERNEL_SUITE, FusedKernelsGiveTheUnfusedKernelsResults) {
+  REQUIRE_DEVICE();
+  const int64_t n = 11, in_dim = 40, heads = 4, kv_heads = 2, head_dim = 16;
+  const int64_t q_dim = heads * head_dim, kv_dim = kv_heads * head_dim, inter = 24;
+  const auto f = [](std::size_t count, uint32_t seed) { return random_floats(count, seed); };
+  const auto sz = [](int64_t a) { return static_cast<std::size_t>(a); };
+  const auto dev = [&](const std::vector<float>& h) {
+    auto d = std::make_unique<DeviceArray>(h.size() * sizeof(float));
+    upload(*d, h);
+    return d;
+  };
+  const auto x = dev(f(sz(n * in_dim), 1));
+  const auto wq = dev(f(sz(q_dim * in_dim), 2)), wk = dev(f(sz(kv_dim * in_dim), 3)),
+             wv = dev(f(sz(kv_dim * in_dim), 4));
+  const auto bq = dev(f(sz(q_dim), 5)), bk = dev(f(sz(kv_dim), 6)), bv = dev(f(sz(kv_dim), 7));
+
+  // project_qkv, with and without biases.
+  for (const bool bias : {false, true}) {
+    DeviceArray q(sz(n * q_dim) * 4), k(sz(n * kv_dim) * 4), v(sz(n * kv_dim) * 4);
+    DeviceArray q2(q.bytes), k2(k.bytes), v2(v.bytes);
+    const float* pq = bias ? bq->as<float>() : nullptr;
+    const float* pk = bias ? bk->as<float>() : nullptr;
+    const float* pv = bias ? bv->as<float>() : nullptr;
+    ASSERT_EQ(project_qkv(wq->as<float>(), pq, wk->as<float>(), pk, wv->as<float>(), pv, q_dim, kv_dim, in_dim,
+                          x->as<float>(), n, q.as<float>(), k.as<float>(), v.as<float>()),
+              "");
+    ASSERT_EQ(project(wq->as<float>(), pq, q_dim, in_dim, x->as<float>(), n, q2.as<float>()), "");
+    ASSERT_EQ(project(wk->as<float>(), pk, kv_dim, in_dim, x->as<float>(), n, k2.as<float>()), "");
+    ASSERT_EQ(project(wv->as<float>(), pv, kv_dim, in_dim, x->as<float>(), n, v2.as<float>()), "");
+    expect_close(download<float>(q, sz(n * q_dim)), download<float>(q2, sz(n * q_dim)), "project_qkv q");
+    expect_close(download<float>(k, sz(n * kv_dim)), download<float>(k2, sz(n * kv_dim)), "project_qkv k");
+    expect_close(download<float>(v, sz(n * kv_dim)), download<float>(v2, sz(n * kv_dim)), "project_qkv v");
+  }
+
+  // project_gated, SiLU and tanh GELU.
+  const auto wg = dev(f(sz(inter * in_dim), 8)), wu = dev(f(sz(inter * in_dim), 9)), bg = dev(f(sz(inter), 10));
+  for (const bool gelu : {false, true}) {
+    DeviceArray g(sz(n * inter) * 4), u(g.bytes), g2(g.bytes), u2(g.bytes);
+    ASSERT_EQ(project_gated(wg->as<float>(), bg->as<float>(), wu->as<float>(), nullptr, inter, in_dim, x->as<float>(),
+                            n, gelu, g.as<float>(), u.as<float>()),
+              "");
+    ASSERT_EQ(project(wg->as<float>(), bg->as<float>(), inter, in_dim, x->as<float>(), n, g2.as<float>()), "");
+    ASSERT_EQ(project(wu->as<float>(), nullptr, inter, in_dim, x->as<float>(), n, u2.as<float>()), "");
+    ASSERT_EQ(gelu ? gelu_tanh_mul(g2.as<float>(), u2.as<float>(), n * inter)
+                   : silu_mul(g2.as<float>(), u2.as<float>(), n * inter),
+              "");
+    expect_close(download<float>(g, sz(n * inter)), download<float>(g2, sz(n * inter)),
+                 gelu ? "project_gated gelu" : "project_gated silu");
+  }
+
+  // heads_rope_kv: with and without q/k norms, into a bf16 pool and a scaled fp8 pool; token 3
+  // has slot -1 (skipped).
+  std::vector<float> inv_freq;
+  for (int64_t i = 0; i < head_dim / 2; ++i)
+    inv_freq.push_back(1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(head_dim)));
+  std::vector<int32_t> positions;
+  std::vector<int64_t> slots;
+  for (int64_t t = 0; t < n; ++t) {
+    positions.push_back(static_cast<int32_t>(t * 37 % 500));
+    slots.push_back(t == 3 ? kk::kSkipSlot : (t * 5) % 64);
+  }
+  DeviceArray dpos(positions.size() * 4), dslots(slots.size() * 8);
+  upload(dpos, positions);
+  upload(dslots, slots);
+  const auto freq = dev(inv_freq);
+  const auto qn = dev(random_floats(sz(head_dim), 11, 0.5f, 1.5f)),
+             kn = dev(random_floats(sz(head_dim), 12, 0.5f, 1.5f));
+  const auto ks = dev(random_floats(sz(kv_heads), 13, 0.05f, 0.2f)),
+             vs = dev(random_floats(sz(kv_heads), 14, 0.05f, 0.2f));
+  const std::vector<float> q0 = f(sz(n * q_dim), 15), k0 = f(sz(n * kv_dim), 16), v0 = f(sz(n * kv_dim), 17);
+  for (const DType dtype : {DType::kBF16, DType::kF8E4M3}) {
+    for (const bool norms : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (norms ? " with q/k norms" : ""));
+      const std::size_t pool_bytes = sz(64 * kv_dim) * dtype_size(dtype);
+      DeviceArray kp(pool_bytes), vp(pool_bytes), kp2(pool_bytes), vp2(pool_bytes);
+      for (DeviceArray* p : {&kp, &vp, &kp2, &vp2}) ASSERT_EQ(fill_kv_nan(p->ptr, 64 * kv_dim, dtype), "");
+      const float* k_scale = is_fp8(dtype) ? ks->as<float>() : nullptr;
+      const float* v_scale = is_fp8(dtype) ? vs->as<float>() : nullptr;
+      const auto q = dev(q0), k = dev(k0), v = dev(v0), q2 = dev(q0), k2 = dev(k0);
+      ASSERT_EQ(
+          heads_rope_kv(q->as<float>(), k->as<float>(), v->as<float>(), n, heads, kv_heads, head_dim,
+                        norms ? qn->as<float>() : nullptr, norms ? kn->as<float>() : nullptr, 1e-6f, dpos.as<int32_t>(),
+                        freq->as<float>(), dslots.as<int64_t>(), dtype, kp.ptr, vp.ptr, k_scale, v_scale),
+          "");
+      if (norms) {
+        ASSERT_EQ(rms_norm(q2->as<float>(), nullptr, qn->as<float>(), n * heads, head_dim, 1e-6f, q2->as<float>()), "");
+        ASSERT_EQ(rms_norm(k2->as<float>(), nullptr, kn->as<float>(), n * kv_heads, head_dim, 1e-6f, k2->as<float>()),
+                  "");
+      }
+      ASSERT_EQ(rope(q2->as<float>(), n, heads, head_dim, dpos.as<int32_t>(), freq->as<float>()), "");
+      ASSERT_EQ(rope(k2->as<float>(), n, kv_heads, head_dim, dpos.as<int32_t>(), freq->as<float>()), "");
+      ASSERT_EQ(write_kv(k2->as<float>(), v->as<float>(), dslots.as<int64_t>(), n, kv_dim, dtype, kp2.ptr, vp2.ptr,
+                         head_dim, k_scale, v_scale),
+                "");
+      expect_close(download<float>(*q, q0.size()), download<float>(*q2, q0.size()), "heads_rope_kv q");
+      // The pools as raw bytes: the same elements written, the same skipped (still poison).
+      // Emulated only: on a GPU nvcc may contract RoPE's products differently in the two
+      // kernels, and a last-bit difference can survive the rounding to the pool's type.
+      if (kBitwise)
+        for (const auto& [fused, unfused, what] : {std::tuple{&kp, &kp2, "K pool"}, {&vp, &vp2, "V pool"}}) {
+          const std::vector<uint8_t> a = download<uint8_t>(*fused, pool_bytes);
+          const std::vector<uint8_t> b = download<uint8_t>(*unfused, pool_bytes);
+          const auto at = std::mismatch(a.begin(), a.end(), b.begin()).first - a.begin();
+          EXPECT_EQ(at, static_cast<std::ptrdiff_t>(pool_bytes)) << what << " differs first at byte " << at;
+        }
+    }
+  }
+
+  // add_norm: Llama's (no post-norm), Gemma's (post-norm), the last layer's (no next norm).
+  const auto post = dev(random_floats(sz(in_dim), 18, 0.5f, 1.5f)),
+             next = dev(random_floats(sz(in_dim), 19, 0.5f, 1.5f));
+  const std::vector<float> y0 = f(sz(n * in_dim), 20), r0 = f(sz(n * in_dim), 21);
+  for (const auto& [with_post, with_next] : {std::pair{false, true}, {true, true}, {true, false}}) {
+    SCOPED_TRACE(std::string(with_post ? "post-norm" : "") + (with_next ? " next norm" : ""));
+    const auto y = dev(y0), r = dev(r0), h = dev(y0), y2 = dev(y0), r2 = dev(r0), h2 = dev(y0);
+    ASSERT_EQ(add_norm(y->as<float>(), with_post ? post->as<float>() : nullptr, r->as<float>(),
+                       with_next ? next->as<float>() : nullptr, n, in_dim, 1e-6f, h->as<float>()),
+              "");
+    if (with_post) {
+      ASSERT_EQ(rms_norm(y2->as<float>(), nullptr, post->as<float>(), n, in_dim, 1e-6f, y2->as<float>()), "");
+    }
+    ASSERT_EQ(add_in_place(r2->as<float>(), y2->as<float>(), n * in_dim), "");
+    if (with_next) {
+      ASSERT_EQ(rms_norm(r2->as<float>(), nullptr, next->as<float>(), n, in_dim, 1e-6f, h2->as<float>()), "");
+    }
+    expect_close(download<float>(*r, y0.size()), download<float>(*r2, y0.size()), "add_norm residual");
+    expect_close(download<float>(*h, y0.size()), download<float>(*h2, y0.size()), "add_norm next input");
+  }
 }
 
 // ---- KV write, poison, attention ----
@@ -469,6 +602,23 @@ AttentionRun try_attention_case(const GridCase& c, const std::vector<Seq>& seqs,
     }
   }
   if (std::string e = compare_close(got, want, "attention " + case_name(c)); !e.empty()) return failed(e);
+  // The one-launch merge (the engine's): the last block of each (token, KV head) merges, with
+  // the same arithmetic, so the same values; run twice on one counter array, which each
+  // launch must leave zero (a counter left over would make the next launch merge early).
+  std::vector<int32_t> zeros(static_cast<std::size_t>(n * c.num_kv_heads), 0);
+  DeviceArray dcounters(zeros.size() * 4), dout1(q.size() * 4);
+  upload(dcounters, zeros);
+  for (int launch = 0; launch < 2; ++launch) {
+    if (std::string e = attention(dq.as<float>(), c.dtype, k_pool.ptr, v_pool.ptr, dtables.as<int32_t>(), max_blocks,
+                                  dseq.as<int32_t>(), dpos.as<int32_t>(), n, c.num_heads, c.num_kv_heads, c.head_dim,
+                                  c.block_size, scale, partition, parts, dws.as<float>(), dout1.as<float>(), nullptr,
+                                  nullptr, AttentionVariant::kExact, window, 0.0f, dcounters.as<int32_t>());
+        !e.empty())
+      return failed(e);
+    const std::string what = "one-launch attention (launch " + std::to_string(launch + 1) + ") " + case_name(c);
+    if (std::string e = compare_close(download<float>(dout1, q.size()), got, what); !e.empty()) return failed(e);
+    if (download<int32_t>(dcounters, zeros.size()) != zeros) return failed(what + " left a merge counter non-zero");
+  }
   return {got, ""};
 }
 

@@ -109,6 +109,109 @@ __global__ void project_kernel(const float* w, const float* bias, int64_t out_di
   kvp::kernels::projection_row(w, bias, out_dim, in_dim, x + t0 * in_dim, tokens, y + t0 * out_dim, r);
 }
 
+// The q, k and v projections in one launch: one thread per (tile of kProjectTokens tokens,
+// row of q, k or v), each row the projection_kernel's arithmetic on its own matrix.
+__global__ void project_qkv_kernel(const float* wq, const float* bq, const float* wk, const float* bk, const float* wv,
+                                   const float* bv, int64_t q_dim, int64_t kv_dim, int64_t in_dim, const float* x,
+                                   int64_t n, float* q, float* k, float* v) {
+  const int64_t i = global_index();
+  const int64_t rows = q_dim + 2 * kv_dim;
+  const int64_t tiles = (n + kProjectTokens - 1) / kProjectTokens;
+  if (i >= tiles * rows) return;
+  const int64_t t0 = i / rows * kProjectTokens;
+  int64_t r = i % rows;
+  const int64_t tokens = n - t0 < kProjectTokens ? n - t0 : kProjectTokens;
+  const float* xt = x + t0 * in_dim;
+  if (r < q_dim) {
+    kvp::kernels::projection_row(wq, bq, q_dim, in_dim, xt, tokens, q + t0 * q_dim, r);
+    return;
+  }
+  r -= q_dim;
+  if (r < kv_dim) {
+    kvp::kernels::projection_row(wk, bk, kv_dim, in_dim, xt, tokens, k + t0 * kv_dim, r);
+    return;
+  }
+  kvp::kernels::projection_row(wv, bv, kv_dim, in_dim, xt, tokens, v + t0 * kv_dim, r - kv_dim);
+}
+
+// The gate and up projections and the activation in one launch: one thread per (tile, row)
+// computes the row of both (projection_kernel's arithmetic) and then, per token,
+// gate = act(gate) * up as silu_mul_kernel / gelu_tanh_mul_kernel do.
+__global__ void project_gated_kernel(const float* wg, const float* bg, const float* wu, const float* bu,
+                                     int64_t out_dim, int64_t in_dim, const float* x, int64_t n, bool gelu_tanh,
+                                     float* gate, float* up) {
+  const int64_t i = global_index();
+  const int64_t tiles = (n + kProjectTokens - 1) / kProjectTokens;
+  if (i >= tiles * out_dim) return;
+  const int64_t t0 = i / out_dim * kProjectTokens;
+  const int64_t r = i % out_dim;
+  const int64_t tokens = n - t0 < kProjectTokens ? n - t0 : kProjectTokens;
+  float* g = gate + t0 * out_dim;
+  float* u = up + t0 * out_dim;
+  kvp::kernels::projection_row(wg, bg, out_dim, in_dim, x + t0 * in_dim, tokens, g, r);
+  kvp::kernels::projection_row(wu, bu, out_dim, in_dim, x + t0 * in_dim, tokens, u, r);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t at = t * out_dim + r;
+    g[at] = (gelu_tanh ? kvp::kernels::gelu_tanh(g[at]) : kvp::kernels::silu(g[at])) * u[at];
+  }
+}
+
+// One thread per (token, head) over the query heads, then the KV heads: the head's RMSNorm
+// in place when a weight is given (Gemma 3's q/k norms), its rotary embedding, and for a KV
+// head its K and V rows into the token's slot (write_kv_kernel's rounding and scales); slot
+// -1 is skipped. The rms_norm, rope and write_kv kernels' arithmetic, in one launch.
+template <typename KvT>
+__global__ void heads_rope_kv_kernel(float* q, float* k, const float* v, int64_t n, int64_t num_heads,
+                                     int64_t num_kv_heads, int64_t head_dim, const float* q_norm, const float* k_norm,
+                                     float eps, const int32_t* positions, const float* inv_freq, const int64_t* slots,
+                                     KvT* k_pool, KvT* v_pool, const float* k_scale, const float* v_scale) {
+  const int64_t i = global_index();
+  const int64_t heads = num_heads + num_kv_heads;
+  if (i >= n * heads) return;
+  const int64_t t = i / heads;
+  const int64_t hd = i % heads;
+  const bool is_q = hd < num_heads;
+  const int64_t kv_head = hd - num_heads;
+  float* x = is_q ? q + (t * num_heads + hd) * head_dim : k + (t * num_kv_heads + kv_head) * head_dim;
+  const float* norm = is_q ? q_norm : k_norm;
+  if (norm != nullptr) kvp::kernels::rms_norm(x, norm, head_dim, eps, x);
+  const int64_t half = head_dim / 2;
+  float cs[kMaxHeadDim / 2];
+  float sn[kMaxHeadDim / 2];
+  kvp::kernels::rope_cos_sin(positions[t], inv_freq, half, cs, sn);
+  kvp::kernels::apply_rope(x, cs, sn, half);
+  if (is_q) return;
+  const int64_t slot = slots[t];
+  if (slot == kvp::kernels::kSkipSlot) return;
+  const int64_t kv_dim = num_kv_heads * head_dim;
+  const int64_t at = slot * kv_dim + kv_head * head_dim;  // kv_pool_offset(slot, kv_head, ...)
+  const float* vh = v + (t * num_kv_heads + kv_head) * head_dim;
+  for (int64_t d = 0; d < head_dim; ++d) {
+    if (k_scale == nullptr) {
+      kvp::kernels::kv_store(k_pool + at + d, x[d]);
+      kvp::kernels::kv_store(v_pool + at + d, vh[d]);
+    } else {
+      kvp::kernels::kv_store(k_pool + at + d, x[d] / k_scale[kv_head]);
+      kvp::kernels::kv_store(v_pool + at + d, vh[d] / v_scale[kv_head]);
+    }
+  }
+}
+
+// One thread per row r of the residual stream: the sublayer's output d_y row normalised in
+// place (Gemma's post-norms, when post_norm is given), added into x (add_kernel's add), and
+// x's new row normalised into h for the next sublayer (when next_norm is given): the
+// rms_norm and add kernels' arithmetic in one launch.
+__global__ void add_norm_kernel(float* y, const float* post_norm, float* x, const float* next_norm, int64_t n,
+                                int64_t hidden, float eps, float* h) {
+  const int64_t r = global_index();
+  if (r >= n) return;
+  float* yr = y + r * hidden;
+  float* xr = x + r * hidden;
+  if (post_norm != nullptr) kvp::kernels::rms_norm(yr, post_norm, hidden, eps, yr);
+  for (int64_t c = 0; c < hidden; ++c) xr[c] += yr[c];
+  if (next_norm != nullptr) kvp::kernels::rms_norm(xr, next_norm, hidden, eps, h + r * hidden);
+}
+
 // One thread per (token, head); cos/sin as the CPU backend computes them.
 __global__ void rope_kernel(float* x, int64_t n, int64_t heads, int64_t head_dim, const int32_t* positions,
                             const float* inv_freq) {
@@ -143,6 +246,30 @@ __global__ void write_kv_kernel(const float* k, const float* v, const int64_t* s
   }
 }
 
+// Element d of one (token, query head)'s output: its partitions' states ws[p] = (accumulator
+// [head_dim], max, sum), p in [first_part, parts), merged in partition order as
+// paged_attention_head does, then divided by the sum. Loads bypass L1: under the one-launch
+// merge other blocks of the launch wrote them.
+__device__ __forceinline__ float merge_partitions(const float* ws, int64_t d, int64_t head_dim, int64_t first_part,
+                                                  int64_t parts) {
+  const int64_t stride = head_dim + 2;
+  float o = __ldcg(ws + first_part * stride + d);
+  float running_max = __ldcg(ws + first_part * stride + head_dim);
+  float running_sum = __ldcg(ws + first_part * stride + head_dim + 1);
+  for (int64_t p = first_part + 1; p < parts; ++p) {
+    const float* w = ws + p * stride;
+    const float part_max = __ldcg(w + head_dim);
+    const float new_max = part_max > running_max ? part_max : running_max;
+    const float a = std::exp(running_max - new_max);
+    const float b = std::exp(part_max - new_max);
+    running_sum = running_sum * a + __ldcg(w + head_dim + 1) * b;
+    o = o * a + __ldcg(w + d) * b;
+    running_max = new_max;
+  }
+  const float inv_sum = 1.0f / running_sum;
+  return o * inv_sum;
+}
+
 // Attention, kernel 1: one thread block per (token, KV head, partition), blockIdx.x = token *
 // num_kv_heads + KV head, blockIdx.y = partition. For each tile of kAttentionTile positions:
 //   1. the block loads the tile's K and V rows (converted to fp32) into shared memory once,
@@ -161,7 +288,7 @@ __global__ void attention_partition_kernel(const float* q, const KvT* k_pool, co
                                            int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
                                            int64_t partition, int64_t max_partitions, float* workspace,
                                            const float* k_scale, const float* v_scale, bool bf16_accumulator,
-                                           int64_t window, float softcap) {
+                                           int64_t window, float softcap, int32_t* merge_counters, float* out) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) / num_kv_heads;
   const int64_t kv_head = static_cast<int64_t>(blockIdx.x) % num_kv_heads;
   const int64_t part = static_cast<int64_t>(blockIdx.y);
@@ -252,6 +379,30 @@ __global__ void attention_partition_kernel(const float* q, const KvT* k_pool, co
     ws[tid * max_partitions * stride + head_dim] = part_max;
     ws[tid * max_partitions * stride + head_dim + 1] = part_sum;
   }
+  if (merge_counters == nullptr) return;  // kernel 2 merges
+  // One launch: the last of the token's partitions to finish (for this KV head) merges them,
+  // in partition order, with kernel 2's arithmetic. Every thread's workspace writes are
+  // fenced before thread 0 takes a ticket; the block whose ticket is the last one leaves
+  // the counter at zero for the next launch and reads the other blocks' states past L1.
+  __threadfence();
+  __syncthreads();
+  const int64_t parts = position / partition + 1;
+  const int64_t first_part = first / partition;
+  if (tid == 0) {
+    const int32_t ticket = atomicAdd(merge_counters + blockIdx.x, 1);
+    const bool last = ticket == static_cast<int32_t>(parts - first_part - 1);
+    if (last) merge_counters[blockIdx.x] = 0;
+    rescale[0] = last ? 1.0f : 0.0f;
+  }
+  __syncthreads();
+  if (rescale[0] == 0.0f) return;
+  __threadfence();
+  for (int64_t e = tid; e < elements; e += threads) {
+    const int64_t token_head = t * num_heads + kv_head * group + e / head_dim;
+    const int64_t d = e % head_dim;
+    out[token_head * head_dim + d] =
+        merge_partitions(workspace + token_head * max_partitions * stride, d, head_dim, first_part, parts);
+  }
 }
 
 // Attention, kernel 2: one thread per (token, query head, dimension) merges the token's
@@ -267,23 +418,7 @@ __global__ void attention_merge_kernel(const float* workspace, const int32_t* po
   const int64_t position = positions[token_head / num_heads];
   const int64_t parts = position / partition + 1;
   const int64_t first_part = kvp::kernels::window_first(position, window) / partition;
-  const int64_t stride = head_dim + 2;
-  const float* ws = workspace + token_head * max_partitions * stride;
-  float o = ws[first_part * stride + d];
-  float running_max = ws[first_part * stride + head_dim];
-  float running_sum = ws[first_part * stride + head_dim + 1];
-  for (int64_t p = first_part + 1; p < parts; ++p) {
-    const float* w = ws + p * stride;
-    const float part_max = w[head_dim];
-    const float new_max = part_max > running_max ? part_max : running_max;
-    const float a = std::exp(running_max - new_max);
-    const float b = std::exp(part_max - new_max);
-    running_sum = running_sum * a + w[head_dim + 1] * b;
-    o = o * a + w[d] * b;
-    running_max = new_max;
-  }
-  const float inv_sum = 1.0f / running_sum;
-  out[i] = o * inv_sum;
+  out[i] = merge_partitions(workspace + token_head * max_partitions * (head_dim + 2), d, head_dim, first_part, parts);
 }
 
 __global__ void silu_mul_kernel(float* gate, const float* up, int64_t n) {
@@ -422,14 +557,14 @@ std::string attention_typed(const float* d_q, const void* d_k_pool, const void* 
                             int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
                             float scale, int64_t partition, int64_t max_partitions, float* d_workspace,
                             const float* d_k_scale, const float* d_v_scale, bool bf16_accumulator, int64_t window,
-                            float softcap) {
+                            float softcap, int32_t* d_merge_counters, float* d_out) {
   const dim3 grid(static_cast<unsigned>(n * num_kv_heads), static_cast<unsigned>(max_partitions));
   const int64_t group = num_heads / num_kv_heads;
   KVP_LAUNCH(attention_partition_kernel<KvT>, grid, dim3(static_cast<unsigned>(attention_threads(group, head_dim))),
              attention_shared_bytes(group, head_dim), nullptr)
   (d_q, static_cast<const KvT*>(d_k_pool), static_cast<const KvT*>(d_v_pool), d_block_tables, max_blocks_per_seq,
    d_seq_of_token, d_positions, num_heads, num_kv_heads, head_dim, block_size, scale, partition, max_partitions,
-   d_workspace, d_k_scale, d_v_scale, bf16_accumulator, window, softcap);
+   d_workspace, d_k_scale, d_v_scale, bf16_accumulator, window, softcap, d_merge_counters, d_out);
   return launched("attention_partition_kernel");
 }
 }  // namespace
@@ -485,7 +620,7 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
                       const int32_t* d_positions, int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                       int64_t block_size, float scale, int64_t partition, int64_t max_partitions, float* d_workspace,
                       float* d_out, const float* d_k_scale, const float* d_v_scale, AttentionVariant variant,
-                      int64_t window, float softcap) {
+                      int64_t window, float softcap, int32_t* d_merge_counters) {
   if (n <= 0) return {};
   if (window < 0) return "attention: window " + std::to_string(window) + " is negative";
   if (!(softcap >= 0.0f)) return "attention: softcap " + std::to_string(softcap) + " is not >= 0";
@@ -501,7 +636,8 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
     using KvT = std::remove_pointer_t<decltype(tag)>;
     return attention_typed<KvT>(d_q, d_k_pool, d_v_pool, d_block_tables, max_blocks_per_seq, d_seq_of_token,
                                 d_positions, n, num_heads, num_kv_heads, head_dim, block_size, scale, partition,
-                                max_partitions, d_workspace, d_k_scale, d_v_scale, bf16_accumulator, window, softcap);
+                                max_partitions, d_workspace, d_k_scale, d_v_scale, bf16_accumulator, window, softcap,
+                                d_merge_counters, d_out);
   };
   std::string launched_error;
   switch (kv_dtype) {
@@ -512,10 +648,74 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
     case DType::kF8E5M2: launched_error = launch(static_cast<kvp::kernels::F8E5M2Bits*>(nullptr)); break;
     default: return unsupported("attention", kv_dtype);
   }
-  if (!launched_error.empty()) return launched_error;
+  if (!launched_error.empty() || d_merge_counters != nullptr) return launched_error;
   KVP_LAUNCH(attention_merge_kernel, grid_for(n * num_heads * head_dim), dim3(kThreads), 0, nullptr)
   (d_workspace, d_positions, n, num_heads, head_dim, partition, max_partitions, window, d_out);
   return launched("attention_merge_kernel");
+}
+
+std::string project_qkv(const float* d_wq, const float* d_bq, const float* d_wk, const float* d_bk, const float* d_wv,
+                        const float* d_bv, int64_t q_dim, int64_t kv_dim, int64_t in_dim, const float* d_x, int64_t n,
+                        float* d_q, float* d_k, float* d_v) {
+  if (n <= 0) return {};
+  KVP_LAUNCH(project_qkv_kernel, grid_for((n + kProjectTokens - 1) / kProjectTokens * (q_dim + 2 * kv_dim)),
+             dim3(kThreads), 0, nullptr)
+  (d_wq, d_bq, d_wk, d_bk, d_wv, d_bv, q_dim, kv_dim, in_dim, d_x, n, d_q, d_k, d_v);
+  return launched("project_qkv_kernel");
+}
+
+std::string project_gated(const float* d_wg, const float* d_bg, const float* d_wu, const float* d_bu, int64_t out_dim,
+                          int64_t in_dim, const float* d_x, int64_t n, bool gelu_tanh, float* d_gate, float* d_up) {
+  if (n <= 0) return {};
+  KVP_LAUNCH(project_gated_kernel, grid_for((n + kProjectTokens - 1) / kProjectTokens * out_dim), dim3(kThreads), 0,
+             nullptr)
+  (d_wg, d_bg, d_wu, d_bu, out_dim, in_dim, d_x, n, gelu_tanh, d_gate, d_up);
+  return launched("project_gated_kernel");
+}
+
+namespace {
+template <typename KvT>
+std::string heads_rope_kv_typed(float* d_q, float* d_k, const float* d_v, int64_t n, int64_t num_heads,
+                                int64_t num_kv_heads, int64_t head_dim, const float* d_q_norm, const float* d_k_norm,
+                                float eps, const int32_t* d_positions, const float* d_inv_freq, const int64_t* d_slots,
+                                void* d_k_pool, void* d_v_pool, const float* d_k_scale, const float* d_v_scale) {
+  KVP_LAUNCH(heads_rope_kv_kernel<KvT>, grid_for(n * (num_heads + num_kv_heads)), dim3(kThreads), 0, nullptr)
+  (d_q, d_k, d_v, n, num_heads, num_kv_heads, head_dim, d_q_norm, d_k_norm, eps, d_positions, d_inv_freq, d_slots,
+   static_cast<KvT*>(d_k_pool), static_cast<KvT*>(d_v_pool), d_k_scale, d_v_scale);
+  return launched("heads_rope_kv_kernel");
+}
+}  // namespace
+
+std::string heads_rope_kv(float* d_q, float* d_k, const float* d_v, int64_t n, int64_t num_heads, int64_t num_kv_heads,
+                          int64_t head_dim, const float* d_q_norm, const float* d_k_norm, float eps,
+                          const int32_t* d_positions, const float* d_inv_freq, const int64_t* d_slots, DType kv_dtype,
+                          void* d_k_pool, void* d_v_pool, const float* d_k_scale, const float* d_v_scale) {
+  if (n <= 0) return {};
+  if (head_dim > kMaxHeadDim)
+    return "heads_rope_kv: head_dim " + std::to_string(head_dim) + " > " + std::to_string(kMaxHeadDim);
+  if ((d_k_scale == nullptr) != (d_v_scale == nullptr)) return "heads_rope_kv: K and V scales must be given together";
+  if ((d_q_norm == nullptr) != (d_k_norm == nullptr)) return "heads_rope_kv: q and k norms must be given together";
+  const auto args = [&](auto* tag) {
+    using KvT = std::remove_pointer_t<decltype(tag)>;
+    return heads_rope_kv_typed<KvT>(d_q, d_k, d_v, n, num_heads, num_kv_heads, head_dim, d_q_norm, d_k_norm, eps,
+                                    d_positions, d_inv_freq, d_slots, d_k_pool, d_v_pool, d_k_scale, d_v_scale);
+  };
+  switch (kv_dtype) {
+    case DType::kF32: return args(static_cast<float*>(nullptr));
+    case DType::kF16: return args(static_cast<kvp::kernels::F16Bits*>(nullptr));
+    case DType::kBF16: return args(static_cast<kvp::kernels::BF16Bits*>(nullptr));
+    case DType::kF8E4M3: return args(static_cast<kvp::kernels::F8E4M3Bits*>(nullptr));
+    case DType::kF8E5M2: return args(static_cast<kvp::kernels::F8E5M2Bits*>(nullptr));
+    default: return unsupported("heads_rope_kv", kv_dtype);
+  }
+}
+
+std::string add_norm(float* d_y, const float* d_post_norm, float* d_x, const float* d_next_norm, int64_t n,
+                     int64_t hidden, float eps, float* d_h) {
+  if (n <= 0) return {};
+  KVP_LAUNCH(add_norm_kernel, grid_for(n), dim3(kThreads), 0, nullptr)
+  (d_y, d_post_norm, d_x, d_next_norm, n, hidden, eps, d_h);
+  return launched("add_norm_kernel");
 }
 
 std::string silu_mul(float* d_gate, const float* d_up, int64_t n) {

@@ -103,6 +103,10 @@ enum class AttentionVariant { kExact, kBf16Accumulator, kDropKvScales };
 // partition's online-softmax state (accumulator, max, sum) in d_workspace. Kernel 2 merges a
 // token's partitions in order. A token's result depends only on its own K/V and query.
 //
+// With d_merge_counters (n * num_kv_heads words, all zero; left zero) there is no kernel 2:
+// the last block of a (token, KV head) to finish, by an atomic ticket, merges its partitions
+// with kernel 2's arithmetic (the same bits; one launch).
+//
 // max_partitions: at least attention_partitions(max position in the batch, partition).
 // d_workspace: attention_workspace_floats(n, num_heads, head_dim, max_partitions) floats.
 int64_t attention_partitions(int64_t max_position, int64_t partition);
@@ -114,7 +118,33 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
                       const int32_t* d_positions, int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                       int64_t block_size, float scale, int64_t partition, int64_t max_partitions, float* d_workspace,
                       float* d_out, const float* d_k_scale = nullptr, const float* d_v_scale = nullptr,
-                      AttentionVariant variant = AttentionVariant::kExact, int64_t window = 0, float softcap = 0.0f);
+                      AttentionVariant variant = AttentionVariant::kExact, int64_t window = 0, float softcap = 0.0f,
+                      int32_t* d_merge_counters = nullptr);
+
+// Fused kernels: each gives the bits of the unfused calls it replaces, in one launch (the
+// engine's layer is 8 launches: project_qkv, heads_rope_kv, attention with merge counters,
+// project (o), add_norm, project_gated, project (down), add_norm).
+//
+// project(wq, bq, q_dim, ...) into d_q, project(wk, ...) into d_k, project(wv, ...) into d_v.
+std::string project_qkv(const float* d_wq, const float* d_bq, const float* d_wk, const float* d_bk, const float* d_wv,
+                        const float* d_bv, int64_t q_dim, int64_t kv_dim, int64_t in_dim, const float* d_x, int64_t n,
+                        float* d_q, float* d_k, float* d_v);
+// project(wg, ...) into d_gate, project(wu, ...) into d_up, then gelu_tanh_mul (gelu_tanh) or
+// silu_mul on them.
+std::string project_gated(const float* d_wg, const float* d_bg, const float* d_wu, const float* d_bu, int64_t out_dim,
+                          int64_t in_dim, const float* d_x, int64_t n, bool gelu_tanh, float* d_gate, float* d_up);
+// rms_norm of every q and k head in place (d_q_norm, d_k_norm given: both or neither), rope
+// of q and k (d_q [n, num_heads, head_dim], d_k [n, num_kv_heads, head_dim]), then write_kv
+// of the roped K and d_v into the pools.
+std::string heads_rope_kv(float* d_q, float* d_k, const float* d_v, int64_t n, int64_t num_heads, int64_t num_kv_heads,
+                          int64_t head_dim, const float* d_q_norm, const float* d_k_norm, float eps,
+                          const int32_t* d_positions, const float* d_inv_freq, const int64_t* d_slots, DType kv_dtype,
+                          void* d_k_pool, void* d_v_pool, const float* d_k_scale = nullptr,
+                          const float* d_v_scale = nullptr);
+// Rows r < n of [n, hidden]: rms_norm(d_y, d_post_norm) in place when d_post_norm is given,
+// then add_in_place(d_x, d_y), then rms_norm(d_x, d_next_norm) into d_h when d_next_norm is.
+std::string add_norm(float* d_y, const float* d_post_norm, float* d_x, const float* d_next_norm, int64_t n,
+                     int64_t hidden, float eps, float* d_h);
 
 // d_gate[i] = silu(d_gate[i]) * d_up[i], i < n.
 std::string silu_mul(float* d_gate, const float* d_up, int64_t n);

@@ -31,6 +31,7 @@ struct LastError {
   std::string message;
 };
 thread_local LastError tls_last_error;
+thread_local uint64_t tls_launches = 0;
 
 void set_error(cudaError_t code, std::string message) {
   tls_last_error.code = code;
@@ -147,6 +148,7 @@ void launch(const char* kernel, dim3 grid, dim3 block, std::size_t shmem_bytes, 
     return;
   }
   tls_last_error.message.clear();
+  ++tls_launches;
   std::vector<std::string> errors(blocks);
   auto run = [&](uint64_t i, int slot) {
     const uint3 idx{static_cast<unsigned>(i % grid.x), static_cast<unsigned>(i / grid.x % grid.y),
@@ -185,6 +187,7 @@ void launch(const char* kernel, dim3 grid, dim3 block, std::size_t shmem_bytes, 
 // ---- runtime shim ----
 
 std::string last_error_message() { return detail::tls_last_error.message; }
+uint64_t launches_on_this_thread() { return detail::tls_launches; }
 
 void set_host_threads(int n) { detail::g_host_threads = n < 1 ? 1 : n; }
 int host_threads() {

@@ -120,6 +120,10 @@ inline namespace emulated {
 // block (1,0,0): ..."); empty when it succeeded. cudaGetLastError does not clear it.
 std::string last_error_message();
 
+// Kernels the calling host thread has launched with a valid configuration (the engine's
+// launches per step are counted with it: tests/cuda_backend_launches_test.cc).
+uint64_t launches_on_this_thread();
+
 // Host threads that run a launch's blocks in parallel (default: the hardware's thread
 // count). Results do not depend on it unless the kernel itself races across blocks.
 // REQUIRES: n >= 1. The KVP_SIMT_THREADS flavour ignores it: it runs 2 to 4 blocks at

@@ -332,6 +332,18 @@ template <class T>
 T __ldg(const T* address) {
   return *address;
 }
+// A load that bypasses L1 (cache-global): for data another block of the same launch wrote
+// (made visible by __threadfence and an atomic). A plain load here.
+template <class T>
+T __ldcg(const T* address) {
+  return *address;
+}
+// Orders this thread's global writes before its later ones for every other thread (the
+// device-wide fence). Nothing here: the pattern it serves (write, fence, barrier, an atomic
+// ticket) is already ordered on the host by the barrier and the ticket's sequentially
+// consistent std::atomic_ref operation, which TSan sees (TSan does not model a bare fence,
+// and GCC refuses std::atomic_thread_fence under -fsanitize=thread).
+inline void __threadfence() {}
 inline int __popc(unsigned x) { return std::popcount(x); }
 inline int __popcll(unsigned long long x) { return std::popcount(x); }
 inline int __ffs(int x) { return x == 0 ? 0 : std::countr_zero(static_cast<unsigned>(x)) + 1; }

@@ -110,6 +110,9 @@ struct CudaBackend::Device {
   std::vector<std::byte*> host_k, host_v;  // pinned host, per layer, of kv_dtype
   // Step buffers.
   DeviceBuffer x, h, q, k, v, attn, attn_workspace, proj, gate, up, final_h, logits;
+  // The one-launch attention merge's tickets, n * num_kv_heads words: zeroed when allocated,
+  // left zero by every attention launch.
+  DeviceBuffer merge_counters;
   DeviceBuffer token_ids, positions, slots, seq_of_token, block_tables, logit_rows;
   DeviceBuffer query_start, context_lens;  // only for an attention plug-in
 
@@ -123,6 +126,7 @@ struct CudaBackend::Device {
                             &v,
                             &attn,
                             &attn_workspace,
+                            &merge_counters,
                             &proj,
                             &gate,
                             &up,
@@ -158,6 +162,13 @@ struct CudaBackend::Device {
     KVP_CUDA_RETURN_IF_ERROR(ck::device_alloc(&b.ptr, bytes));
     b.capacity = bytes;
     return Status::ok();
+  }
+  // As ensure, with the whole buffer zero when it is (re)allocated.
+  static Status ensure_zeroed(DeviceBuffer& b, std::size_t bytes) {
+    if (b.capacity >= bytes && b.ptr != nullptr) return Status::ok();
+    KVP_RETURN_IF_ERROR(ensure(b, bytes));
+    const std::vector<std::byte> zeros(bytes);
+    return cuda_status(ck::copy_to_device(b.ptr, zeros.data(), bytes));
   }
   template <class T>
   static Status upload_vector(DeviceBuffer& b, const std::vector<T>& host) {
@@ -405,6 +416,8 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   const int64_t max_partitions = ck::attention_partitions(max_position, config_.attention_partition);
   KVP_RETURN_IF_ERROR(Device::ensure(
       d.attn_workspace, fbytes(ck::attention_workspace_floats(n, c.num_heads, c.head_dim, max_partitions))));
+  KVP_RETURN_IF_ERROR(
+      Device::ensure_zeroed(d.merge_counters, static_cast<std::size_t>(n * c.num_kv_heads) * sizeof(int32_t)));
   KVP_RETURN_IF_ERROR(Device::ensure(d.proj, fbytes(n * hidden)));
   KVP_RETURN_IF_ERROR(Device::ensure(d.gate, fbytes(n * c.intermediate_size)));
   KVP_RETURN_IF_ERROR(Device::ensure(d.up, fbytes(n * c.intermediate_size)));
@@ -425,44 +438,38 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   float* upv = d.up.as<float>();
   const int32_t* positions = d.positions.as<int32_t>();
 
+  // Eight launches a layer (the fused kernels of model_kernels.h): the q/k/v projections; each
+  // head's q/k norm, RoPE and KV write; attention (its merge in the same launch); the o
+  // projection; the residual add
+  // with the norms around it; gate, up and the activation; the down projection; the residual
+  // add with the next layer's input norm. Each gives the unfused kernels' bits.
   KVP_CUDA_RETURN_IF_ERROR(ck::embed(d.embed, d.token_ids.as<int32_t>(), n, hidden, x, c.embed_scale()));
+  if (!d.layers.empty())
+    KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(x, nullptr, d.layers[0].input_layernorm, n, hidden, eps, h));
   for (std::size_t l = 0; l < d.layers.size(); ++l) {
     const Device::Layer& w = d.layers[l];
     const float* inv_freq = w.local_rope ? d.local_inv_freq : d.inv_freq;
-    KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(x, nullptr, w.input_layernorm, n, hidden, eps, h));
-    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.q, w.q_bias, c.q_dim(), hidden, h, n, q));
-    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.k, w.k_bias, c.kv_dim(), hidden, h, n, k));
-    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.v, w.v_bias, c.kv_dim(), hidden, h, n, v));
-    if (c.qk_norm()) {  // Gemma 3: each head's RMSNorm, in place, before RoPE
-      KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(q, nullptr, w.q_norm, n * c.num_heads, c.head_dim, eps, q));
-      KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(k, nullptr, w.k_norm, n * c.num_kv_heads, c.head_dim, eps, k));
-    }
-    KVP_CUDA_RETURN_IF_ERROR(ck::rope(q, n, c.num_heads, c.head_dim, positions, inv_freq));
-    KVP_CUDA_RETURN_IF_ERROR(ck::rope(k, n, c.num_kv_heads, c.head_dim, positions, inv_freq));
-    // Every new token's K/V goes into its slot before attention reads (same stream: ordered).
-    KVP_CUDA_RETURN_IF_ERROR(ck::write_kv(k, v, d.slots.as<int64_t>(), n, c.kv_dim(), config_.pool.kv_dtype,
-                                          d.k_pool[l], d.v_pool[l], c.head_dim, layer_scale(d.k_scales, l),
-                                          layer_scale(d.v_scales, l)));
+    KVP_CUDA_RETURN_IF_ERROR(
+        ck::project_qkv(w.q, w.q_bias, w.k, w.k_bias, w.v, w.v_bias, c.q_dim(), c.kv_dim(), hidden, h, n, q, k, v));
+    // Gemma 3: each head's RMSNorm before RoPE. Every new token's K/V goes into its slot
+    // before attention reads (same stream: ordered).
+    KVP_CUDA_RETURN_IF_ERROR(ck::heads_rope_kv(
+        q, k, v, n, c.num_heads, c.num_kv_heads, c.head_dim, c.qk_norm() ? w.q_norm : nullptr,
+        c.qk_norm() ? w.k_norm : nullptr, eps, positions, inv_freq, d.slots.as<int64_t>(), config_.pool.kv_dtype,
+        d.k_pool[l], d.v_pool[l], layer_scale(d.k_scales, l), layer_scale(d.v_scales, l)));
     KVP_RETURN_IF_ERROR(attend(plan, l, q, attn, max_partitions));
     KVP_CUDA_RETURN_IF_ERROR(ck::project(w.o, w.o_bias, hidden, c.q_dim(), attn, n, proj));
     // Gemma: the attention's output normalised before the add, GeGLU between the pre- and
     // post-feedforward norms.
-    if (c.gemma())
-      KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(proj, nullptr, w.post_attention_layernorm, n, hidden, eps, proj));
-    KVP_CUDA_RETURN_IF_ERROR(ck::add_in_place(x, proj, n * hidden));
-    KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(
-        x, nullptr, c.gemma() ? w.pre_feedforward_layernorm : w.post_attention_layernorm, n, hidden, eps, h));
-    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.gate, w.gate_bias, c.intermediate_size, hidden, h, n, gate));
-    KVP_CUDA_RETURN_IF_ERROR(ck::project(w.up, w.up_bias, c.intermediate_size, hidden, h, n, upv));
-    if (c.gemma()) {
-      KVP_CUDA_RETURN_IF_ERROR(ck::gelu_tanh_mul(gate, upv, n * c.intermediate_size));
-    } else {
-      KVP_CUDA_RETURN_IF_ERROR(ck::silu_mul(gate, upv, n * c.intermediate_size));
-    }
+    KVP_CUDA_RETURN_IF_ERROR(ck::add_norm(proj, c.gemma() ? w.post_attention_layernorm : nullptr, x,
+                                          c.gemma() ? w.pre_feedforward_layernorm : w.post_attention_layernorm, n,
+                                          hidden, eps, h));
+    KVP_CUDA_RETURN_IF_ERROR(ck::project_gated(w.gate, w.gate_bias, w.up, w.up_bias, c.intermediate_size, hidden, h, n,
+                                               c.gemma(), gate, upv));
     KVP_CUDA_RETURN_IF_ERROR(ck::project(w.down, w.down_bias, hidden, c.intermediate_size, gate, n, proj));
-    if (c.gemma())
-      KVP_CUDA_RETURN_IF_ERROR(ck::rms_norm(proj, nullptr, w.post_feedforward_layernorm, n, hidden, eps, proj));
-    KVP_CUDA_RETURN_IF_ERROR(ck::add_in_place(x, proj, n * hidden));
+    const float* next_norm = l + 1 < d.layers.size() ? d.layers[l + 1].input_layernorm : nullptr;
+    KVP_CUDA_RETURN_IF_ERROR(
+        ck::add_norm(proj, c.gemma() ? w.post_feedforward_layernorm : nullptr, x, next_norm, n, hidden, eps, h));
   }
   if (num_rows == 0) return Status::ok();
   KVP_RETURN_IF_ERROR(Device::ensure(d.final_h, fbytes(num_rows * hidden)));
@@ -489,7 +496,7 @@ Status CudaBackend::attend(const BatchPlan& plan, std::size_t layer, const float
         c.num_heads, c.num_kv_heads, c.head_dim, config_.pool.block_size, scale, config_.attention_partition,
         max_partitions, d.attn_workspace.as<float>(), out, layer_scale(d.k_scales, layer),
         layer_scale(d.v_scales, layer), attention_variant(config_.planted), c.layer_window(static_cast<int64_t>(layer)),
-        static_cast<float>(c.attn_logit_softcapping)));
+        static_cast<float>(c.attn_logit_softcapping), d.merge_counters.as<int32_t>()));
   }
   // Uploaded once per step (at layer 0); the other plan arrays are the kernel's own uploads.
   if (layer == 0) {
