@@ -196,25 +196,31 @@ KVP_HOST_DEVICE inline void rms_norm(const float* x, const float* weight, int64_
   for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * inv_rms) * weight[i];
 }
 
+// cos and sin of one rotary angle: angle = position * inv_freq (one pair's).
+KVP_HOST_DEVICE inline void rope_angle_cos_sin(int64_t position, float inv_freq, float& cos_out, float& sin_out) {
+  const float angle = static_cast<float>(position) * inv_freq;
+  cos_out = std::cos(angle);
+  sin_out = std::sin(angle);
+}
+
 // cos and sin of the rotary angles of `position`, one per pair: angle_i = position * inv_freq[i].
 KVP_HOST_DEVICE inline void rope_cos_sin(int64_t position, const float* inv_freq, int64_t half, float* cos_out,
                                          float* sin_out) {
-  for (int64_t i = 0; i < half; ++i) {
-    const float angle = static_cast<float>(position) * inv_freq[i];
-    cos_out[i] = std::cos(angle);
-    sin_out[i] = std::sin(angle);
-  }
+  for (int64_t i = 0; i < half; ++i) rope_angle_cos_sin(position, inv_freq[i], cos_out[i], sin_out[i]);
+}
+
+// One rotary pair in place: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
+KVP_HOST_DEVICE inline void rope_pair(float& x1, float& x2, float cos, float sin) {
+  const float a = x1;
+  const float b = x2;
+  x1 = a * cos - b * sin;
+  x2 = b * cos + a * sin;
 }
 
 // Rotary embedding of one head in place, Hugging Face "rotate half" convention: dimension i
 // of the first half pairs with dimension i + half. `cos`/`sin` come from rope_cos_sin.
 KVP_HOST_DEVICE inline void apply_rope(float* head, const float* cos, const float* sin, int64_t half) {
-  for (int64_t i = 0; i < half; ++i) {
-    const float x1 = head[i];
-    const float x2 = head[i + half];
-    head[i] = x1 * cos[i] - x2 * sin[i];
-    head[i + half] = x2 * cos[i] + x1 * sin[i];
-  }
+  for (int64_t i = 0; i < half; ++i) rope_pair(head[i], head[i + half], cos[i], sin[i]);
 }
 
 // silu(z) = z * sigmoid(z).

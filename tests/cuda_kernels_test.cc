@@ -217,7 +217,7 @@ TEST(CUDA_KERNEL_SUITE, EmbedRmsNormSiluAddAndRopeMatchTheCpuLoops) {
   expect_close(download<float>(dq, x.size()), x, "rope");
 }
 
-// The engine's fused kernels (a layer in eight launches) against the unfused kernels they
+// The engine's fused kernels (a layer in seven or eight launches) against the unfused kernels they
 // replace, on the same inputs: the same values on every flavour (bit for bit emulated).
 TEST(CUDA_KERNEL_SUITE, FusedKernelsGiveTheUnfusedKernelsResults) {
   REQUIRE_DEVICE();
@@ -325,6 +325,39 @@ TEST(CUDA_KERNEL_SUITE, FusedKernelsGiveTheUnfusedKernelsResults) {
           EXPECT_EQ(at, static_cast<std::ptrdiff_t>(pool_bytes)) << what << " differs first at byte " << at;
         }
     }
+  }
+
+  // project_qkv_rope_kv: project_qkv then heads_rope_kv (no q/k norms), with biases.
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF8E5M2}) {
+    SCOPED_TRACE("project_qkv_rope_kv " + std::string(dtype_name(dtype)));
+    const std::size_t pool_bytes = sz(64 * kv_dim) * dtype_size(dtype);
+    DeviceArray kp(pool_bytes), vp(pool_bytes), kp2(pool_bytes), vp2(pool_bytes);
+    for (DeviceArray* p : {&kp, &vp, &kp2, &vp2}) ASSERT_EQ(fill_kv_nan(p->ptr, 64 * kv_dim, dtype), "");
+    const float* k_scale = is_fp8(dtype) ? ks->as<float>() : nullptr;
+    const float* v_scale = is_fp8(dtype) ? vs->as<float>() : nullptr;
+    DeviceArray q(sz(n * q_dim) * 4), k(sz(n * kv_dim) * 4), v(sz(n * kv_dim) * 4);
+    DeviceArray q2(q.bytes), k2(k.bytes), v2(v.bytes);
+    ASSERT_EQ(project_qkv_rope_kv(wq->as<float>(), bq->as<float>(), wk->as<float>(), bk->as<float>(), wv->as<float>(),
+                                  bv->as<float>(), heads, kv_heads, head_dim, in_dim, x->as<float>(), n,
+                                  dpos.as<int32_t>(), freq->as<float>(), dslots.as<int64_t>(), q.as<float>(),
+                                  k.as<float>(), v.as<float>(), dtype, kp.ptr, vp.ptr, k_scale, v_scale),
+              "");
+    ASSERT_EQ(project_qkv(wq->as<float>(), bq->as<float>(), wk->as<float>(), bk->as<float>(), wv->as<float>(),
+                          bv->as<float>(), q_dim, kv_dim, in_dim, x->as<float>(), n, q2.as<float>(), k2.as<float>(),
+                          v2.as<float>()),
+              "");
+    ASSERT_EQ(heads_rope_kv(q2.as<float>(), k2.as<float>(), v2.as<float>(), n, heads, kv_heads, head_dim, nullptr,
+                            nullptr, 1e-6f, dpos.as<int32_t>(), freq->as<float>(), dslots.as<int64_t>(), dtype, kp2.ptr,
+                            vp2.ptr, k_scale, v_scale),
+              "");
+    expect_close(download<float>(q, sz(n * q_dim)), download<float>(q2, sz(n * q_dim)), "project_qkv_rope_kv q");
+    if (kBitwise)
+      for (const auto& [fused, unfused, what] : {std::tuple{&kp, &kp2, "K pool"}, {&vp, &vp2, "V pool"}}) {
+        const std::vector<uint8_t> a = download<uint8_t>(*fused, pool_bytes);
+        const std::vector<uint8_t> b = download<uint8_t>(*unfused, pool_bytes);
+        const auto at = std::mismatch(a.begin(), a.end(), b.begin()).first - a.begin();
+        EXPECT_EQ(at, static_cast<std::ptrdiff_t>(pool_bytes)) << what << " differs first at byte " << at;
+      }
   }
 
   // add_norm: Llama's (no post-norm), Gemma's (post-norm), the last layer's (no next norm).

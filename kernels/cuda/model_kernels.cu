@@ -134,6 +134,72 @@ __global__ void project_qkv_kernel(const float* wq, const float* bq, const float
   kvp::kernels::projection_row(wv, bv, kv_dim, in_dim, xt, tokens, v + t0 * kv_dim, r - kv_dim);
 }
 
+// project_qkv and heads_rope_kv (without q/k norms) in one launch: a thread per (tile, unit),
+// the units being the rotary pairs of q (rows i and i + head_dim / 2 of a head), the rotary
+// pairs of k, then the rows of v. A pair's thread projects both rows (projection_kernel's
+// arithmetic), rotates each token's pair (apply_rope's), and a K pair or a V row goes into the
+// token's slot (write_kv_kernel's rounding and scales); q stays in d_q for attention.
+template <typename KvT>
+__global__ void project_qkv_rope_kv_kernel(const float* wq, const float* bq, const float* wk, const float* bk,
+                                           const float* wv, const float* bv, int64_t num_heads, int64_t num_kv_heads,
+                                           int64_t head_dim, int64_t in_dim, const float* x, int64_t n,
+                                           const int32_t* positions, const float* inv_freq, const int64_t* slots,
+                                           float* q, float* k, float* v, KvT* k_pool, KvT* v_pool, const float* k_scale,
+                                           const float* v_scale) {
+  const int64_t i = global_index();
+  const int64_t half = head_dim / 2;
+  const int64_t q_dim = num_heads * head_dim;
+  const int64_t kv_dim = num_kv_heads * head_dim;
+  const int64_t q_pairs = num_heads * half;
+  const int64_t k_pairs = num_kv_heads * half;
+  const int64_t units = q_pairs + k_pairs + kv_dim;
+  const int64_t tiles = (n + kProjectTokens - 1) / kProjectTokens;
+  if (i >= tiles * units) return;
+  const int64_t t0 = i / units * kProjectTokens;
+  const int64_t u = i % units;
+  const int64_t tokens = n - t0 < kProjectTokens ? n - t0 : kProjectTokens;
+  const float* xt = x + t0 * in_dim;
+  if (u >= q_pairs + k_pairs) {  // a V row
+    const int64_t r = u - q_pairs - k_pairs;
+    float* vt = v + t0 * kv_dim;
+    kvp::kernels::projection_row(wv, bv, kv_dim, in_dim, xt, tokens, vt, r);
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t slot = slots[t0 + t];
+      if (slot == kvp::kernels::kSkipSlot) continue;
+      const float value = vt[t * kv_dim + r];
+      kvp::kernels::kv_store(v_pool + slot * kv_dim + r, v_scale == nullptr ? value : value / v_scale[r / head_dim]);
+    }
+    return;
+  }
+  const bool is_q = u < q_pairs;
+  const int64_t pair = is_q ? u : u - q_pairs;
+  const int64_t head = pair / half;
+  const int64_t d = pair % half;
+  const int64_t r1 = head * head_dim + d;
+  const int64_t r2 = r1 + half;
+  const int64_t dim = is_q ? q_dim : kv_dim;
+  float* y = (is_q ? q : k) + t0 * dim;
+  kvp::kernels::projection_row(is_q ? wq : wk, is_q ? bq : bk, dim, in_dim, xt, tokens, y, r1);
+  kvp::kernels::projection_row(is_q ? wq : wk, is_q ? bq : bk, dim, in_dim, xt, tokens, y, r2);
+  for (int64_t t = 0; t < tokens; ++t) {
+    float cs, sn;
+    kvp::kernels::rope_angle_cos_sin(positions[t0 + t], inv_freq[d], cs, sn);
+    float& x1 = y[t * dim + r1];
+    float& x2 = y[t * dim + r2];
+    kvp::kernels::rope_pair(x1, x2, cs, sn);
+    if (is_q) continue;
+    const int64_t slot = slots[t0 + t];
+    if (slot == kvp::kernels::kSkipSlot) continue;
+    if (k_scale == nullptr) {
+      kvp::kernels::kv_store(k_pool + slot * kv_dim + r1, x1);
+      kvp::kernels::kv_store(k_pool + slot * kv_dim + r2, x2);
+    } else {
+      kvp::kernels::kv_store(k_pool + slot * kv_dim + r1, x1 / k_scale[head]);
+      kvp::kernels::kv_store(k_pool + slot * kv_dim + r2, x2 / k_scale[head]);
+    }
+  }
+}
+
 // The gate and up projections and the activation in one launch: one thread per (tile, row)
 // computes the row of both (projection_kernel's arithmetic) and then, per token,
 // gate = act(gate) * up as silu_mul_kernel / gelu_tanh_mul_kernel do.
@@ -707,6 +773,49 @@ std::string heads_rope_kv(float* d_q, float* d_k, const float* d_v, int64_t n, i
     case DType::kF8E4M3: return args(static_cast<kvp::kernels::F8E4M3Bits*>(nullptr));
     case DType::kF8E5M2: return args(static_cast<kvp::kernels::F8E5M2Bits*>(nullptr));
     default: return unsupported("heads_rope_kv", kv_dtype);
+  }
+}
+
+namespace {
+template <typename KvT>
+std::string project_qkv_rope_kv_typed(const float* d_wq, const float* d_bq, const float* d_wk, const float* d_bk,
+                                      const float* d_wv, const float* d_bv, int64_t num_heads, int64_t num_kv_heads,
+                                      int64_t head_dim, int64_t in_dim, const float* d_x, int64_t n,
+                                      const int32_t* d_positions, const float* d_inv_freq, const int64_t* d_slots,
+                                      float* d_q, float* d_k, float* d_v, void* d_k_pool, void* d_v_pool,
+                                      const float* d_k_scale, const float* d_v_scale) {
+  const int64_t units = num_heads * (head_dim / 2) + num_kv_heads * (head_dim / 2) + num_kv_heads * head_dim;
+  KVP_LAUNCH(project_qkv_rope_kv_kernel<KvT>, grid_for((n + kProjectTokens - 1) / kProjectTokens * units),
+             dim3(kThreads), 0, nullptr)
+  (d_wq, d_bq, d_wk, d_bk, d_wv, d_bv, num_heads, num_kv_heads, head_dim, in_dim, d_x, n, d_positions, d_inv_freq,
+   d_slots, d_q, d_k, d_v, static_cast<KvT*>(d_k_pool), static_cast<KvT*>(d_v_pool), d_k_scale, d_v_scale);
+  return launched("project_qkv_rope_kv_kernel");
+}
+}  // namespace
+
+std::string project_qkv_rope_kv(const float* d_wq, const float* d_bq, const float* d_wk, const float* d_bk,
+                                const float* d_wv, const float* d_bv, int64_t num_heads, int64_t num_kv_heads,
+                                int64_t head_dim, int64_t in_dim, const float* d_x, int64_t n,
+                                const int32_t* d_positions, const float* d_inv_freq, const int64_t* d_slots, float* d_q,
+                                float* d_k, float* d_v, DType kv_dtype, void* d_k_pool, void* d_v_pool,
+                                const float* d_k_scale, const float* d_v_scale) {
+  if (n <= 0) return {};
+  if (head_dim % 2 != 0) return "project_qkv_rope_kv: head_dim " + std::to_string(head_dim) + " is odd";
+  if ((d_k_scale == nullptr) != (d_v_scale == nullptr))
+    return "project_qkv_rope_kv: K and V scales must be given together";
+  const auto args = [&](auto* tag) {
+    using KvT = std::remove_pointer_t<decltype(tag)>;
+    return project_qkv_rope_kv_typed<KvT>(d_wq, d_bq, d_wk, d_bk, d_wv, d_bv, num_heads, num_kv_heads, head_dim, in_dim,
+                                          d_x, n, d_positions, d_inv_freq, d_slots, d_q, d_k, d_v, d_k_pool, d_v_pool,
+                                          d_k_scale, d_v_scale);
+  };
+  switch (kv_dtype) {
+    case DType::kF32: return args(static_cast<float*>(nullptr));
+    case DType::kF16: return args(static_cast<kvp::kernels::F16Bits*>(nullptr));
+    case DType::kBF16: return args(static_cast<kvp::kernels::BF16Bits*>(nullptr));
+    case DType::kF8E4M3: return args(static_cast<kvp::kernels::F8E4M3Bits*>(nullptr));
+    case DType::kF8E5M2: return args(static_cast<kvp::kernels::F8E5M2Bits*>(nullptr));
+    default: return unsupported("project_qkv_rope_kv", kv_dtype);
   }
 }
 

@@ -122,8 +122,9 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
                       int32_t* d_merge_counters = nullptr);
 
 // Fused kernels: each gives the bits of the unfused calls it replaces, in one launch (the
-// engine's layer is 8 launches: project_qkv, heads_rope_kv, attention with merge counters,
-// project (o), add_norm, project_gated, project (down), add_norm).
+// engine's layer is 7 launches: project_qkv_rope_kv, attention with merge counters, project
+// (o), add_norm, project_gated, project (down), add_norm; with Gemma 3's q/k norms, which need
+// a whole head, project_qkv and heads_rope_kv instead of the first: 8).
 //
 // project(wq, bq, q_dim, ...) into d_q, project(wk, ...) into d_k, project(wv, ...) into d_v.
 std::string project_qkv(const float* d_wq, const float* d_bq, const float* d_wk, const float* d_bk, const float* d_wv,
@@ -141,6 +142,14 @@ std::string heads_rope_kv(float* d_q, float* d_k, const float* d_v, int64_t n, i
                           const int32_t* d_positions, const float* d_inv_freq, const int64_t* d_slots, DType kv_dtype,
                           void* d_k_pool, void* d_v_pool, const float* d_k_scale = nullptr,
                           const float* d_v_scale = nullptr);
+// project_qkv then heads_rope_kv without q/k norms, in one launch (a thread per rotary pair
+// of q and of k, and per row of v). REQUIRES: head_dim even.
+std::string project_qkv_rope_kv(const float* d_wq, const float* d_bq, const float* d_wk, const float* d_bk,
+                                const float* d_wv, const float* d_bv, int64_t num_heads, int64_t num_kv_heads,
+                                int64_t head_dim, int64_t in_dim, const float* d_x, int64_t n,
+                                const int32_t* d_positions, const float* d_inv_freq, const int64_t* d_slots, float* d_q,
+                                float* d_k, float* d_v, DType kv_dtype, void* d_k_pool, void* d_v_pool,
+                                const float* d_k_scale = nullptr, const float* d_v_scale = nullptr);
 // Rows r < n of [n, hidden]: rms_norm(d_y, d_post_norm) in place when d_post_norm is given,
 // then add_in_place(d_x, d_y), then rms_norm(d_x, d_next_norm) into d_h when d_next_norm is.
 std::string add_norm(float* d_y, const float* d_post_norm, float* d_x, const float* d_next_norm, int64_t n,

@@ -438,9 +438,9 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   float* upv = d.up.as<float>();
   const int32_t* positions = d.positions.as<int32_t>();
 
-  // Eight launches a layer (the fused kernels of model_kernels.h): the q/k/v projections; each
-  // head's q/k norm, RoPE and KV write; attention (its merge in the same launch); the o
-  // projection; the residual add
+  // Seven launches a layer (the fused kernels of model_kernels.h; eight with Gemma 3's q/k
+  // norms): the q/k/v projections with RoPE and the KV write; attention (its merge in the same
+  // launch); the o projection; the residual add
   // with the norms around it; gate, up and the activation; the down projection; the residual
   // add with the next layer's input norm. Each gives the unfused kernels' bits.
   KVP_CUDA_RETURN_IF_ERROR(ck::embed(d.embed, d.token_ids.as<int32_t>(), n, hidden, x, c.embed_scale()));
@@ -449,14 +449,20 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   for (std::size_t l = 0; l < d.layers.size(); ++l) {
     const Device::Layer& w = d.layers[l];
     const float* inv_freq = w.local_rope ? d.local_inv_freq : d.inv_freq;
-    KVP_CUDA_RETURN_IF_ERROR(
-        ck::project_qkv(w.q, w.q_bias, w.k, w.k_bias, w.v, w.v_bias, c.q_dim(), c.kv_dim(), hidden, h, n, q, k, v));
-    // Gemma 3: each head's RMSNorm before RoPE. Every new token's K/V goes into its slot
-    // before attention reads (same stream: ordered).
-    KVP_CUDA_RETURN_IF_ERROR(ck::heads_rope_kv(
-        q, k, v, n, c.num_heads, c.num_kv_heads, c.head_dim, c.qk_norm() ? w.q_norm : nullptr,
-        c.qk_norm() ? w.k_norm : nullptr, eps, positions, inv_freq, d.slots.as<int64_t>(), config_.pool.kv_dtype,
-        d.k_pool[l], d.v_pool[l], layer_scale(d.k_scales, l), layer_scale(d.v_scales, l)));
+    // Every new token's K/V goes into its slot before attention reads (same stream: ordered).
+    if (c.qk_norm()) {  // Gemma 3: each head's RMSNorm (over the whole head) before RoPE
+      KVP_CUDA_RETURN_IF_ERROR(
+          ck::project_qkv(w.q, w.q_bias, w.k, w.k_bias, w.v, w.v_bias, c.q_dim(), c.kv_dim(), hidden, h, n, q, k, v));
+      KVP_CUDA_RETURN_IF_ERROR(ck::heads_rope_kv(q, k, v, n, c.num_heads, c.num_kv_heads, c.head_dim, w.q_norm,
+                                                 w.k_norm, eps, positions, inv_freq, d.slots.as<int64_t>(),
+                                                 config_.pool.kv_dtype, d.k_pool[l], d.v_pool[l],
+                                                 layer_scale(d.k_scales, l), layer_scale(d.v_scales, l)));
+    } else {
+      KVP_CUDA_RETURN_IF_ERROR(ck::project_qkv_rope_kv(
+          w.q, w.q_bias, w.k, w.k_bias, w.v, w.v_bias, c.num_heads, c.num_kv_heads, c.head_dim, hidden, h, n, positions,
+          inv_freq, d.slots.as<int64_t>(), q, k, v, config_.pool.kv_dtype, d.k_pool[l], d.v_pool[l],
+          layer_scale(d.k_scales, l), layer_scale(d.v_scales, l)));
+    }
     KVP_RETURN_IF_ERROR(attend(plan, l, q, attn, max_partitions));
     KVP_CUDA_RETURN_IF_ERROR(ck::project(w.o, w.o_bias, hidden, c.q_dim(), attn, n, proj));
     // Gemma: the attention's output normalised before the add, GeGLU between the pre- and
