@@ -29,6 +29,7 @@
 #include "reference/reference_model.h"
 
 #if !defined(KVP_CUDA_DEVICE_FLAVOUR)
+#include "kernels/cuda/model_kernels.h"
 #include "kernels/simt/runtime.h"
 #endif
 
@@ -1019,6 +1020,48 @@ TEST(CudaEmu, GivesTheCpuBackendsBitsForGemma) {
         EXPECT_FALSE(all_nan(a[i]));
         EXPECT_TRUE(bitwise_equal(a[i], b[i])) << "sequence " << i;
       }
+    }
+  }
+}
+
+// The emulated engine with a half-warp per projection row (the GPU's layout: lane l the
+// definition's partial sum l, the tree as a shuffle butterfly) instead of a thread per row:
+// still the CPU backend's bits.
+TEST(CudaEmu, SixteenLanesPerProjectionRowGiveTheCpuBackendsBits) {
+  struct Lanes {  // process-wide: restored however the test ends
+    int saved = kvp::cuda_kernels::emu::project_lanes();
+    ~Lanes() { kvp::cuda_kernels::emu::set_project_lanes(saved); }
+  } restore;
+  ASSERT_TRUE(kvp::cuda_kernels::emu::set_project_lanes(16));
+  // Qwen2 (biases; project_qkv_rope_kv) and Gemma 3 (q/k norms: project_qkv; GeGLU): every
+  // projection kernel. A shorter schedule than two_sequence_schedule (the emulated shuffles
+  // are slow): 40 tokens in chunks of 20, 19 and 1, and 30 in 29 and 1 joining at step 1, over
+  // partitions of 8 positions.
+  for (const char* preset : {"tiny-qwen2-hybrid", "tiny-gemma3"}) {
+    SCOPED_TRACE(preset);
+    const Model m = *make_preset(preset, 0);
+    std::vector<SeqSchedule> seqs(2);
+    seqs[0].tokens = tokens_for(40, m.config.vocab_size, 1);
+    seqs[0].chunks = chunks_of(40, {20, 19, 1});
+    seqs[0].table = scrambled_table(10, 128, 5);
+    seqs[1].tokens = tokens_for(30, m.config.vocab_size, 2);
+    seqs[1].chunks = chunks_of(30, {29, 1});
+    seqs[1].table = scrambled_table(8, 128, 6, seqs[0].table);
+    seqs[1].start_step = 1;
+    BackendParams p;
+    p.pool = pool_shape_for(m.config, 4, 128, 0, DType::kBF16);
+    p.attention_partition = 8;
+    auto cpu = make_cpu(m, p);
+    auto emu = make_cuda(m, p);
+    ASSERT_TRUE(cpu.is_ok()) << cpu.status().message();
+    ASSERT_TRUE(emu.is_ok()) << emu.status().message();
+    const std::vector<Logits> a = run_schedule(**cpu, seqs);
+    const std::vector<Logits> b = run_schedule(**emu, seqs);
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      ASSERT_FALSE(a[i].empty());
+      EXPECT_FALSE(all_nan(a[i]));
+      EXPECT_TRUE(bitwise_equal(a[i], b[i])) << "sequence " << i;
     }
   }
 }

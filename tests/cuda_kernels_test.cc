@@ -127,39 +127,54 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 
 // ---- the per-token kernels ----
 
+// Restores the projections' lanes per row when a test ends (set_project_lanes is process-wide).
+struct ProjectLanes {
+  int saved = project_lanes();
+  explicit ProjectLanes(int lanes) { EXPECT_TRUE(set_project_lanes(lanes)); }
+  ~ProjectLanes() { set_project_lanes(saved); }
+  ProjectLanes(const ProjectLanes&) = delete;
+  ProjectLanes& operator=(const ProjectLanes&) = delete;
+};
+
 // The projection's arithmetic is kernels/gemm.h's definition (the CPU backend's GEMM gives
 // the same bits; gemm_test checks that).
+// Both row layouts: one thread per row, and a half-warp per row (lane l the definition's
+// partial sum l, the tree as a shuffle butterfly, lane 0 the tail): in_dim under 16 (all
+// tail), a multiple of 16 (no tail), and both.
 TEST(CUDA_KERNEL_SUITE, ProjectIsTheGemmDefinitionOfEveryRowWhateverTheTokenCount) {
   REQUIRE_DEVICE();
-  for (const auto& [out_dim, in_dim] : {std::pair<int64_t, int64_t>{1, 1}, {7, 33}, {96, 64}, {130, 17}}) {
-    const std::vector<float> w = random_floats(static_cast<std::size_t>(out_dim * in_dim), 1);
-    DeviceArray dw(w.size() * sizeof(float));
-    upload(dw, w);
-    for (int64_t n : {1, 3, 9}) {
-      const std::vector<float> x = random_floats(static_cast<std::size_t>(n * in_dim), 2);
-      DeviceArray dx(x.size() * sizeof(float)), dy(static_cast<std::size_t>(n * out_dim) * sizeof(float));
-      upload(dx, x);
-      ASSERT_EQ(project(dw.as<float>(), nullptr, out_dim, in_dim, dx.as<float>(), n, dy.as<float>()), "");
-      std::vector<float> want(static_cast<std::size_t>(n * out_dim));
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t r = 0; r < out_dim; ++r)
-          want[static_cast<std::size_t>(t * out_dim + r)] =
-              kk::dot_fma_scalar(w.data() + r * in_dim, x.data() + t * in_dim, in_dim);
-      expect_close(download<float>(dy, want.size()), want,
-                   "project " + std::to_string(out_dim) + "x" + std::to_string(in_dim) + " n " + std::to_string(n));
-      // With a bias (Qwen2's q/k/v, Llama's attention_bias/mlp_bias): one add after the dot.
-      const std::vector<float> b = random_floats(static_cast<std::size_t>(out_dim), 3);
-      DeviceArray db(b.size() * sizeof(float));
-      upload(db, b);
-      ASSERT_EQ(project(dw.as<float>(), db.as<float>(), out_dim, in_dim, dx.as<float>(), n, dy.as<float>()), "");
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t r = 0; r < out_dim; ++r)
-          want[static_cast<std::size_t>(t * out_dim + r)] += b[static_cast<std::size_t>(r)];
-      expect_close(
-          download<float>(dy, want.size()), want,
-          "project+bias " + std::to_string(out_dim) + "x" + std::to_string(in_dim) + " n " + std::to_string(n));
+  for (const int lanes : {1, 16})
+    for (const auto& [out_dim, in_dim] : {std::pair<int64_t, int64_t>{1, 1}, {7, 33}, {96, 64}, {130, 17}, {5, 250}}) {
+      SCOPED_TRACE(std::to_string(lanes) + " lanes per row");
+      const ProjectLanes scoped(lanes);
+      const std::vector<float> w = random_floats(static_cast<std::size_t>(out_dim * in_dim), 1);
+      DeviceArray dw(w.size() * sizeof(float));
+      upload(dw, w);
+      for (int64_t n : {1, 3, 9}) {
+        const std::vector<float> x = random_floats(static_cast<std::size_t>(n * in_dim), 2);
+        DeviceArray dx(x.size() * sizeof(float)), dy(static_cast<std::size_t>(n * out_dim) * sizeof(float));
+        upload(dx, x);
+        ASSERT_EQ(project(dw.as<float>(), nullptr, out_dim, in_dim, dx.as<float>(), n, dy.as<float>()), "");
+        std::vector<float> want(static_cast<std::size_t>(n * out_dim));
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t r = 0; r < out_dim; ++r)
+            want[static_cast<std::size_t>(t * out_dim + r)] =
+                kk::dot_fma_scalar(w.data() + r * in_dim, x.data() + t * in_dim, in_dim);
+        expect_close(download<float>(dy, want.size()), want,
+                     "project " + std::to_string(out_dim) + "x" + std::to_string(in_dim) + " n " + std::to_string(n));
+        // With a bias (Qwen2's q/k/v, Llama's attention_bias/mlp_bias): one add after the dot.
+        const std::vector<float> b = random_floats(static_cast<std::size_t>(out_dim), 3);
+        DeviceArray db(b.size() * sizeof(float));
+        upload(db, b);
+        ASSERT_EQ(project(dw.as<float>(), db.as<float>(), out_dim, in_dim, dx.as<float>(), n, dy.as<float>()), "");
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t r = 0; r < out_dim; ++r)
+            want[static_cast<std::size_t>(t * out_dim + r)] += b[static_cast<std::size_t>(r)];
+        expect_close(
+            download<float>(dy, want.size()), want,
+            "project+bias " + std::to_string(out_dim) + "x" + std::to_string(in_dim) + " n " + std::to_string(n));
+      }
     }
-  }
 }
 
 TEST(CUDA_KERNEL_SUITE, EmbedRmsNormSiluAddAndRopeMatchTheCpuLoops) {
@@ -219,8 +234,7 @@ TEST(CUDA_KERNEL_SUITE, EmbedRmsNormSiluAddAndRopeMatchTheCpuLoops) {
 
 // The engine's fused kernels (a layer in seven or eight launches) against the unfused kernels they
 // replace, on the same inputs: the same values on every flavour (bit for bit emulated).
-TEST(CUDA_KERNEL_SUITE, FusedKernelsGiveTheUnfusedKernelsResults) {
-  REQUIRE_DEVICE();
+void fused_kernels_give_the_unfused_results() {
   const int64_t n = 11, in_dim = 40, heads = 4, kv_heads = 2, head_dim = 16;
   const int64_t q_dim = heads * head_dim, kv_dim = kv_heads * head_dim, inter = 24;
   const auto f = [](std::size_t count, uint32_t seed) { return random_floats(count, seed); };
@@ -379,6 +393,17 @@ TEST(CUDA_KERNEL_SUITE, FusedKernelsGiveTheUnfusedKernelsResults) {
     }
     expect_close(download<float>(*r, y0.size()), download<float>(*r2, y0.size()), "add_norm residual");
     expect_close(download<float>(*h, y0.size()), download<float>(*h2, y0.size()), "add_norm next input");
+  }
+}
+
+// With one thread per projection row and with a half-warp per row (the GPU's default): both
+// give the definition's bits, so the fused and unfused kernels agree under either.
+TEST(CUDA_KERNEL_SUITE, FusedKernelsGiveTheUnfusedKernelsResults) {
+  REQUIRE_DEVICE();
+  for (const int lanes : {1, 16}) {
+    SCOPED_TRACE(std::to_string(lanes) + " lanes per projection row");
+    const ProjectLanes scoped(lanes);
+    fused_kernels_give_the_unfused_results();
   }
 }
 

@@ -98,23 +98,89 @@ __global__ void rms_norm_kernel(const float* x, const int32_t* rows, const float
 // two give the same bits.
 constexpr int64_t kProjectTokens = 8;
 
+// A projection row's lanes. Lanes = 1: one thread reduces the row (projection_row: the scalar
+// definition on a GPU, the host's GEMM emulated). Lanes = kRowLanes = 16, the GPU's default: a
+// half-warp reduces it, lane l taking the definition's partial sum l (kernels/gemm.h:
+// elements l, l + 16, ... of the row, so the 16 lanes read 64 consecutive bytes at a time,
+// coalesced), a fused multiply-add chain per token of the tile; the halving tree is a
+// butterfly over the 16 lanes (__shfl_xor_sync 8, 4, 2, 1: lane l < w adds lane l + w, as
+// the tree does, so lane 0 ends with the tree's value) and lane 0 adds the tail chain and the
+// bias. The same bits either way (dot_fma_scalar's), which the emulated flavour checks by
+// running the engine with both (set_project_lanes).
+constexpr int kRowLanes = 16;
+
+template <int Lanes>
+__device__ __forceinline__ unsigned row_lane_mask() {
+  return Lanes == 1 ? 0u : (0xffffu << (threadIdx.x & 16u));
+}
+
+// y[t * out_dim + r] for t < tokens (x: the tile's rows), by the unit's lanes; lane 0 writes.
+template <int Lanes>
+__device__ __forceinline__ void lane_row(int lane, const float* w, const float* bias, int64_t out_dim, int64_t in_dim,
+                                         const float* x, int64_t tokens, float* y, int64_t r) {
+  if constexpr (Lanes == 1) {
+    (void)lane;
+    kvp::kernels::projection_row(w, bias, out_dim, in_dim, x, tokens, y, r);
+  } else {
+    static_assert(Lanes == kRowLanes, "a row's lanes are the definition's 16 partial sums");
+    const unsigned mask = row_lane_mask<Lanes>();
+    const float* wr = w + r * in_dim;
+    const int64_t body = in_dim / kRowLanes * kRowLanes;
+    float acc[kProjectTokens];
+    KVP_UNROLL
+    for (int t = 0; t < kProjectTokens; ++t) acc[t] = 0.0f;
+    for (int64_t i = lane; i < body; i += kRowLanes) {
+      const float wi = wr[i];
+      KVP_UNROLL
+      for (int t = 0; t < kProjectTokens; ++t)
+        if (t < tokens) acc[t] = kvp::kernels::fma_rn(wi, x[t * in_dim + i], acc[t]);
+    }
+    for (int width = kRowLanes / 2; width > 0; width /= 2) {
+      KVP_UNROLL
+      for (int t = 0; t < kProjectTokens; ++t) acc[t] += __shfl_xor_sync(mask, acc[t], width, kRowLanes);
+    }
+    if (lane != 0) return;
+    for (int64_t t = 0; t < tokens; ++t) {
+      float tail = 0.0f;
+      for (int64_t i = body; i < in_dim; ++i) tail = kvp::kernels::fma_rn(wr[i], x[t * in_dim + i], tail);
+      float value = acc[t] + tail;
+      if (bias != nullptr) value += bias[r];
+      y[t * out_dim + r] = value;
+    }
+  }
+}
+
+template <int Lanes>
 __global__ void project_kernel(const float* w, const float* bias, int64_t out_dim, int64_t in_dim, const float* x,
                                int64_t n, float* y) {
-  const int64_t i = global_index();
+  const int64_t i = global_index() / Lanes;
+  const int lane = static_cast<int>(threadIdx.x % Lanes);
   const int64_t tiles = (n + kProjectTokens - 1) / kProjectTokens;
   if (i >= tiles * out_dim) return;
   const int64_t t0 = i / out_dim * kProjectTokens;
   const int64_t r = i % out_dim;
   const int64_t tokens = n - t0 < kProjectTokens ? n - t0 : kProjectTokens;
-  kvp::kernels::projection_row(w, bias, out_dim, in_dim, x + t0 * in_dim, tokens, y + t0 * out_dim, r);
+  lane_row<Lanes>(lane, w, bias, out_dim, in_dim, x + t0 * in_dim, tokens, y + t0 * out_dim, r);
+}
+
+// lane_row with the lanes chosen at run time (uniform across the grid).
+__device__ __forceinline__ void lane_row_n(int lanes, int lane, const float* w, const float* bias, int64_t out_dim,
+                                           int64_t in_dim, const float* x, int64_t tokens, float* y, int64_t r) {
+  if (lanes == 1) {
+    lane_row<1>(lane, w, bias, out_dim, in_dim, x, tokens, y, r);
+  } else {
+    lane_row<kRowLanes>(lane, w, bias, out_dim, in_dim, x, tokens, y, r);
+  }
 }
 
 // The q, k and v projections in one launch: one thread per (tile of kProjectTokens tokens,
 // row of q, k or v), each row the projection_kernel's arithmetic on its own matrix.
+template <int Lanes>
 __global__ void project_qkv_kernel(const float* wq, const float* bq, const float* wk, const float* bk, const float* wv,
                                    const float* bv, int64_t q_dim, int64_t kv_dim, int64_t in_dim, const float* x,
                                    int64_t n, float* q, float* k, float* v) {
-  const int64_t i = global_index();
+  const int64_t i = global_index() / Lanes;
+  const int lane = static_cast<int>(threadIdx.x % Lanes);
   const int64_t rows = q_dim + 2 * kv_dim;
   const int64_t tiles = (n + kProjectTokens - 1) / kProjectTokens;
   if (i >= tiles * rows) return;
@@ -123,15 +189,15 @@ __global__ void project_qkv_kernel(const float* wq, const float* bq, const float
   const int64_t tokens = n - t0 < kProjectTokens ? n - t0 : kProjectTokens;
   const float* xt = x + t0 * in_dim;
   if (r < q_dim) {
-    kvp::kernels::projection_row(wq, bq, q_dim, in_dim, xt, tokens, q + t0 * q_dim, r);
+    lane_row<Lanes>(lane, wq, bq, q_dim, in_dim, xt, tokens, q + t0 * q_dim, r);
     return;
   }
   r -= q_dim;
   if (r < kv_dim) {
-    kvp::kernels::projection_row(wk, bk, kv_dim, in_dim, xt, tokens, k + t0 * kv_dim, r);
+    lane_row<Lanes>(lane, wk, bk, kv_dim, in_dim, xt, tokens, k + t0 * kv_dim, r);
     return;
   }
-  kvp::kernels::projection_row(wv, bv, kv_dim, in_dim, xt, tokens, v + t0 * kv_dim, r - kv_dim);
+  lane_row<Lanes>(lane, wv, bv, kv_dim, in_dim, xt, tokens, v + t0 * kv_dim, r - kv_dim);
 }
 
 // project_qkv and heads_rope_kv (without q/k norms) in one launch: a thread per (tile, unit),
@@ -140,13 +206,14 @@ __global__ void project_qkv_kernel(const float* wq, const float* bq, const float
 // arithmetic), rotates each token's pair (apply_rope's), and a K pair or a V row goes into the
 // token's slot (write_kv_kernel's rounding and scales); q stays in d_q for attention.
 template <typename KvT>
-__global__ void project_qkv_rope_kv_kernel(const float* wq, const float* bq, const float* wk, const float* bk,
-                                           const float* wv, const float* bv, int64_t num_heads, int64_t num_kv_heads,
-                                           int64_t head_dim, int64_t in_dim, const float* x, int64_t n,
-                                           const int32_t* positions, const float* inv_freq, const int64_t* slots,
-                                           float* q, float* k, float* v, KvT* k_pool, KvT* v_pool, const float* k_scale,
-                                           const float* v_scale) {
-  const int64_t i = global_index();
+__global__ void project_qkv_rope_kv_kernel(int lanes, const float* wq, const float* bq, const float* wk,
+                                           const float* bk, const float* wv, const float* bv, int64_t num_heads,
+                                           int64_t num_kv_heads, int64_t head_dim, int64_t in_dim, const float* x,
+                                           int64_t n, const int32_t* positions, const float* inv_freq,
+                                           const int64_t* slots, float* q, float* k, float* v, KvT* k_pool, KvT* v_pool,
+                                           const float* k_scale, const float* v_scale) {
+  const int64_t i = global_index() / lanes;
+  const int lane = static_cast<int>(threadIdx.x % static_cast<unsigned>(lanes));
   const int64_t half = head_dim / 2;
   const int64_t q_dim = num_heads * head_dim;
   const int64_t kv_dim = num_kv_heads * head_dim;
@@ -162,7 +229,8 @@ __global__ void project_qkv_rope_kv_kernel(const float* wq, const float* bq, con
   if (u >= q_pairs + k_pairs) {  // a V row
     const int64_t r = u - q_pairs - k_pairs;
     float* vt = v + t0 * kv_dim;
-    kvp::kernels::projection_row(wv, bv, kv_dim, in_dim, xt, tokens, vt, r);
+    lane_row_n(lanes, lane, wv, bv, kv_dim, in_dim, xt, tokens, vt, r);
+    if (lane != 0) return;  // lane 0 wrote the row: the epilogue is its
     for (int64_t t = 0; t < tokens; ++t) {
       const int64_t slot = slots[t0 + t];
       if (slot == kvp::kernels::kSkipSlot) continue;
@@ -179,8 +247,9 @@ __global__ void project_qkv_rope_kv_kernel(const float* wq, const float* bq, con
   const int64_t r2 = r1 + half;
   const int64_t dim = is_q ? q_dim : kv_dim;
   float* y = (is_q ? q : k) + t0 * dim;
-  kvp::kernels::projection_row(is_q ? wq : wk, is_q ? bq : bk, dim, in_dim, xt, tokens, y, r1);
-  kvp::kernels::projection_row(is_q ? wq : wk, is_q ? bq : bk, dim, in_dim, xt, tokens, y, r2);
+  lane_row_n(lanes, lane, is_q ? wq : wk, is_q ? bq : bk, dim, in_dim, xt, tokens, y, r1);
+  lane_row_n(lanes, lane, is_q ? wq : wk, is_q ? bq : bk, dim, in_dim, xt, tokens, y, r2);
+  if (lane != 0) return;
   for (int64_t t = 0; t < tokens; ++t) {
     float cs, sn;
     kvp::kernels::rope_angle_cos_sin(positions[t0 + t], inv_freq[d], cs, sn);
@@ -203,10 +272,12 @@ __global__ void project_qkv_rope_kv_kernel(const float* wq, const float* bq, con
 // The gate and up projections and the activation in one launch: one thread per (tile, row)
 // computes the row of both (projection_kernel's arithmetic) and then, per token,
 // gate = act(gate) * up as silu_mul_kernel / gelu_tanh_mul_kernel do.
+template <int Lanes>
 __global__ void project_gated_kernel(const float* wg, const float* bg, const float* wu, const float* bu,
                                      int64_t out_dim, int64_t in_dim, const float* x, int64_t n, bool gelu_tanh,
                                      float* gate, float* up) {
-  const int64_t i = global_index();
+  const int64_t i = global_index() / Lanes;
+  const int lane = static_cast<int>(threadIdx.x % Lanes);
   const int64_t tiles = (n + kProjectTokens - 1) / kProjectTokens;
   if (i >= tiles * out_dim) return;
   const int64_t t0 = i / out_dim * kProjectTokens;
@@ -214,8 +285,9 @@ __global__ void project_gated_kernel(const float* wg, const float* bg, const flo
   const int64_t tokens = n - t0 < kProjectTokens ? n - t0 : kProjectTokens;
   float* g = gate + t0 * out_dim;
   float* u = up + t0 * out_dim;
-  kvp::kernels::projection_row(wg, bg, out_dim, in_dim, x + t0 * in_dim, tokens, g, r);
-  kvp::kernels::projection_row(wu, bu, out_dim, in_dim, x + t0 * in_dim, tokens, u, r);
+  lane_row<Lanes>(lane, wg, bg, out_dim, in_dim, x + t0 * in_dim, tokens, g, r);
+  lane_row<Lanes>(lane, wu, bu, out_dim, in_dim, x + t0 * in_dim, tokens, u, r);
+  if (lane != 0) return;
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t at = t * out_dim + r;
     g[at] = (gelu_tanh ? kvp::kernels::gelu_tanh(g[at]) : kvp::kernels::silu(g[at])) * u[at];
@@ -502,7 +574,22 @@ __global__ void add_kernel(float* x, const float* y, int64_t n) {
   if (i < n) x[i] += y[i];
 }
 
+// The projections' lanes per row (see lane_row): 16 on a GPU, 1 emulated (the host's GEMM
+// per row is the emulator's fast path); set_project_lanes switches either.
+#if defined(__CUDACC__)
+int g_project_lanes = kRowLanes;
+#else
+int g_project_lanes = 1;
+#endif
+
 }  // namespace
+
+bool set_project_lanes(int lanes) {
+  if (lanes != 1 && lanes != kRowLanes) return false;
+  g_project_lanes = lanes;
+  return true;
+}
+int project_lanes() { return g_project_lanes; }
 
 std::string check_device() {
   int count = 0;
@@ -592,8 +679,14 @@ std::string rms_norm(const float* d_x, const int32_t* d_rows, const float* d_wei
 std::string project(const float* d_w, const float* d_bias, int64_t out_dim, int64_t in_dim, const float* d_x, int64_t n,
                     float* d_y) {
   if (n <= 0) return {};
-  KVP_LAUNCH(project_kernel, grid_for((n + kProjectTokens - 1) / kProjectTokens * out_dim), dim3(kThreads), 0, nullptr)
-  (d_w, d_bias, out_dim, in_dim, d_x, n, d_y);
+  const int64_t units = (n + kProjectTokens - 1) / kProjectTokens * out_dim;
+  if (g_project_lanes == 1) {
+    KVP_LAUNCH(project_kernel<1>, grid_for(units), dim3(kThreads), 0, nullptr)
+    (d_w, d_bias, out_dim, in_dim, d_x, n, d_y);
+  } else {
+    KVP_LAUNCH(project_kernel<kRowLanes>, grid_for(units * kRowLanes), dim3(kThreads), 0, nullptr)
+    (d_w, d_bias, out_dim, in_dim, d_x, n, d_y);
+  }
   return launched("project_kernel");
 }
 
@@ -724,18 +817,28 @@ std::string project_qkv(const float* d_wq, const float* d_bq, const float* d_wk,
                         const float* d_bv, int64_t q_dim, int64_t kv_dim, int64_t in_dim, const float* d_x, int64_t n,
                         float* d_q, float* d_k, float* d_v) {
   if (n <= 0) return {};
-  KVP_LAUNCH(project_qkv_kernel, grid_for((n + kProjectTokens - 1) / kProjectTokens * (q_dim + 2 * kv_dim)),
-             dim3(kThreads), 0, nullptr)
-  (d_wq, d_bq, d_wk, d_bk, d_wv, d_bv, q_dim, kv_dim, in_dim, d_x, n, d_q, d_k, d_v);
+  const int64_t units = (n + kProjectTokens - 1) / kProjectTokens * (q_dim + 2 * kv_dim);
+  if (g_project_lanes == 1) {
+    KVP_LAUNCH(project_qkv_kernel<1>, grid_for(units), dim3(kThreads), 0, nullptr)
+    (d_wq, d_bq, d_wk, d_bk, d_wv, d_bv, q_dim, kv_dim, in_dim, d_x, n, d_q, d_k, d_v);
+  } else {
+    KVP_LAUNCH(project_qkv_kernel<kRowLanes>, grid_for(units * kRowLanes), dim3(kThreads), 0, nullptr)
+    (d_wq, d_bq, d_wk, d_bk, d_wv, d_bv, q_dim, kv_dim, in_dim, d_x, n, d_q, d_k, d_v);
+  }
   return launched("project_qkv_kernel");
 }
 
 std::string project_gated(const float* d_wg, const float* d_bg, const float* d_wu, const float* d_bu, int64_t out_dim,
                           int64_t in_dim, const float* d_x, int64_t n, bool gelu_tanh, float* d_gate, float* d_up) {
   if (n <= 0) return {};
-  KVP_LAUNCH(project_gated_kernel, grid_for((n + kProjectTokens - 1) / kProjectTokens * out_dim), dim3(kThreads), 0,
-             nullptr)
-  (d_wg, d_bg, d_wu, d_bu, out_dim, in_dim, d_x, n, gelu_tanh, d_gate, d_up);
+  const int64_t units = (n + kProjectTokens - 1) / kProjectTokens * out_dim;
+  if (g_project_lanes == 1) {
+    KVP_LAUNCH(project_gated_kernel<1>, grid_for(units), dim3(kThreads), 0, nullptr)
+    (d_wg, d_bg, d_wu, d_bu, out_dim, in_dim, d_x, n, gelu_tanh, d_gate, d_up);
+  } else {
+    KVP_LAUNCH(project_gated_kernel<kRowLanes>, grid_for(units * kRowLanes), dim3(kThreads), 0, nullptr)
+    (d_wg, d_bg, d_wu, d_bu, out_dim, in_dim, d_x, n, gelu_tanh, d_gate, d_up);
+  }
   return launched("project_gated_kernel");
 }
 
@@ -785,10 +888,10 @@ std::string project_qkv_rope_kv_typed(const float* d_wq, const float* d_bq, cons
                                       float* d_q, float* d_k, float* d_v, void* d_k_pool, void* d_v_pool,
                                       const float* d_k_scale, const float* d_v_scale) {
   const int64_t units = num_heads * (head_dim / 2) + num_kv_heads * (head_dim / 2) + num_kv_heads * head_dim;
-  KVP_LAUNCH(project_qkv_rope_kv_kernel<KvT>, grid_for((n + kProjectTokens - 1) / kProjectTokens * units),
-             dim3(kThreads), 0, nullptr)
-  (d_wq, d_bq, d_wk, d_bk, d_wv, d_bv, num_heads, num_kv_heads, head_dim, in_dim, d_x, n, d_positions, d_inv_freq,
-   d_slots, d_q, d_k, d_v, static_cast<KvT*>(d_k_pool), static_cast<KvT*>(d_v_pool), d_k_scale, d_v_scale);
+  const int64_t all = (n + kProjectTokens - 1) / kProjectTokens * units * g_project_lanes;
+  KVP_LAUNCH(project_qkv_rope_kv_kernel<KvT>, grid_for(all), dim3(kThreads), 0, nullptr)
+  (g_project_lanes, d_wq, d_bq, d_wk, d_bk, d_wv, d_bv, num_heads, num_kv_heads, head_dim, in_dim, d_x, n, d_positions,
+   d_inv_freq, d_slots, d_q, d_k, d_v, static_cast<KvT*>(d_k_pool), static_cast<KvT*>(d_v_pool), d_k_scale, d_v_scale);
   return launched("project_qkv_rope_kv_kernel");
 }
 }  // namespace

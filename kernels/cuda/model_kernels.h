@@ -68,6 +68,14 @@ std::string embed(const float* d_table, const int32_t* d_ids, int64_t n, int64_t
 // d_x (in place) when d_rows is null.
 std::string rms_norm(const float* d_x, const int32_t* d_rows, const float* d_weight, int64_t n, int64_t hidden,
                      float eps, float* d_out);
+// Lanes reducing one projection row in every projection kernel: 16 (a half-warp, lane l the
+// definition's partial sum l, coalesced weight reads, a shuffle butterfly: the GPU's default)
+// or 1 (one thread per row: the emulated default, the host's GEMM). The same bits either way
+// (kernels/gemm.h's definition). Process-wide, not thread-safe: set it before launching.
+// Returns false (changing nothing) for any other count.
+bool set_project_lanes(int lanes);
+int project_lanes();
+
 // d_y[t, r] = dot(d_w[r, :], d_x[t, :]) (+ d_bias[r], one fp32 add after the dot, when d_bias
 // is not null) for t < n, r < out_dim: one thread per element, each reduced over in_dim in
 // dot()'s fixed order whatever n (batch-invariant).
