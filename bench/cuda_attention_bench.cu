@@ -7,6 +7,7 @@
 // so that no iteration finds its K/V in L2 (at least 512 MiB cycled).
 //
 // Counters: GB/s (attention), copy_GB/s, of_copy (the ratio, measured in one run).
+// BM_Projection (below): the projection kernel's weight bandwidth, a thread or a half-warp per row.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -144,6 +145,80 @@ BENCHMARK(BM_DecodeAttention)
     ->ArgsProduct({{1, 16, 64, 256}, {512, 4096, 32768}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
+
+// A projection y = W x (kvproof's project kernel, fp32 weights), with one thread per weight
+// row (lanes 1) and with a half-warp per row (lanes 16, the engine's default on a GPU): the same
+// bits, so the ratio between the two is what coalesced weight reads buy. Achieved bandwidth =
+// weight bytes / kernel time (x and y are under 1% of it), against the copy bandwidth of the
+// same run; weights cycled through copies of at least 512 MiB so no iteration finds them in L2.
+// Shapes: SmolLM2-135M's q (576 x 576), gate (1536 x 576) and down (576 x 1536), Llama-3.2-1B's
+// q (2048 x 2048), gate (8192 x 2048) and down (2048 x 8192); 1 and 32 tokens.
+void BM_Projection(benchmark::State& state) {
+  if (!have_device()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  const int64_t out_dim = state.range(0), in_dim = state.range(1), tokens = state.range(2);
+  const int lanes = static_cast<int>(state.range(3));
+  if (!ck::set_project_lanes(lanes)) {
+    state.SkipWithError("set_project_lanes refused the lane count");
+    return;
+  }
+  const std::size_t w_bytes = static_cast<std::size_t>(out_dim * in_dim) * sizeof(float);
+  const int64_t copies = std::max<int64_t>(1, static_cast<int64_t>((kCycleBytes + w_bytes - 1) / w_bytes));
+  float *d_w = nullptr, *d_x = nullptr, *d_y = nullptr;
+  if (cudaMalloc(&d_w, w_bytes * static_cast<std::size_t>(copies)) != cudaSuccess ||
+      cudaMalloc(&d_x, static_cast<std::size_t>(tokens * in_dim) * sizeof(float)) != cudaSuccess ||
+      cudaMalloc(&d_y, static_cast<std::size_t>(tokens * out_dim) * sizeof(float)) != cudaSuccess) {
+    state.SkipWithError("cudaMalloc failed");
+    return;
+  }
+  cudaMemset(d_w, 0, w_bytes * static_cast<std::size_t>(copies));
+  cudaMemset(d_x, 0, static_cast<std::size_t>(tokens * in_dim) * sizeof(float));
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  const auto run = [&](int64_t c) {
+    return ck::project(d_w + c * out_dim * in_dim, nullptr, out_dim, in_dim, d_x, tokens, d_y);
+  };
+  std::string error = run(0);  // warm-up
+  cudaDeviceSynchronize();
+  double total_s = 0;
+  int64_t copy = 0;
+  for (auto _ : state) {
+    copy = (copy + 1) % copies;
+    cudaEventRecord(start);
+    error = run(copy);
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    if (!error.empty()) break;
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    state.SetIterationTime(ms * 1e-3);
+    total_s += ms * 1e-3;
+  }
+  if (!error.empty()) state.SkipWithError(error.c_str());
+  const double gbps =
+      total_s > 0 ? static_cast<double>(w_bytes) * static_cast<double>(state.iterations()) / total_s / 1e9 : 0;
+  state.counters["GB/s"] = gbps;
+  state.counters["copy_GB/s"] = copy_bandwidth() / 1e9;
+  state.counters["of_copy"] = copy_bandwidth() > 0 ? gbps * 1e9 / copy_bandwidth() : 0;
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(d_w);
+  cudaFree(d_x);
+  cudaFree(d_y);
+  ck::set_project_lanes(16);
+}
+
+void projection_shapes(benchmark::internal::Benchmark* b) {
+  const int64_t shapes[][2] = {{576, 576}, {1536, 576}, {576, 1536}, {2048, 2048}, {8192, 2048}, {2048, 8192}};
+  for (const auto& shape : shapes)
+    for (const int64_t tokens : {1, 32})
+      for (const int64_t lanes : {1, 16}) b->Args({shape[0], shape[1], tokens, lanes});
+}
+
+BENCHMARK(BM_Projection)->Apply(projection_shapes)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
