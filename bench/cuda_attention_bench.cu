@@ -56,6 +56,36 @@ double copy_bandwidth() {
   return best;
 }
 
+// Times run(copy) per benchmark iteration with CUDA events (manual time), cycling through
+// `copies` after a warm-up on copy 0; returns the total kernel seconds. A run that fails
+// stops the loop and skips the benchmark with its error.
+template <class Run>
+double timed_iterations(benchmark::State& state, int64_t copies, const Run& run) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::string error = run(0);  // warm-up
+  cudaDeviceSynchronize();
+  double total_s = 0;
+  int64_t copy = 0;
+  for (auto _ : state) {
+    copy = (copy + 1) % copies;
+    cudaEventRecord(start);
+    error = run(copy);
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    if (!error.empty()) break;
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    state.SetIterationTime(ms * 1e-3);
+    total_s += ms * 1e-3;
+  }
+  if (!error.empty()) state.SkipWithError(error.c_str());
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return total_s;
+}
+
 void BM_DecodeAttention(benchmark::State& state) {
   if (!have_device()) {
     state.SkipWithError("no CUDA device");
@@ -101,40 +131,19 @@ void BM_DecodeAttention(benchmark::State& state) {
   cudaMemcpy(d_pos, positions.data(), positions.size() * 4, cudaMemcpyHostToDevice);
   cudaMemset(d_q, 0, static_cast<std::size_t>(batch * kHeads * kHeadDim) * 4);
   const float scale = 1.0f / 11.3137085f;
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  int64_t copy = 0;
   const auto run = [&](int64_t c) {
     return ck::attention(d_q, kvp::DType::kBF16, k_pool, v_pool, d_tables + c * batch * blocks_per_seq, blocks_per_seq,
                          d_seq, d_pos, batch, kHeads, kKvHeads, kHeadDim, kBlock, scale,
                          kvp::kernels::kDefaultAttentionPartition, parts, d_ws, d_out, nullptr, nullptr,
                          ck::AttentionVariant::kExact, 0, 0.0f, d_counters);
   };
-  std::string error = run(0);  // warm-up
-  cudaDeviceSynchronize();
-  double total_s = 0;
-  for (auto _ : state) {
-    copy = (copy + 1) % copies;
-    cudaEventRecord(start);
-    error = run(copy);
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    if (!error.empty()) break;
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms * 1e-3);
-    total_s += ms * 1e-3;
-  }
-  if (!error.empty()) state.SkipWithError(error.c_str());
+  const double total_s = timed_iterations(state, copies, run);
   const double bytes = static_cast<double>(kv_bytes) + 2.0 * static_cast<double>(batch * kHeads * kHeadDim) * 4;
   const double iterations = static_cast<double>(state.iterations());
   const double gbps = total_s > 0 ? bytes * iterations / total_s / 1e9 : 0;
   state.counters["GB/s"] = gbps;
   state.counters["copy_GB/s"] = copy_bandwidth() / 1e9;
   state.counters["of_copy"] = copy_bandwidth() > 0 ? gbps * 1e9 / copy_bandwidth() : 0;
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   for (void* p :
        {static_cast<void*>(d_tables), static_cast<void*>(d_seq), static_cast<void*>(d_pos), static_cast<void*>(d_q),
         static_cast<void*>(d_out), static_cast<void*>(d_ws), static_cast<void*>(d_counters), k_pool, v_pool})
@@ -175,36 +184,15 @@ void BM_Projection(benchmark::State& state) {
   }
   cudaMemset(d_w, 0, w_bytes * static_cast<std::size_t>(copies));
   cudaMemset(d_x, 0, static_cast<std::size_t>(tokens * in_dim) * sizeof(float));
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
   const auto run = [&](int64_t c) {
     return ck::project(d_w + c * out_dim * in_dim, nullptr, out_dim, in_dim, d_x, tokens, d_y);
   };
-  std::string error = run(0);  // warm-up
-  cudaDeviceSynchronize();
-  double total_s = 0;
-  int64_t copy = 0;
-  for (auto _ : state) {
-    copy = (copy + 1) % copies;
-    cudaEventRecord(start);
-    error = run(copy);
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    if (!error.empty()) break;
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms * 1e-3);
-    total_s += ms * 1e-3;
-  }
-  if (!error.empty()) state.SkipWithError(error.c_str());
+  const double total_s = timed_iterations(state, copies, run);
   const double gbps =
       total_s > 0 ? static_cast<double>(w_bytes) * static_cast<double>(state.iterations()) / total_s / 1e9 : 0;
   state.counters["GB/s"] = gbps;
   state.counters["copy_GB/s"] = copy_bandwidth() / 1e9;
   state.counters["of_copy"] = copy_bandwidth() > 0 ? gbps * 1e9 / copy_bandwidth() : 0;
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   cudaFree(d_w);
   cudaFree(d_x);
   cudaFree(d_y);

@@ -234,6 +234,14 @@ TEST(CUDA_KERNEL_SUITE, EmbedRmsNormSiluAddAndRopeMatchTheCpuLoops) {
 
 // The engine's fused kernels (a layer in seven or eight launches) against the unfused kernels they
 // replace, on the same inputs: the same values on every flavour (bit for bit emulated).
+// The first `bytes` of two device arrays are equal, or where they first differ.
+void expect_same_bytes(const DeviceArray& a, const DeviceArray& b, std::size_t bytes, const char* what) {
+  const std::vector<uint8_t> x = download<uint8_t>(a, bytes);
+  const std::vector<uint8_t> y = download<uint8_t>(b, bytes);
+  const auto at = std::mismatch(x.begin(), x.end(), y.begin()).first - x.begin();
+  EXPECT_EQ(at, static_cast<std::ptrdiff_t>(bytes)) << what << " differs first at byte " << at;
+}
+
 void fused_kernels_give_the_unfused_results() {
   const int64_t n = 11, in_dim = 40, heads = 4, kv_heads = 2, head_dim = 16;
   const int64_t q_dim = heads * head_dim, kv_dim = kv_heads * head_dim, inter = 24;
@@ -331,13 +339,10 @@ void fused_kernels_give_the_unfused_results() {
       // The pools as raw bytes: the same elements written, the same skipped (still poison).
       // Emulated only: on a GPU nvcc may contract RoPE's products differently in the two
       // kernels, and a last-bit difference can survive the rounding to the pool's type.
-      if (kBitwise)
-        for (const auto& [fused, unfused, what] : {std::tuple{&kp, &kp2, "K pool"}, {&vp, &vp2, "V pool"}}) {
-          const std::vector<uint8_t> a = download<uint8_t>(*fused, pool_bytes);
-          const std::vector<uint8_t> b = download<uint8_t>(*unfused, pool_bytes);
-          const auto at = std::mismatch(a.begin(), a.end(), b.begin()).first - a.begin();
-          EXPECT_EQ(at, static_cast<std::ptrdiff_t>(pool_bytes)) << what << " differs first at byte " << at;
-        }
+      if (kBitwise) {
+        expect_same_bytes(kp, kp2, pool_bytes, "K pool");
+        expect_same_bytes(vp, vp2, pool_bytes, "V pool");
+      }
     }
   }
 
@@ -365,13 +370,10 @@ void fused_kernels_give_the_unfused_results() {
                             vp2.ptr, k_scale, v_scale),
               "");
     expect_close(download<float>(q, sz(n * q_dim)), download<float>(q2, sz(n * q_dim)), "project_qkv_rope_kv q");
-    if (kBitwise)
-      for (const auto& [fused, unfused, what] : {std::tuple{&kp, &kp2, "K pool"}, {&vp, &vp2, "V pool"}}) {
-        const std::vector<uint8_t> a = download<uint8_t>(*fused, pool_bytes);
-        const std::vector<uint8_t> b = download<uint8_t>(*unfused, pool_bytes);
-        const auto at = std::mismatch(a.begin(), a.end(), b.begin()).first - a.begin();
-        EXPECT_EQ(at, static_cast<std::ptrdiff_t>(pool_bytes)) << what << " differs first at byte " << at;
-      }
+    if (kBitwise) {
+      expect_same_bytes(kp, kp2, pool_bytes, "K pool");
+      expect_same_bytes(vp, vp2, pool_bytes, "V pool");
+    }
   }
 
   // add_norm: Llama's (no post-norm), Gemma's (post-norm), the last layer's (no next norm).

@@ -150,17 +150,35 @@ __device__ __forceinline__ void lane_row(int lane, const float* w, const float* 
   }
 }
 
+// The (tile of kProjectTokens tokens, unit) a projection thread serves, a unit being `lanes`
+// consecutive threads; false for the threads past the last unit (a unit's threads alike).
+struct ProjectUnit {
+  int64_t t0 = 0;      // the tile's first token
+  int64_t unit = 0;    // the unit within the tile, < units
+  int64_t tokens = 0;  // the tile's tokens, <= kProjectTokens
+  int lane = 0;        // this thread within the unit, < lanes
+};
+__device__ __forceinline__ bool project_unit(int lanes, int64_t units, int64_t n, ProjectUnit& p) {
+  const int64_t i = global_index() / lanes;
+  if (i >= (n + kProjectTokens - 1) / kProjectTokens * units) return false;
+  p.t0 = i / units * kProjectTokens;
+  p.unit = i % units;
+  p.tokens = n - p.t0 < kProjectTokens ? n - p.t0 : kProjectTokens;
+  p.lane = static_cast<int>(threadIdx.x % static_cast<unsigned>(lanes));
+  return true;
+}
+
+// The grid of a projection launch: `lanes` threads per (tile, unit).
+dim3 project_grid(int64_t units, int64_t n, int lanes) {
+  return grid_for((n + kProjectTokens - 1) / kProjectTokens * units * lanes);
+}
+
 template <int Lanes>
 __global__ void project_kernel(const float* w, const float* bias, int64_t out_dim, int64_t in_dim, const float* x,
                                int64_t n, float* y) {
-  const int64_t i = global_index() / Lanes;
-  const int lane = static_cast<int>(threadIdx.x % Lanes);
-  const int64_t tiles = (n + kProjectTokens - 1) / kProjectTokens;
-  if (i >= tiles * out_dim) return;
-  const int64_t t0 = i / out_dim * kProjectTokens;
-  const int64_t r = i % out_dim;
-  const int64_t tokens = n - t0 < kProjectTokens ? n - t0 : kProjectTokens;
-  lane_row<Lanes>(lane, w, bias, out_dim, in_dim, x + t0 * in_dim, tokens, y + t0 * out_dim, r);
+  ProjectUnit p;
+  if (!project_unit(Lanes, out_dim, n, p)) return;
+  lane_row<Lanes>(p.lane, w, bias, out_dim, in_dim, x + p.t0 * in_dim, p.tokens, y + p.t0 * out_dim, p.unit);
 }
 
 // lane_row with the lanes chosen at run time (uniform across the grid).
@@ -179,14 +197,12 @@ template <int Lanes>
 __global__ void project_qkv_kernel(const float* wq, const float* bq, const float* wk, const float* bk, const float* wv,
                                    const float* bv, int64_t q_dim, int64_t kv_dim, int64_t in_dim, const float* x,
                                    int64_t n, float* q, float* k, float* v) {
-  const int64_t i = global_index() / Lanes;
-  const int lane = static_cast<int>(threadIdx.x % Lanes);
-  const int64_t rows = q_dim + 2 * kv_dim;
-  const int64_t tiles = (n + kProjectTokens - 1) / kProjectTokens;
-  if (i >= tiles * rows) return;
-  const int64_t t0 = i / rows * kProjectTokens;
-  int64_t r = i % rows;
-  const int64_t tokens = n - t0 < kProjectTokens ? n - t0 : kProjectTokens;
+  ProjectUnit p;
+  if (!project_unit(Lanes, q_dim + 2 * kv_dim, n, p)) return;
+  const int lane = p.lane;
+  const int64_t t0 = p.t0;
+  const int64_t tokens = p.tokens;
+  int64_t r = p.unit;
   const float* xt = x + t0 * in_dim;
   if (r < q_dim) {
     lane_row<Lanes>(lane, wq, bq, q_dim, in_dim, xt, tokens, q + t0 * q_dim, r);
@@ -212,19 +228,17 @@ __global__ void project_qkv_rope_kv_kernel(int lanes, const float* wq, const flo
                                            int64_t n, const int32_t* positions, const float* inv_freq,
                                            const int64_t* slots, float* q, float* k, float* v, KvT* k_pool, KvT* v_pool,
                                            const float* k_scale, const float* v_scale) {
-  const int64_t i = global_index() / lanes;
-  const int lane = static_cast<int>(threadIdx.x % static_cast<unsigned>(lanes));
   const int64_t half = head_dim / 2;
   const int64_t q_dim = num_heads * head_dim;
   const int64_t kv_dim = num_kv_heads * head_dim;
   const int64_t q_pairs = num_heads * half;
   const int64_t k_pairs = num_kv_heads * half;
-  const int64_t units = q_pairs + k_pairs + kv_dim;
-  const int64_t tiles = (n + kProjectTokens - 1) / kProjectTokens;
-  if (i >= tiles * units) return;
-  const int64_t t0 = i / units * kProjectTokens;
-  const int64_t u = i % units;
-  const int64_t tokens = n - t0 < kProjectTokens ? n - t0 : kProjectTokens;
+  ProjectUnit p;
+  if (!project_unit(lanes, q_pairs + k_pairs + kv_dim, n, p)) return;
+  const int lane = p.lane;
+  const int64_t t0 = p.t0;
+  const int64_t tokens = p.tokens;
+  const int64_t u = p.unit;
   const float* xt = x + t0 * in_dim;
   if (u >= q_pairs + k_pairs) {  // a V row
     const int64_t r = u - q_pairs - k_pairs;
@@ -276,18 +290,15 @@ template <int Lanes>
 __global__ void project_gated_kernel(const float* wg, const float* bg, const float* wu, const float* bu,
                                      int64_t out_dim, int64_t in_dim, const float* x, int64_t n, bool gelu_tanh,
                                      float* gate, float* up) {
-  const int64_t i = global_index() / Lanes;
-  const int lane = static_cast<int>(threadIdx.x % Lanes);
-  const int64_t tiles = (n + kProjectTokens - 1) / kProjectTokens;
-  if (i >= tiles * out_dim) return;
-  const int64_t t0 = i / out_dim * kProjectTokens;
-  const int64_t r = i % out_dim;
-  const int64_t tokens = n - t0 < kProjectTokens ? n - t0 : kProjectTokens;
-  float* g = gate + t0 * out_dim;
-  float* u = up + t0 * out_dim;
-  lane_row<Lanes>(lane, wg, bg, out_dim, in_dim, x + t0 * in_dim, tokens, g, r);
-  lane_row<Lanes>(lane, wu, bu, out_dim, in_dim, x + t0 * in_dim, tokens, u, r);
-  if (lane != 0) return;
+  ProjectUnit p;
+  if (!project_unit(Lanes, out_dim, n, p)) return;
+  const int64_t r = p.unit;
+  const int64_t tokens = p.tokens;
+  float* g = gate + p.t0 * out_dim;
+  float* u = up + p.t0 * out_dim;
+  lane_row<Lanes>(p.lane, wg, bg, out_dim, in_dim, x + p.t0 * in_dim, tokens, g, r);
+  lane_row<Lanes>(p.lane, wu, bu, out_dim, in_dim, x + p.t0 * in_dim, tokens, u, r);
+  if (p.lane != 0) return;
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t at = t * out_dim + r;
     g[at] = (gelu_tanh ? kvp::kernels::gelu_tanh(g[at]) : kvp::kernels::silu(g[at])) * u[at];
@@ -679,12 +690,12 @@ std::string rms_norm(const float* d_x, const int32_t* d_rows, const float* d_wei
 std::string project(const float* d_w, const float* d_bias, int64_t out_dim, int64_t in_dim, const float* d_x, int64_t n,
                     float* d_y) {
   if (n <= 0) return {};
-  const int64_t units = (n + kProjectTokens - 1) / kProjectTokens * out_dim;
+  const int64_t units = out_dim;
   if (g_project_lanes == 1) {
-    KVP_LAUNCH(project_kernel<1>, grid_for(units), dim3(kThreads), 0, nullptr)
+    KVP_LAUNCH(project_kernel<1>, project_grid(units, n, 1), dim3(kThreads), 0, nullptr)
     (d_w, d_bias, out_dim, in_dim, d_x, n, d_y);
   } else {
-    KVP_LAUNCH(project_kernel<kRowLanes>, grid_for(units * kRowLanes), dim3(kThreads), 0, nullptr)
+    KVP_LAUNCH(project_kernel<kRowLanes>, project_grid(units, n, kRowLanes), dim3(kThreads), 0, nullptr)
     (d_w, d_bias, out_dim, in_dim, d_x, n, d_y);
   }
   return launched("project_kernel");
@@ -817,12 +828,12 @@ std::string project_qkv(const float* d_wq, const float* d_bq, const float* d_wk,
                         const float* d_bv, int64_t q_dim, int64_t kv_dim, int64_t in_dim, const float* d_x, int64_t n,
                         float* d_q, float* d_k, float* d_v) {
   if (n <= 0) return {};
-  const int64_t units = (n + kProjectTokens - 1) / kProjectTokens * (q_dim + 2 * kv_dim);
+  const int64_t units = q_dim + 2 * kv_dim;
   if (g_project_lanes == 1) {
-    KVP_LAUNCH(project_qkv_kernel<1>, grid_for(units), dim3(kThreads), 0, nullptr)
+    KVP_LAUNCH(project_qkv_kernel<1>, project_grid(units, n, 1), dim3(kThreads), 0, nullptr)
     (d_wq, d_bq, d_wk, d_bk, d_wv, d_bv, q_dim, kv_dim, in_dim, d_x, n, d_q, d_k, d_v);
   } else {
-    KVP_LAUNCH(project_qkv_kernel<kRowLanes>, grid_for(units * kRowLanes), dim3(kThreads), 0, nullptr)
+    KVP_LAUNCH(project_qkv_kernel<kRowLanes>, project_grid(units, n, kRowLanes), dim3(kThreads), 0, nullptr)
     (d_wq, d_bq, d_wk, d_bk, d_wv, d_bv, q_dim, kv_dim, in_dim, d_x, n, d_q, d_k, d_v);
   }
   return launched("project_qkv_kernel");
@@ -831,12 +842,12 @@ std::string project_qkv(const float* d_wq, const float* d_bq, const float* d_wk,
 std::string project_gated(const float* d_wg, const float* d_bg, const float* d_wu, const float* d_bu, int64_t out_dim,
                           int64_t in_dim, const float* d_x, int64_t n, bool gelu_tanh, float* d_gate, float* d_up) {
   if (n <= 0) return {};
-  const int64_t units = (n + kProjectTokens - 1) / kProjectTokens * out_dim;
+  const int64_t units = out_dim;
   if (g_project_lanes == 1) {
-    KVP_LAUNCH(project_gated_kernel<1>, grid_for(units), dim3(kThreads), 0, nullptr)
+    KVP_LAUNCH(project_gated_kernel<1>, project_grid(units, n, 1), dim3(kThreads), 0, nullptr)
     (d_wg, d_bg, d_wu, d_bu, out_dim, in_dim, d_x, n, gelu_tanh, d_gate, d_up);
   } else {
-    KVP_LAUNCH(project_gated_kernel<kRowLanes>, grid_for(units * kRowLanes), dim3(kThreads), 0, nullptr)
+    KVP_LAUNCH(project_gated_kernel<kRowLanes>, project_grid(units, n, kRowLanes), dim3(kThreads), 0, nullptr)
     (d_wg, d_bg, d_wu, d_bu, out_dim, in_dim, d_x, n, gelu_tanh, d_gate, d_up);
   }
   return launched("project_gated_kernel");
@@ -888,8 +899,7 @@ std::string project_qkv_rope_kv_typed(const float* d_wq, const float* d_bq, cons
                                       float* d_q, float* d_k, float* d_v, void* d_k_pool, void* d_v_pool,
                                       const float* d_k_scale, const float* d_v_scale) {
   const int64_t units = num_heads * (head_dim / 2) + num_kv_heads * (head_dim / 2) + num_kv_heads * head_dim;
-  const int64_t all = (n + kProjectTokens - 1) / kProjectTokens * units * g_project_lanes;
-  KVP_LAUNCH(project_qkv_rope_kv_kernel<KvT>, grid_for(all), dim3(kThreads), 0, nullptr)
+  KVP_LAUNCH(project_qkv_rope_kv_kernel<KvT>, project_grid(units, n, g_project_lanes), dim3(kThreads), 0, nullptr)
   (g_project_lanes, d_wq, d_bq, d_wk, d_bk, d_wv, d_bv, num_heads, num_kv_heads, head_dim, in_dim, d_x, n, d_positions,
    d_inv_freq, d_slots, d_q, d_k, d_v, static_cast<KvT*>(d_k_pool), static_cast<KvT*>(d_v_pool), d_k_scale, d_v_scale);
   return launched("project_qkv_rope_kv_kernel");
