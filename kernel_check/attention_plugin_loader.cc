@@ -103,6 +103,7 @@ Result<std::unique_ptr<AttentionPlugin>> AttentionPlugin::load(const std::string
   const char* entry_name = nullptr;
   void* symbol = nullptr;
   const std::pair<uint32_t, const char*> entries[] = {{KVP_ATTENTION_PLUGIN_ABI_VERSION, KVP_ATTENTION_PLUGIN_ENTRY},
+                                                      {3, KVP_ATTENTION_PLUGIN_ENTRY_V3},
                                                       {2, KVP_ATTENTION_PLUGIN_ENTRY_V2},
                                                       {1, KVP_ATTENTION_PLUGIN_ENTRY_V1}};
   for (const auto& [version, name] : entries) {
@@ -116,8 +117,8 @@ Result<std::unique_ptr<AttentionPlugin>> AttentionPlugin::load(const std::string
   if (symbol == nullptr) {
     dlclose(handle);
     return error(std::string("no entry point ") + KVP_ATTENTION_PLUGIN_ENTRY + " (nor " +
-                 KVP_ATTENTION_PLUGIN_ENTRY_V2 + " or " + KVP_ATTENTION_PLUGIN_ENTRY_V1 +
-                 "; export it with extern \"C\" and default visibility)");
+                 KVP_ATTENTION_PLUGIN_ENTRY_V3 + ", " + KVP_ATTENTION_PLUGIN_ENTRY_V2 + " or " +
+                 KVP_ATTENTION_PLUGIN_ENTRY_V1 + "; export it with extern \"C\" and default visibility)");
   }
   kvp_attention_plugin_entry_fn entry;
   static_assert(sizeof entry == sizeof symbol);

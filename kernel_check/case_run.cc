@@ -92,7 +92,7 @@ void make_batch(const KernelCase& c, Rng& rng, Inputs& in) {
                                  static_cast<int32_t>(max_context),
                                  static_cast<int32_t>(stride),
                                  num_blocks};
-  in.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  in.scale = c.scale > 0.0f ? c.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
 
   // Block tables: a random permutation of the pool, dealt out in order.
   std::vector<int32_t> ids(static_cast<std::size_t>(num_blocks));
@@ -119,6 +119,7 @@ void make_batch(const KernelCase& c, Rng& rng, Inputs& in) {
   // spare), left NaN: a kernel that reads them instead of skipping them reads NaN. The blocks
   // dealt to them stay unused (NaN too).
   in.window = c.window;
+  in.softcap = c.softcap;
   for (int64_t s = 0; s < num_seqs; ++s)
     for (int32_t j = 0; j < in.dead_entries[static_cast<std::size_t>(s)]; ++j)
       in.block_tables[static_cast<std::size_t>(s * stride + j)] = ids[next];
@@ -251,7 +252,7 @@ void fill_pool(const KernelCase& c, Inputs& in, bool nan_poison) {
   }
 }
 
-// ---- the fp64 reference: softmax(scale * q K^T) V on the dense K/V, over the window ------
+// ---- the fp64 reference: softmax(cap(scale * q K^T)) V on the dense K/V, over the window --
 
 std::vector<double> reference_attention(const KernelCase& c, const Inputs& in) {
   const int64_t hd = c.head_dim, kvh = c.num_kv_heads, group = c.num_heads / c.num_kv_heads;
@@ -272,7 +273,9 @@ std::vector<double> reference_attention(const KernelCase& c, const Inputs& in) {
         double dot = 0.0;
         for (int64_t d = 0; d < hd; ++d)
           dot += static_cast<double>(q[d]) * k[static_cast<std::size_t>((j * kvh + g) * hd + d)];
-        scores[static_cast<std::size_t>(j)] = dot * static_cast<double>(in.scale);
+        double score = dot * static_cast<double>(in.scale);
+        if (in.softcap > 0.0f) score = in.softcap * std::tanh(score / in.softcap);
+        scores[static_cast<std::size_t>(j)] = score;
         largest = std::max(largest, scores[static_cast<std::size_t>(j)]);
       }
       double sum = 0.0;
@@ -392,7 +395,8 @@ Output call_plugin(const kvp_attention_plugin& plugin, const Inputs& in, const k
   args.stream = nullptr;
   args.k_scale = in.k_scales.empty() ? nullptr : in.k_scales.data();
   args.v_scale = in.v_scales.empty() ? nullptr : in.v_scales.data();
-  args.window = plugin.abi_version >= 3 ? in.window : 0;  // a case with a window reaches only version 3
+  args.window = plugin.abi_version >= 3 ? in.window : 0;   // a case with a window reaches only version 3
+  if (plugin.abi_version >= 4) args.softcap = in.softcap;  // a soft-capped case reaches only version 4
   if (plugin.device == KVP_DEVICE_CUDA) {
     std::string why;
     const CudaRuntime* rt = CudaRuntime::shared(why);

@@ -42,7 +42,8 @@ struct Inputs {
   // fp8 pools: per KV head, powers of two far from 1 (so that x / scale is exact and a kernel
   // that drops them reads other values); empty for the other dtypes.
   std::vector<float> k_scales, v_scales;
-  int32_t window = 0;  // the case's sliding window (0: none)
+  int32_t window = 0;    // the case's sliding window (0: none)
+  float softcap = 0.0f;  // the case's score soft-cap (0: none)
   // Per sequence: its leading table entries that a window left behind (blocks wholly before
   // its first new token's window), all naming one block of NaN outside every table; 0 without
   // a window.
@@ -59,8 +60,8 @@ Inputs make_inputs(const KernelCase& c);
 // Scatters the dense K/V into the pools through the block tables (past each sequence's dead
 // entries); every other slot is NaN (`nan_poison`) or 0.
 void fill_pool(const KernelCase& c, Inputs& in, bool nan_poison);
-// softmax(scale * q K^T) V in double on the dense K/V over each token's window, per (token,
-// head) row.
+// softmax(cap(scale * q K^T)) V in double on the dense K/V over each token's window, per
+// (token, head) row, with cap(x) = c * tanh(x / c) for a soft-capped case.
 std::vector<double> reference_attention(const KernelCase& c, const Inputs& in);
 
 struct Output {

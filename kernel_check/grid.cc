@@ -1,5 +1,6 @@
 // The grid: every case kernel-check runs, and the names, tolerances and shards that describe it.
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "common/rng.h"
@@ -64,6 +65,8 @@ std::string KernelCase::describe() const {
     << " block_size " << block_size << " " << dtype_name(kv_dtype) << " " << layout_name(kv_layout) << " "
     << input_kind_name(kind);
   if (window > 0) o << " window " << window;
+  if (scale > 0.0f) o << " scale " << scale;
+  if (softcap > 0.0f) o << " softcap " << softcap;
   o << " seqs";
   // Streamed piece by piece: GCC 12 at -O3 (the release preset) reports a false -Wrestrict
   // in a string concatenated here (GCC bug 105651).
@@ -89,6 +92,8 @@ nlohmann::json KernelCase::to_json() const {
           {"kind", input_kind_name(kind)},
           {"seqs", seq_list},
           {"window", window},
+          {"scale", scale},
+          {"softcap", softcap},
           {"seed", seed}};
 }
 
@@ -263,6 +268,87 @@ struct GridBuilder {
     }
   }
 
+  // Score scales other than 1 / sqrt(head_dim), for every plug-in (the ABI has passed the scale
+  // since version 1): Gemma 2 27B's query_pre_attn_scalar 144 over head_dim 128 (1/12 against
+  // 1/11.3), Gemma 3 27B's 168, and scales 8 times larger and smaller than the default, over
+  // decode rows and a prefill chunk, random and with a dominant key. A kernel that computes
+  // 1 / sqrt(head_dim) itself fails accuracy.
+  void scales(Grid grid) {
+    struct Scaled {
+      int32_t head_dim;
+      float scale;
+    };
+    const std::vector<Scaled> scaled = {
+        {128, 1.0f / 12.0f}, {128, static_cast<float>(1.0 / std::sqrt(168.0))}, {64, 1.0f}, {256, 1.0f / 128.0f}};
+    std::size_t rotation = 0;
+    for (const Scaled& sc : scaled) {
+      for (const InputKind kind : {InputKind::kRandom, InputKind::kDominant}) {
+        const std::size_t n_dtypes = grid == Grid::kQuick ? 1 : dtypes.size();
+        for (std::size_t di = 0; di < n_dtypes; ++di, ++rotation) {
+          KernelCase c;
+          c.label = "scale";
+          c.kind = kind;
+          c.scale = sc.scale;
+          const GridHeads& h = kGridHeads[(rotation + 1) % kGridHeads.size()];
+          c.num_heads = h.q;
+          c.num_kv_heads = h.kv;
+          c.head_dim = sc.head_dim;
+          c.block_size = 16;
+          c.kv_dtype = dtypes[(rotation + di) % dtypes.size()];
+          c.kv_layout = layouts[rotation % layouts.size()];
+          c.seqs = {{1, 1}, {17, 1}, {40 + 9, 9}};
+          add(std::move(c));
+        }
+      }
+    }
+  }
+
+  // Soft-capped scores (ABI version 4): Gemma 2's cap of 50 on scores driven past it
+  // (large-scores: up to 120, where an uncapped kernel puts all the weight on one position) and
+  // on random ones, a cap of 5 where tanh bends every score, with Gemma 2's scale
+  // (query_pre_attn_scalar 256 over head_dim 256) and a scale far from 1 (so that capping
+  // before scaling is far off), and the cap with a sliding window (Gemma 2's layers have both)
+  // when the plug-in has one.
+  void softcaps(Grid grid, bool windows) {
+    struct Capped {
+      float cap, scale;
+      int32_t head_dim;
+      InputKind kind;
+      int32_t window;
+    };
+    std::vector<Capped> capped = {{50.0f, 1.0f / 16.0f, 256, InputKind::kLargeScores, 0},
+                                  {50.0f, 0.0f, 128, InputKind::kRandom, 0},
+                                  {5.0f, 2.0f, 64, InputKind::kRandom, 0},
+                                  {5.0f, 0.0f, 64, InputKind::kDominant, 0},
+                                  {5.0f, 0.0f, 128, InputKind::kEqualScores, 0},
+                                  {30.0f, 0.5f, 96, InputKind::kLargeScores, 0}};
+    if (windows) {
+      capped.push_back({50.0f, 1.0f / 16.0f, 256, InputKind::kLargeScores, 35});
+      capped.push_back({5.0f, 2.0f, 64, InputKind::kDominant, 16});
+    }
+    std::size_t rotation = 0;
+    for (const Capped& cp : capped) {
+      const std::size_t n_dtypes = grid == Grid::kQuick ? 1 : dtypes.size();
+      for (std::size_t di = 0; di < n_dtypes; ++di, ++rotation) {
+        KernelCase c;
+        c.label = cp.window > 0 ? "softcap-window" : "softcap";
+        c.kind = cp.kind;
+        c.softcap = cp.cap;
+        c.scale = cp.scale;
+        c.window = cp.window;
+        const GridHeads& h = kGridHeads[(rotation + 2) % kGridHeads.size()];
+        c.num_heads = h.q;
+        c.num_kv_heads = h.kv;
+        c.head_dim = cp.head_dim;
+        c.block_size = rotation % 2 == 0 ? 16 : 3;
+        c.kv_dtype = dtypes[(rotation + di) % dtypes.size()];
+        c.kv_layout = layouts[rotation % layouts.size()];
+        c.seqs = {{1, 1}, {c.block_size + 1, 1}, {100, 1}, {60 + 11, 11}};
+        add(std::move(c));
+      }
+    }
+  }
+
   // One reduction over more than 100k positions (a decode row at 131,073: one past 2^17),
   // where a kernel's accumulation shows what short contexts hide (docs/fp8.md): quick, in the
   // plug-in's last (narrowest) dtype; full, in every dtype. Added last, so the cases before
@@ -290,7 +376,18 @@ bool has_window(const kvp_attention_plugin& plugin) {
   return plugin.abi_version >= 3 && plugin.supports_window != nullptr;
 }
 
-std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_layouts, bool windows) {
+bool has_softcap(const kvp_attention_plugin& plugin) {
+  return plugin.abi_version >= 4 && plugin.supports_softcap != nullptr;
+}
+
+bool plugin_takes(const kvp_attention_plugin& plugin, const KernelCase& c, const kvp_attention_shape& shape) {
+  if (plugin.supports != nullptr && plugin.supports(&shape) == 0) return false;
+  if (c.window > 0 && (!has_window(plugin) || plugin.supports_window(&shape, c.window) == 0)) return false;
+  if (c.softcap > 0.0f && (!has_softcap(plugin) || plugin.supports_softcap(&shape, c.softcap) == 0)) return false;
+  return true;
+}
+
+std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_layouts, bool windows, bool softcaps) {
   GridBuilder b;
   for (int32_t d = KVP_KV_F32; d <= KVP_KV_FP8_E5M2; ++d)
     if (kv_dtypes & KVP_DTYPE_BIT(d)) b.dtypes.push_back(d);
@@ -301,7 +398,9 @@ std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_lay
   b.partition_edges(grid);
   if (grid == Grid::kFull) b.long_contexts();
   b.long_reductions(grid);
+  b.scales(grid);
   if (windows) b.windows(grid);
+  if (softcaps) b.softcaps(grid, windows);
   return std::move(b.cases);
 }
 

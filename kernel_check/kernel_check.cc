@@ -469,7 +469,8 @@ Result<Report> run_kernel_check(const AttentionPlugin& plugin, const Options& op
   if (options.shard_count < 1 || options.shard_index < 0 || options.shard_index >= options.shard_count)
     return Status::error("--shard " + std::to_string(options.shard_index) + "/" + std::to_string(options.shard_count) +
                          ": want I/N with 0 <= I < N");
-  const std::vector<KernelCase> grid = make_grid(options.grid, d.kv_dtypes, d.kv_layouts, has_window(d));
+  const std::vector<KernelCase> grid =
+      make_grid(options.grid, d.kv_dtypes, d.kv_layouts, has_window(d), has_softcap(d));
   if (options.case_id && (*options.case_id < 0 || *options.case_id >= static_cast<int64_t>(grid.size())))
     return Status::error("--case " + std::to_string(*options.case_id) + ": the " + grid_name(options.grid) +
                          " grid for this plug-in has cases 0.." + std::to_string(grid.size() - 1));

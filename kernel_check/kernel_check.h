@@ -18,7 +18,7 @@
 //   inputs-unchanged  pools, queries, block tables and metadata unchanged
 //   batch-invariance  each sequence's rows bit-identical run alone and in the batch
 //   repeatability     the same batch twice gives the same bits
-//   run-error         run() failed on a shape that supports() (supports_window()) accepted
+//   run-error         run() failed on a shape that supports() (supports_window(), supports_softcap()) accepted
 //   crash, timeout    the case's child process died by a signal or ran past its time limit
 #pragma once
 
@@ -69,6 +69,11 @@ struct KernelCase {
   // for the blocks wholly before each sequence's window name one block of NaN (a serving
   // engine has freed them), and a dominant input plants its key one position before the window.
   int32_t window = 0;
+  // The score scale (0: 1 / sqrt(head_dim), what most models use; the scale cases set
+  // Gemma's query_pre_attn_scalar^-1/2 and scales far from it) and the soft-cap (ABI version 4;
+  // 0: none; c > 0: scores x become c * tanh(x / c) after the scale).
+  float scale = 0.0f;
+  float softcap = 0.0f;
 
   std::string describe() const;  // one line: shape, sequences, kind, seed
   nlohmann::json to_json() const;
@@ -77,11 +82,19 @@ struct KernelCase {
 // The grid for a plug-in declaring `kv_dtypes` and `kv_layouts` (descriptor bitmasks): the
 // same list for the same declaration, ids 0..n-1. quick: every head_dim x head pairing once
 // per scenario, a few seconds; full: every block size, dtype and scenario, long contexts.
-// `windows` (a plug-in with a sliding window: ABI version 3, supports_window set) appends the
-// windowed cases after all the others, so every other case keeps its id.
-std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_layouts, bool windows = false);
+// The cases every plug-in gets end with the scale cases (scores scaled other than by
+// 1 / sqrt(head_dim)); `windows` (a plug-in with a sliding window: ABI version 3,
+// supports_window set) appends the windowed cases after them, and `softcaps` (ABI version 4,
+// supports_softcap set) the soft-capped ones after those, so every other case keeps its id.
+std::vector<KernelCase> make_grid(Grid grid, uint32_t kv_dtypes, uint32_t kv_layouts, bool windows = false,
+                                  bool softcaps = false);
 // Whether a loaded plug-in has a sliding window (abi_version >= 3 and supports_window set).
 bool has_window(const kvp_attention_plugin& plugin);
+// Whether a loaded plug-in has a score soft-cap (abi_version >= 4 and supports_softcap set).
+bool has_softcap(const kvp_attention_plugin& plugin);
+// Whether the plug-in takes case `c` on `shape` (the case's shape): supports(), and for a
+// windowed case supports_window(), for a soft-capped one supports_softcap().
+bool plugin_takes(const kvp_attention_plugin& plugin, const KernelCase& c, const kvp_attention_shape& shape);
 
 struct Failure {
   std::string property;

@@ -143,8 +143,7 @@ CaseResult run_case(const kvp_attention_plugin& plugin, const KernelCase& c) {
     r.failures.push_back({property, std::move(message)});
   };
   Inputs in = make_inputs(c);
-  if ((plugin.supports != nullptr && plugin.supports(&in.shape) == 0) ||
-      (c.window > 0 && (!has_window(plugin) || plugin.supports_window(&in.shape, c.window) == 0))) {
+  if (!plugin_takes(plugin, c, in.shape)) {
     r.skipped = true;
     return r;
   }
@@ -155,7 +154,9 @@ CaseResult run_case(const kvp_attention_plugin& plugin, const KernelCase& c) {
 
   Output first = call_plugin(plugin, in);
   if (first.status != 0) {
-    fail("run-error", std::string(c.window > 0 ? "supports() and supports_window() accepted" : "supports() accepted") +
+    fail("run-error", std::string(c.softcap > 0.0f ? "supports() and supports_softcap() accepted"
+                                  : c.window > 0   ? "supports() and supports_window() accepted"
+                                                   : "supports() accepted") +
                           " the shape but run() returned " + std::to_string(first.status) + ": " + first.error);
     r.seconds = seconds_since(start);
     return r;

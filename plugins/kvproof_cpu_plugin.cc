@@ -1,6 +1,7 @@
 // kvproof's own CPU paged attention (kernels::paged_attention_head) as an attention plug-in
-// (ABI version 3): the kvproof layout, fp32/fp16/bf16/fp8 pools, every shape, every sliding
-// window (the kernel skips the partitions and blocks before a window: never read). It passes
+// (ABI version 4): the kvproof layout, fp32/fp16/bf16/fp8 pools, every shape, every sliding
+// window (the kernel skips the partitions and blocks before a window: never read), every
+// score soft-cap (kernels::soft_cap after the scale, as the engine's attention does). It passes
 // kernel-check bitwise-stably (batch-invariant by construction: each output row is computed
 // alone, in a fixed order). fp8 pools are read as code * scale into an fp32 copy of the pool,
 // then the fp32 kernel runs: the values the CUDA kernel reads, in the same fp32 arithmetic.
@@ -30,7 +31,7 @@ void run_typed(const kvp_attention_args& a) {
       const int64_t row = (static_cast<int64_t>(t) * s.num_heads + h) * s.head_dim;
       kvp::kernels::paged_attention_head(a.query + row, k_pool, v_pool, table, s.block_size, s.num_kv_heads, h / group,
                                          s.head_dim, a.positions[t], a.scale, kvp::kernels::kDefaultAttentionPartition,
-                                         scratch.data(), a.out + row, nullptr, nullptr, a.window);
+                                         scratch.data(), a.out + row, nullptr, nullptr, a.window, a.softcap);
     }
   }
 }
@@ -40,6 +41,8 @@ int supports(const kvp_attention_shape* s) {
 }
 
 int supports_window(const kvp_attention_shape* s, int32_t window) { return supports(s) && window > 0; }
+
+int supports_softcap(const kvp_attention_shape* s, float softcap) { return supports(s) && softcap > 0.0f; }
 
 // An fp8 pool ([blocks][bs][H][D] codes) as fp32 values code * scale[head], and the fp32 kernel
 // over them.
@@ -68,7 +71,7 @@ void run_fp8(const kvp_attention_args& a) {
 }
 
 int run(const kvp_attention_args* a, char* err, size_t err_len) {
-  if (!supports(&a->shape) || a->window < 0) {
+  if (!supports(&a->shape) || a->window < 0 || !(a->softcap >= 0.0f)) {
     std::snprintf(err, err_len, "kvproof-cpu: unsupported shape (layout %d, heads %d/%d)", a->shape.kv_layout,
                   a->shape.num_heads, a->shape.num_kv_heads);
     return 1;
@@ -107,10 +110,11 @@ const kvp_attention_plugin kDescriptor = {
     supports,
     run,
     supports_window,
+    supports_softcap,
 };
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v3(void) {
+extern "C" __attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v4(void) {
   return &kDescriptor;
 }

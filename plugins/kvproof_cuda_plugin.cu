@@ -2,7 +2,8 @@
 // KV head, partition), then the partitions merged in order) as a CUDA attention plug-in: the
 // kvproof layout, f32/f16/bf16/fp8 pools (ABI version 2: fp8 scaled per KV head), every shape check_attention_shape
 // accepts (supports() asks it), every sliding window (version 3: the partitions wholly before
-// a window are not launched into, their blocks never read). The kernels are compiled into this library by nvcc (sm_80,
+// a window are not launched into, their blocks never read), every score soft-cap (version 4).
+// The kernels are compiled into this library by nvcc (sm_80,
 // sm_90).
 //
 // Streams: the kernels launch on the default stream and run() synchronises the device before
@@ -37,6 +38,8 @@ int supports(const kvp_attention_shape* s) {
 
 int supports_window(const kvp_attention_shape* s, int32_t window) { return supports(s) && window > 0; }
 
+int supports_softcap(const kvp_attention_shape* s, float softcap) { return supports(s) && softcap > 0.0f; }
+
 int run(const kvp_attention_args* a, char* err, size_t err_len) {
   const kvp_attention_shape& s = a->shape;
   kvp::DType dtype;
@@ -59,7 +62,7 @@ int run(const kvp_attention_args* a, char* err, size_t err_len) {
     e = ck::attention(a->query, dtype, a->k_cache, a->v_cache, a->block_tables, s.max_blocks_per_seq, a->token_seq,
                       a->positions, s.num_tokens, s.num_heads, s.num_kv_heads, s.head_dim, s.block_size, a->scale,
                       partition, parts, static_cast<float*>(workspace), a->out, a->k_scale, a->v_scale,
-                      ck::AttentionVariant::kExact, a->window);
+                      ck::AttentionVariant::kExact, a->window, a->softcap);
   if (e.empty()) e = ck::synchronize();
   ck::device_free(workspace);
   if (!e.empty()) {
@@ -79,10 +82,11 @@ const kvp_attention_plugin kDescriptor = {
     supports,
     run,
     supports_window,
+    supports_softcap,
 };
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v3(void) {
+extern "C" __attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v4(void) {
   return &kDescriptor;
 }

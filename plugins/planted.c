@@ -23,6 +23,12 @@
  *      positions before the window by 0, where a freed block's NaN makes 0 * NaN = NaN
  *  19  naive-c-v3: correct, ABI version 3 with the sliding window, every layout
  *  20  naive-c-v2: correct, ABI version 2 (its entry point), every layout
+ *  21  naive-c-v4: correct, ABI version 4 with the sliding window and the soft-cap, every layout
+ *  22  softcap-unscaled: (ABI version 4) caps the raw dot product, then scales:
+ *      scale * c * tanh(q.k / c) instead of c * tanh(scale * q.k / c)
+ *  23  softcap-ignored: (ABI version 4) declares the soft-cap and never applies it
+ *  24  own-scale: uses 1 / sqrt(head_dim) instead of args.scale (right for most models, wrong
+ *      for Gemma's query_pre_attn_scalar)
  * This file is C on purpose: it shows the ABI header is plain C.
  *
  * KVP_PLANTED_DEVICE=1 builds it declaring KVP_DEVICE_CUDA while still computing on the host:
@@ -43,12 +49,14 @@
 #ifndef KVP_PLANTED_DEVICE
 #define KVP_PLANTED_DEVICE 0
 #endif
-/* The ABI version a build is for: the builds with a sliding window, 3; naive-c-v2, 2 (a
- * library built before version 3 still loads, and gets no windowed case); the others, 1. */
-#define KVP_PLANTED_V3 (KVP_PLANTED == 17 || KVP_PLANTED == 18 || KVP_PLANTED == 19)
-#define KVP_PLANTED_ABI (KVP_PLANTED_V3 ? 3 : KVP_PLANTED == 20 ? 2 : 1)
+/* The ABI version a build is for: the builds with a soft-cap, 4; with a sliding window only, 3;
+ * naive-c-v2, 2 (a library built before version 3 still loads, and gets no windowed case);
+ * the others, 1. */
+#define KVP_PLANTED_V4 (KVP_PLANTED == 21 || KVP_PLANTED == 22 || KVP_PLANTED == 23)
+#define KVP_PLANTED_V3 (KVP_PLANTED == 17 || KVP_PLANTED == 18 || KVP_PLANTED == 19 || KVP_PLANTED_V4)
+#define KVP_PLANTED_ABI (KVP_PLANTED_V4 ? 4 : KVP_PLANTED_V3 ? 3 : KVP_PLANTED == 20 ? 2 : 1)
 /* The correct builds take every layout; the planted ones, kvproof's. */
-#define KVP_PLANTED_CORRECT (KVP_PLANTED == 0 || KVP_PLANTED == 19 || KVP_PLANTED == 20)
+#define KVP_PLANTED_CORRECT (KVP_PLANTED == 0 || KVP_PLANTED == 19 || KVP_PLANTED == 20 || KVP_PLANTED == 21)
 
 static float f16_to_f32(uint16_t h) {
   const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -106,6 +114,24 @@ static int supports(const kvp_attention_shape* s) {
 #if KVP_PLANTED_V3
 static int supports_window(const kvp_attention_shape* s, int32_t window) { return supports(s) && window > 0; }
 #endif
+#if KVP_PLANTED_V4
+static int supports_softcap(const kvp_attention_shape* s, float softcap) { return supports(s) && softcap > 0.0f; }
+#endif
+
+/* The score of a dot product: scaled, then (version 4) soft-capped. */
+static float score_of(const kvp_attention_args* a, float dot) {
+#if KVP_PLANTED == 24
+  const float x = dot / sqrtf((float)a->shape.head_dim);
+#else
+  const float x = dot * a->scale;
+#endif
+#if KVP_PLANTED == 22
+  if (a->softcap > 0.0f) return a->scale * a->softcap * tanhf(dot / a->softcap);
+#elif KVP_PLANTED_V4 && KVP_PLANTED != 23
+  if (a->softcap > 0.0f) return a->softcap * tanhf(x / a->softcap);
+#endif
+  return x;
+}
 
 static int run(const kvp_attention_args* a, char* err, size_t err_len) {
   const kvp_attention_shape* s = &a->shape;
@@ -177,7 +203,7 @@ static int run(const kvp_attention_args* a, char* err, size_t err_len) {
         float dot = 0.0f;
         for (int64_t d = 0; d < hd; ++d)
           dot += q[d] * load(a->k_cache, s->kv_dtype, kv_index(s, 0, block, j % bs, g, d));
-        scores[j] = dot * a->scale;
+        scores[j] = score_of(a, dot);
       }
 #if KVP_PLANTED == 5
       /* Partitions of 4 * num_seqs positions, merged in order: right on its own, but the
@@ -269,6 +295,10 @@ static const char* plugin_name(void) {
     case 18: return "planted-window-masked";
     case 19: return "naive-c-v3";
     case 20: return "naive-c-v2";
+    case 21: return "naive-c-v4";
+    case 22: return "planted-softcap-unscaled";
+    case 23: return "planted-softcap-ignored";
+    case 24: return "planted-own-scale";
     default: return "planted-loader";
   }
 }
@@ -277,7 +307,7 @@ static kvp_attention_plugin descriptor = {
 /* Built as version-1 plug-ins (the v1 entry point, abi_version 1): they prove that libraries
  * built before ABI version 2 still load and run. abi_v2 declares version 2 behind the v1
  * entry point, a mismatch the loader refuses. The windowed builds (17-19) are version 3,
- * naive-c-v2 (20) version 2. */
+ * naive-c-v2 (20) version 2, the soft-capped ones (21-23) version 4. */
 #if KVP_PLANTED == 11
     2,
 #else
@@ -307,10 +337,17 @@ static kvp_attention_plugin descriptor = {
 #else
     NULL,
 #endif
+#if KVP_PLANTED_V4
+    supports_softcap,
+#else
+    NULL,
+#endif
 };
 
 #if KVP_PLANTED == 10
 __attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v0(void) {
+#elif KVP_PLANTED_ABI == 4
+__attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v4(void) {
 #elif KVP_PLANTED_ABI == 3
 __attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v3(void) {
 #elif KVP_PLANTED_ABI == 2

@@ -1,4 +1,4 @@
-// The Python adapter: an attention plug-in (ABI version 3) whose kernel is a Python function,
+// The Python adapter: an attention plug-in (ABI version 4) whose kernel is a Python function,
 // for `kvproof kernel-check --plugin python:FILE.py:FUNCTION` (docs/plugins.md, "Python
 // kernels"). kvproof loads this library, calls kvp_python_plugin_configure() with the file (or
 // module) and the function, and then uses it as any plug-in: the grid, the properties, the
@@ -16,10 +16,12 @@
 //    "kv_dtypes": ["f32", "f16", "bf16", "fp8-e4m3", "fp8-e5m2"],   (a non-empty subset)
 //    "kv_layouts": ["kvproof", "flashinfer-nhd", "flashinfer-hnd", "vllm"],
 //    "supports": optional callable(shape) -> bool,
-//    "sliding_window": optional bool (default False: no windowed call; True: every window)}
+//    "sliding_window": optional bool (default False: no windowed call; True: every window),
+//    "softcap": optional bool (default False: no soft-capped call; True: every cap)}
 // and FUNCTION(args) computes args.out in place; an exception is the case's run-error, with
 // its traceback. `args` (a types.SimpleNamespace): the shape's fields (kv_dtype and kv_layout
-// as the names above), scale, window (ABI version 3: 0, or the sliding window), and arrays: query and out float32
+// as the names above), scale, window (ABI version 3: 0, or the sliding window), softcap (version 4: 0.0, or
+// the cap c: scores x become c * tanh(x / c) after the scale), and arrays: query and out float32
 // [T][H][D]; query_start, token_seq, positions, context_lens int32; block_tables int32 [S][max_blocks_per_seq]; k_cache
 // and v_cache in the layout's shape (float32, float16, uint16 holding bf16 bits, or uint8 holding fp8 codes); kv_cache,
 // the combined array of a FlashInfer layout (None otherwise); k_scale and v_scale float32 [num_kv_heads] for fp8 (None
@@ -246,6 +248,8 @@ int supports(const kvp_attention_shape* shape) {
 
 // A kernel declaring "sliding_window": True takes every window of the shapes supports() takes.
 int supports_window(const kvp_attention_shape* shape, int32_t window) { return window > 0 && supports(shape); }
+// A kernel declaring "softcap": True takes every cap of the shapes supports() takes.
+int supports_softcap(const kvp_attention_shape* shape, float softcap) { return softcap > 0.0f && supports(shape); }
 
 int run(const kvp_attention_args* a, char* err, size_t err_len) {
   PyGILState_STATE gil = PyGILState_Ensure();
@@ -271,6 +275,7 @@ int run(const kvp_attention_args* a, char* err, size_t err_len) {
   };
   put("scale", PyFloat_FromDouble(a->scale));
   put("window", PyLong_FromLong(a->window));
+  put("softcap", PyFloat_FromDouble(a->softcap));
   put("stream", PyLong_FromUnsignedLongLong(reinterpret_cast<uintptr_t>(a->stream)));
   put("query", array(a->query, {T, H, D}, "float32", 4, true));
   put("out", array(a->out, {T, H, D}, "float32", 4, false));
@@ -353,7 +358,7 @@ int run(const kvp_attention_args* a, char* err, size_t err_len) {
 
 // Loads the kernel: `where` is a file ending in .py or a module name on sys.path, `function`
 // the callable in it. 0 on success; otherwise nonzero with the reason (a Python error with its
-// traceback) in err. Called once, before kvp_attention_plugin_v3().
+// traceback) in err. Called once, before kvp_attention_plugin_v4().
 extern "C" __attribute__((visibility("default"))) int kvp_python_plugin_configure(const char* where,
                                                                                   const char* function, char* err,
                                                                                   size_t err_len) {
@@ -462,6 +467,13 @@ extern "C" __attribute__((visibility("default"))) int kvp_python_plugin_configur
             g_descriptor.supports_window = supports_window;
           }
         }
+        if (PyObject* c = PyDict_GetItemString(spec, "softcap"); c != nullptr && c != Py_None) {
+          if (!PyBool_Check(c)) {
+            why = "KVPROOF_PLUGIN[\"softcap\"]: not True or False";
+          } else if (c == Py_True) {
+            g_descriptor.supports_softcap = supports_softcap;
+          }
+        }
       }
     }
   }
@@ -478,6 +490,6 @@ extern "C" __attribute__((visibility("default"))) int kvp_python_plugin_configur
   return 0;
 }
 
-extern "C" __attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v3(void) {
+extern "C" __attribute__((visibility("default"))) const kvp_attention_plugin* kvp_attention_plugin_v4(void) {
   return g_descriptor.run != nullptr ? &g_descriptor : nullptr;
 }

@@ -58,6 +58,12 @@ def main():
     windowed = [c for c in r["cases"] if c.get("window", 0) > 0] if r else []
     check(len(windowed) > 20 and all(c["status"] == "pass" for c in windowed),
           f"the NumPy kernel (sliding_window: True) gets and passes the windowed cases: {len(windowed)}")
+    capped = [c for c in r["cases"] if c.get("softcap", 0) > 0] if r else []
+    check(len(capped) >= 8 and all(c["status"] == "pass" for c in capped),
+          f"the NumPy kernel (softcap: True) gets and passes the soft-capped cases: {len(capped)}")
+    scaled = [c for c in r["cases"] if c.get("scale", 0) > 0] if r else []
+    check(len(scaled) >= 8 and all(c["status"] == "pass" for c in scaled),
+          f"the NumPy kernel passes the cases scaled other than by 1/sqrt(head_dim): {len(scaled)}")
 
     # Attending to every position despite the window reads the freed blocks' NaN: only the
     # windowed cases fail, by no-poison-leak.
@@ -66,6 +72,13 @@ def main():
     check(rc == 1 and "no-poison-leak" in r["summary"]["failed_by_property"] and failing
           and all(c.get("window", 0) > 0 for c in failing),
           f"paged_attention_ignores_window fails the windowed cases by no-poison-leak: rc {rc}\n{out[-1500:]}")
+
+    # Capping before scaling: only soft-capped cases fail (the whole grid: the shards split them).
+    rc, out, r = run(kvproof, f"python:{NUMPY}:paged_attention_cap_before_scale")
+    failing = [c for c in r["cases"] if c["status"] == "fail"] if r else []
+    check(rc == 1 and "accuracy" in r["summary"]["failed_by_property"] and len(failing) >= 3
+          and all(c.get("softcap", 0) > 0 for c in failing),
+          f"paged_attention_cap_before_scale fails soft-capped cases by accuracy: rc {rc}\n{out[-1500:]}")
 
     for fn, prop in (("paged_attention_past_context", "no-poison-leak"), ("paged_attention_head_modulo", "accuracy")):
         rc, out, r = run(kvproof, f"python:{NUMPY}:{fn}", "--shard", "0/3")

@@ -348,6 +348,120 @@ TEST(KernelCheck, WindowDefectsFailTheWindowedCasesAndNothingElse) {
   }
 }
 
+// ---- score scales (every version) and soft-caps (ABI version 4) ----------------------------
+
+// Every plug-in gets the scale cases at the end of its common grid (Gemma's
+// query_pre_attn_scalar^-1/2 and scales 8x off the default); a plug-in with a soft-cap gets the
+// soft-capped cases after everything else, so no other case moves: Gemma 2's cap of 50 on scores
+// driven past it, a cap of 5 that bends every score, and with a window the cap and the window.
+TEST(KernelCheck, ScaleCasesForEveryPluginSoftCappedOnesLastForAPluginWithACap) {
+  auto v4 = load_or_die("kvproof_cpu");
+  ASSERT_TRUE(v4);
+  const kvp_attention_plugin& d = v4->descriptor();
+  ASSERT_TRUE(has_softcap(d));
+  const auto plain = make_grid(Grid::kQuick, d.kv_dtypes, d.kv_layouts);
+  const auto windowed = make_grid(Grid::kQuick, d.kv_dtypes, d.kv_layouts, /*windows=*/true);
+  const auto capped = make_grid(Grid::kQuick, d.kv_dtypes, d.kv_layouts, /*windows=*/true, /*softcaps=*/true);
+  ASSERT_GT(capped.size(), windowed.size() + 7);
+  for (std::size_t i = 0; i < windowed.size(); ++i) {
+    EXPECT_EQ(capped[i].describe(), windowed[i].describe());
+    EXPECT_EQ(windowed[i].softcap, 0.0f);
+  }
+  int64_t scaled = 0;
+  bool gemma2_27b = false, far_off = false;
+  for (const KernelCase& c : plain) {
+    if (c.scale == 0.0f) continue;
+    ++scaled;
+    const double usual = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+    EXPECT_GT(std::abs(c.scale - usual) / usual, 0.05) << c.describe();
+    gemma2_27b |= c.head_dim == 128 && c.scale == 1.0f / 12.0f;
+    far_off |= std::abs(c.scale / usual - 8.0) < 1e-6 || std::abs(usual / c.scale - 8.0) < 1e-6;
+  }
+  EXPECT_GE(scaled, 8);
+  EXPECT_TRUE(gemma2_27b && far_off);
+  bool gemma2_cap = false, bending = false, with_window = false, large = false;
+  for (std::size_t i = windowed.size(); i < capped.size(); ++i) {
+    const KernelCase& c = capped[i];
+    ASSERT_GT(c.softcap, 0.0f) << c.describe();
+    gemma2_cap |= c.softcap == 50.0f;
+    bending |= c.softcap == 5.0f;
+    with_window |= c.window > 0;
+    large |= c.kind == InputKind::kLargeScores;
+  }
+  EXPECT_TRUE(gemma2_cap && bending && with_window && large);
+  // Without a window, no windowed soft-capped case.
+  for (const KernelCase& c : make_grid(Grid::kQuick, d.kv_dtypes, d.kv_layouts, false, /*softcaps=*/true))
+    EXPECT_EQ(c.window, 0) << c.describe();
+}
+
+// kvproof's CPU kernel and an independent C kernel (naive-c-v4, every layout) pass every scale
+// and soft-capped case; a version-3 plug-in gets the scale cases and no soft-capped one.
+TEST(KernelCheck, CorrectKernelsPassEveryScaleAndSoftCappedCase) {
+  for (const char* name : {"kvproof_cpu", "naive_c_v4"}) {
+    auto plugin = load_or_die(name);
+    ASSERT_TRUE(plugin);
+    const kvp_attention_plugin& d = plugin->descriptor();
+    int64_t scaled = 0, capped = 0;
+    std::set<int32_t> layouts;
+    for (const KernelCase& c : make_grid(Grid::kQuick, d.kv_dtypes, d.kv_layouts, true, true)) {
+      if (c.scale == 0.0f && c.softcap == 0.0f) continue;
+      (c.softcap > 0.0f ? capped : scaled) += 1;
+      layouts.insert(c.kv_layout);
+      const CaseResult r = run_case(d, c);
+      EXPECT_FALSE(r.skipped) << name << " " << c.describe();
+      EXPECT_TRUE(r.passed()) << name << " " << c.describe() << ": " << r.failures[0].property << ": "
+                              << r.failures[0].message;
+    }
+    EXPECT_GE(scaled, 8) << name;
+    EXPECT_GE(capped, 8) << name;
+    if (std::string(name) == "naive_c_v4") {
+      EXPECT_EQ(layouts.size(), 4u);
+    }
+  }
+  const Report v3 = eighth_of_quick_grid("naive_c_v3");
+  EXPECT_TRUE(v3.passed()) << v3.summary();
+  for (const CaseRecord& c : v3.cases) EXPECT_EQ(c.spec.softcap, 0.0f) << c.spec.describe();
+}
+
+// Three planted defects, each failing by accuracy on its own cases and on nothing else:
+// capping the raw dot product and scaling after (the soft-capped cases whose scale is far from
+// 1 or whose scores reach the cap), declaring the cap and never applying it (the cases whose
+// scores reach into tanh's bend), and computing 1 / sqrt(head_dim) instead of taking the
+// scale (every scale case).
+TEST(KernelCheck, ScaleAndSoftCapDefectsFailTheirCasesAndNothingElse) {
+  for (const char* name : {"softcap_unscaled", "softcap_ignored", "own_scale"}) {
+    auto plugin = load_or_die(name);
+    ASSERT_TRUE(plugin);
+    const kvp_attention_plugin& d = plugin->descriptor();
+    const bool scale_defect = std::string(name) == "own_scale";
+    int64_t subject = 0, caught = 0, others = 0;
+    for (const KernelCase& c : make_grid(Grid::kQuick, d.kv_dtypes, d.kv_layouts, has_window(d), has_softcap(d))) {
+      const bool is_subject = scale_defect ? c.scale > 0.0f : c.softcap > 0.0f;
+      // The other cases: a sample of the grid (every scenario), to keep the test short.
+      if (!is_subject && c.id % 7 != 0) continue;
+      const CaseResult r = run_case(d, c);
+      for (const Failure& f : r.failures) EXPECT_EQ(f.property, "accuracy") << name << " " << c.describe();
+      if (!is_subject) {
+        ++others;
+        EXPECT_TRUE(r.passed()) << name << " " << c.describe();
+        continue;
+      }
+      ++subject;
+      // Scores that stay far below the cap (scale 1/sqrt(D), random inputs, cap 50) and equal
+      // scores are capped into what they were: no defect of the cap shows there.
+      const bool must_fail =
+          scale_defect || (c.kind != InputKind::kEqualScores && !(c.softcap == 50.0f && c.kind == InputKind::kRandom));
+      if (must_fail) {
+        EXPECT_TRUE(r.failed("accuracy")) << name << " " << c.describe();
+        caught += r.failed("accuracy") ? 1 : 0;
+      }
+    }
+    EXPECT_GE(subject, 8) << name;
+    EXPECT_GE(caught, 4) << name;
+    EXPECT_GT(others, 10) << name;
+  }
+}
+
 // --properties: the batch-split kernel (planted: rows depend on their batch) passes when
 // batch-invariance is not required, every other property still gating, and the report names
 // it as not required with the cases that broke it; a crash gates whatever is required; an
@@ -408,7 +522,7 @@ TEST(KernelCheck, ShardsAreDisjointAndMergeIntoTheWholeGrid) {
     shards.push_back(report->to_json());
   }
   const auto grid = make_grid(Grid::kQuick, plugin->descriptor().kv_dtypes, plugin->descriptor().kv_layouts,
-                              /*windows=*/true);
+                              /*windows=*/true, /*softcaps=*/true);
   EXPECT_EQ(total, static_cast<int64_t>(grid.size()));
   auto merged = merge_reports(shards);
   ASSERT_TRUE(merged) << merged.status().message();
@@ -486,8 +600,8 @@ TEST(AttentionPluginLoader, RefusesALibraryWithoutTheEntryPoint) {
   auto p = AttentionPlugin::load(plugin_path("no_entry"));
   ASSERT_FALSE(p);
   EXPECT_NE(p.status().message().find(plugin_path("no_entry") +
-                                      ": no entry point kvp_attention_plugin_v3 (nor kvp_attention_plugin_v2 or "
-                                      "kvp_attention_plugin_v1"),
+                                      ": no entry point kvp_attention_plugin_v4 (nor kvp_attention_plugin_v3, "
+                                      "kvp_attention_plugin_v2 or kvp_attention_plugin_v1"),
             std::string::npos)
       << p.status().message();
 }
@@ -499,24 +613,32 @@ TEST(AttentionPluginLoader, RefusesAnotherAbiVersion) {
 }
 
 // ABI version 2 added fp8 pools and their scales at the end of kvp_attention_args, version 3
-// the sliding window after them (and supports_window at the end of the descriptor). Libraries
-// built for versions 1 and 2 (planted.c's builds: their entry points) still load, without a
-// window; kvproof's own plug-ins are version 3, declaring the fp8 dtypes and the window.
-TEST(AttentionPluginLoader, LoadsVersionOneTwoAndThreePlugins) {
+// the sliding window after them (and supports_window at the end of the descriptor), version 4
+// the soft-cap after that (and supports_softcap). Libraries built for versions 1 to 3
+// (planted.c's builds: their entry points) still load, without what came later; kvproof's own
+// plug-ins are version 4, declaring the fp8 dtypes, the window and the soft-cap.
+TEST(AttentionPluginLoader, LoadsVersionOneToFourPlugins) {
   auto v1 = AttentionPlugin::load(plugin_path("naive_c"));
   ASSERT_TRUE(v1) << v1.status().message();
   EXPECT_EQ(v1.value()->descriptor().abi_version, 1u);
   EXPECT_FALSE(has_window(v1.value()->descriptor()));
+  EXPECT_FALSE(has_softcap(v1.value()->descriptor()));
   auto v2 = AttentionPlugin::load(plugin_path("naive_c_v2"));
   ASSERT_TRUE(v2) << v2.status().message();
   EXPECT_EQ(v2.value()->descriptor().abi_version, 2u);
   EXPECT_FALSE(has_window(v2.value()->descriptor()));
-  auto v3 = AttentionPlugin::load(plugin_path("kvproof_cpu"));
+  auto v3 = AttentionPlugin::load(plugin_path("naive_c_v3"));
   ASSERT_TRUE(v3) << v3.status().message();
   EXPECT_EQ(v3.value()->descriptor().abi_version, 3u);
-  EXPECT_NE(v3.value()->descriptor().kv_dtypes & KVP_DTYPE_BIT(KVP_KV_FP8_E4M3), 0u);
-  EXPECT_NE(v3.value()->descriptor().kv_dtypes & KVP_DTYPE_BIT(KVP_KV_FP8_E5M2), 0u);
   EXPECT_TRUE(has_window(v3.value()->descriptor()));
+  EXPECT_FALSE(has_softcap(v3.value()->descriptor()));
+  auto v4 = AttentionPlugin::load(plugin_path("kvproof_cpu"));
+  ASSERT_TRUE(v4) << v4.status().message();
+  EXPECT_EQ(v4.value()->descriptor().abi_version, 4u);
+  EXPECT_NE(v4.value()->descriptor().kv_dtypes & KVP_DTYPE_BIT(KVP_KV_FP8_E4M3), 0u);
+  EXPECT_NE(v4.value()->descriptor().kv_dtypes & KVP_DTYPE_BIT(KVP_KV_FP8_E5M2), 0u);
+  EXPECT_TRUE(has_window(v4.value()->descriptor()));
+  EXPECT_TRUE(has_softcap(v4.value()->descriptor()));
 }
 
 TEST(AttentionPluginLoader, RefusesADescriptorWithoutRun) {

@@ -1,24 +1,27 @@
-/* kvproof attention plug-in ABI, version 3 (docs/plugins.md).
+/* kvproof attention plug-in ABI, version 4 (docs/plugins.md).
  *
  * A paged-attention kernel that kvproof did not write, in a shared library, so that
  * `kvproof kernel-check --plugin lib.so` can run kvproof's adversarial grid on it against
  * an fp64 reference. Plain C (C99 and C++ alike), no kvproof header needed.
  *
- * The library exports one function, kvp_attention_plugin_v3(), returning a descriptor that
+ * The library exports one function, kvp_attention_plugin_v4(), returning a descriptor that
  * lives as long as the library is loaded (a library built for an earlier version exports
- * kvp_attention_plugin_v2() or _v1() instead, and still loads: kvproof looks for v3, then v2,
- * then v1). kvproof reads the descriptor, asks supports() for every shape of its grid (and
- * supports_window() for the windowed ones), and calls run() on the shapes accepted. A kernel must report a failure
- * by returning nonzero from run() with a message in `err`, never by aborting.
+ * kvp_attention_plugin_v3(), _v2() or _v1() instead, and still loads: kvproof looks for v4,
+ * then v3, v2, v1). kvproof reads the descriptor, asks supports() for every shape of its grid
+ * (and supports_window() for the windowed ones, supports_softcap() for the soft-capped ones),
+ * and calls run() on the shapes accepted. A kernel must report a failure by returning nonzero
+ * from run() with a message in `err`, never by aborting.
  *
  * One call computes, for every new token t of a batch and every query head h:
- *   out[t][h] = sum_j softmax_j(scale * q[t][h] . K[s][j][g]) V[s][j][g],  j = first[t]..positions[t]
- * where first[t] = 0, or with a sliding window of W positions (version 3, args.window = W > 0)
- * first[t] = max(0, positions[t] - W + 1): the token sees W positions, itself included
- * (transformers' sliding-window mask, kv_idx > q_idx - W).
- * where s = token_seq[t], g = h / (num_heads / num_kv_heads) (grouped-query attention: query
- * heads are grouped consecutively), and K[s][j][g] is the key of logical position j of sequence
- * s, found through its block table: block block_tables[s * max_blocks_per_seq + j / block_size],
+ *   out[t][h] = sum_j softmax_j(cap(scale * q[t][h] . K[s][j][g])) V[s][j][g],  j = first[t]..positions[t]
+ * where cap(x) = x, or with a soft-cap c (version 4, args.softcap = c > 0) c * tanh(x / c)
+ * (Gemma 2's attn_logit_softcapping, FlashAttention's softcap: applied after the scale); scale
+ * is any positive float (1 / sqrt(head_dim) for most models, query_pre_attn_scalar^-1/2 for
+ * Gemma's; kernel-check varies it, so a kernel that computes its own fails); first[t] = 0, or with a sliding window of
+ * W positions (version 3, args.window = W > 0) first[t] = max(0, positions[t] - W + 1): the token sees W positions,
+ * itself included (transformers' sliding-window mask, kv_idx > q_idx - W). where s = token_seq[t], g = h / (num_heads /
+ * num_kv_heads) (grouped-query attention: query heads are grouped consecutively), and K[s][j][g] is the key of logical
+ * position j of sequence s, found through its block table: block block_tables[s * max_blocks_per_seq + j / block_size],
  * offset j % block_size. Positions past positions[t] exist in the cache (a prefill chunk) and
  * must not be read into the softmax; slots past context_lens[s] and blocks outside the tables
  * may hold anything (kvproof fills them with NaN). With a window, the table entries of the
@@ -38,6 +41,10 @@
  * Version 3 over version 2: the sliding window, args.window appended to kvp_attention_args and
  * supports_window appended to the descriptor. kvproof reads supports_window only from a
  * version-3 descriptor and gives earlier plug-ins no windowed call.
+ *
+ * Version 4 over version 3: the score soft-cap, args.softcap appended to kvp_attention_args and
+ * supports_softcap appended to the descriptor. kvproof reads supports_softcap only from a
+ * version-4 descriptor and gives earlier plug-ins no soft-capped call.
  */
 #ifndef KVPROOF_ATTENTION_PLUGIN_H_
 #define KVPROOF_ATTENTION_PLUGIN_H_
@@ -49,12 +56,13 @@
 extern "C" {
 #endif
 
-#define KVP_ATTENTION_PLUGIN_ABI_VERSION 3
+#define KVP_ATTENTION_PLUGIN_ABI_VERSION 4
 
 /* The entry point's name; kvproof looks this symbol up with dlsym (then, for a library built
- * for an earlier version, KVP_ATTENTION_PLUGIN_ENTRY_V2 and _V1, whose descriptors say
- * abi_version 2 and 1). */
-#define KVP_ATTENTION_PLUGIN_ENTRY "kvp_attention_plugin_v3"
+ * for an earlier version, KVP_ATTENTION_PLUGIN_ENTRY_V3, _V2 and _V1, whose descriptors say
+ * abi_version 3, 2 and 1). */
+#define KVP_ATTENTION_PLUGIN_ENTRY "kvp_attention_plugin_v4"
+#define KVP_ATTENTION_PLUGIN_ENTRY_V3 "kvp_attention_plugin_v3"
 #define KVP_ATTENTION_PLUGIN_ENTRY_V2 "kvp_attention_plugin_v2"
 #define KVP_ATTENTION_PLUGIN_ENTRY_V1 "kvp_attention_plugin_v1"
 
@@ -137,7 +145,8 @@ typedef struct kvp_attention_args {
   /* The pool of one layer in shape.kv_layout (see kvp_kv_layout), read only. */
   const void* k_cache;
   const void* v_cache;
-  /* Softmax scale, usually 1 / sqrt(head_dim). */
+  /* The score scale, > 0: 1 / sqrt(head_dim) for most models, query_pre_attn_scalar^-1/2 for
+   * Gemma's (kernel-check varies it). */
   float scale;
   /* KVP_DEVICE_CUDA: the cudaStream_t to run on (kvproof synchronises it); host: NULL. */
   void* stream;
@@ -150,10 +159,14 @@ typedef struct kvp_attention_args {
    * 0..positions[t]); W > 0, token t sees positions max(0, positions[t] - W + 1)..positions[t].
    * Nonzero only in a call whose shape and window supports_window() accepted. */
   int32_t window;
+  /* Version 4. The score soft-cap: 0, none; c > 0, every score x = scale * q . k becomes
+   * c * tanh(x / c) before the softmax (Gemma 2's attn_logit_softcapping, 50 in its configs).
+   * Nonzero only in a call whose shape and cap supports_softcap() accepted. */
+  float softcap;
 } kvp_attention_args;
 
 typedef struct kvp_attention_plugin {
-  uint32_t abi_version; /* KVP_ATTENTION_PLUGIN_ABI_VERSION the library was built with (1, 2 or 3) */
+  uint32_t abi_version; /* KVP_ATTENTION_PLUGIN_ABI_VERSION the library was built with (1 to 4) */
   const char* name;     /* non-empty, for reports */
   int32_t device;       /* a kvp_device */
   uint32_t kv_dtypes;   /* bitmask of KVP_DTYPE_BIT(kvp_kv_dtype), nonzero */
@@ -169,6 +182,11 @@ typedef struct kvp_attention_plugin {
    * positions (window > 0; supports() is asked first and must accept the shape too). NULL: the
    * plug-in has no sliding window, and every windowed shape is declined. */
   int (*supports_window)(const kvp_attention_shape* shape, int32_t window);
+  /* Version 4. Nonzero when run() computes this shape with scores soft-capped at `softcap`
+   * (softcap > 0; supports() is asked first and must accept the shape too, and a windowed call
+   * needs supports_window() as well). NULL: the plug-in has no soft-cap, and every soft-capped
+   * shape is declined. */
+  int (*supports_softcap)(const kvp_attention_shape* shape, float softcap);
 } kvp_attention_plugin;
 
 /* The entry point every plug-in exports (KVP_ATTENTION_PLUGIN_ENTRY). */

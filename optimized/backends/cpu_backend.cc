@@ -354,6 +354,8 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
     batch.k_scale = k_scale;
     batch.v_scale = v_scale;
     batch.window = static_cast<int32_t>(c.layer_window(layer));
+    batch.scale = scale;
+    batch.softcap = static_cast<float>(c.attn_logit_softcapping);
     Status s = plugin_attention(*config_.attention_plugin, plan, c.num_heads, config_.pool, batch);
     if (attention_status_.is_ok() && !s.is_ok()) attention_status_ = s;
     return;

@@ -523,6 +523,8 @@ Status CudaBackend::attend(const BatchPlan& plan, std::size_t layer, const float
   batch.v_cache = d.v_pool[layer];
   batch.stream = nullptr;  // the legacy default stream, which this backend's kernels run on
   batch.window = static_cast<int32_t>(c.layer_window(static_cast<int64_t>(layer)));
+  batch.scale = c.attention_scale();
+  batch.softcap = static_cast<float>(c.attn_logit_softcapping);
   return plugin_attention(*config_.attention_plugin, plan, c.num_heads, config_.pool, batch);
 }
 

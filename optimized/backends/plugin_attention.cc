@@ -55,18 +55,21 @@ Status check_plugin_for_window(const kvp_attention_plugin& plugin, int64_t slidi
   return Status::ok();
 }
 
+Status check_plugin_for_softcap(const kvp_attention_plugin& plugin, double softcap) {
+  if (softcap == 0.0) return Status::ok();
+  const std::string why = std::string("attention plug-in ") + plugin.name +
+                          ": the model soft-caps its attention scores at " + std::to_string(softcap) + ", ";
+  if (plugin.abi_version < 4)
+    return Status::error(why + "which plug-in ABI version " + std::to_string(plugin.abi_version) +
+                         " cannot pass (the soft-cap came with version 4)");
+  if (plugin.supports_softcap == nullptr)
+    return Status::error(why + "and the plug-in has no soft-cap (its supports_softcap is NULL)");
+  return Status::ok();
+}
+
 Status check_plugin_for_model(const kvp_attention_plugin& plugin, const ModelConfig& model) {
   KVP_RETURN_IF_ERROR(check_plugin_for_window(plugin, model.sliding_window));
-  const std::string why = std::string("attention plug-in ") + plugin.name + ": the model ";
-  if (model.attn_logit_softcapping > 0.0)
-    return Status::error(why + "soft-caps its attention scores at " + std::to_string(model.attn_logit_softcapping) +
-                         ", which the plug-in ABI cannot pass");
-  if (model.attention_scale() != 1.0f / std::sqrt(static_cast<float>(model.head_dim)))
-    return Status::error(
-        why + "scales its scores by query_pre_attn_scalar^-1/2 = " + std::to_string(model.attention_scale()) +
-        ", not 1 / sqrt(head_dim), which the plug-in ABI "
-        "cannot pass");
-  return Status::ok();
+  return check_plugin_for_softcap(plugin, model.attn_logit_softcapping);
 }
 
 Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& plan, int32_t num_heads,
@@ -95,6 +98,11 @@ Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& pla
     return Status::error(who + " declines a sliding window of " + std::to_string(batch.window) +
                          " positions (head_dim " + std::to_string(s.head_dim) + ", block size " +
                          std::to_string(s.block_size) + ")");
+  if (batch.softcap != 0.0f &&
+      (plugin.abi_version < 4 || plugin.supports_softcap == nullptr || plugin.supports_softcap(&s, batch.softcap) == 0))
+    return Status::error(who + " declines a score soft-cap of " + std::to_string(batch.softcap) + " (head_dim " +
+                         std::to_string(s.head_dim) + ", block size " + std::to_string(s.block_size) + ")");
+  KVP_CHECK(batch.scale > 0.0f);
   args.query = batch.query;
   args.out = batch.out;
   args.query_start = batch.query_start;
@@ -104,13 +112,14 @@ Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& pla
   args.block_tables = batch.block_tables;
   args.k_cache = batch.k_cache;
   args.v_cache = batch.v_cache;
-  args.scale = 1.0f / std::sqrt(static_cast<float>(pool.head_dim));
+  args.scale = batch.scale;
   args.stream = batch.stream;
   if (plugin.abi_version >= 2) {  // version 1's struct ends before the scales
     args.k_scale = batch.k_scale;
     args.v_scale = batch.v_scale;
   }
-  if (plugin.abi_version >= 3) args.window = batch.window;  // version 2's struct ends before it
+  if (plugin.abi_version >= 3) args.window = batch.window;    // version 2's struct ends before it
+  if (plugin.abi_version >= 4) args.softcap = batch.softcap;  // version 3's struct ends before it
   char err[512] = {};
   if (plugin.run(&args, err, sizeof err) != 0)
     return Status::error(who + ": run() failed: " + std::string(err, strnlen(err, sizeof err)));

@@ -29,9 +29,14 @@ Status check_plugin_for_backend(const kvp_attention_plugin& plugin, const char* 
 // it, rather than attended to over the whole past.
 Status check_plugin_for_window(const kvp_attention_plugin& plugin, int64_t sliding_window);
 
-// check_plugin_for_window for the model's window, and refuses what no ABI version passes: a
-// score scale other than 1 / sqrt(head_dim) (Gemma's query_pre_attn_scalar) and Gemma 2's
-// attention soft-capping; a plug-in would attend to the wrong scores without knowing it.
+// Ok when `plugin` can soft-cap scores at `softcap` (0: no cap): ABI version 4 with
+// supports_softcap. An earlier plug-in, or one without supports_softcap, is refused for a
+// soft-capped model, naming it, rather than run on uncapped scores.
+Status check_plugin_for_softcap(const kvp_attention_plugin& plugin, double softcap);
+
+// check_plugin_for_window and check_plugin_for_softcap for the model's window and attention
+// soft-cap (Gemma 2's attn_logit_softcapping). The score scale needs nothing: every ABI version
+// passes it (args.scale, the model's attention_scale(): Gemma's query_pre_attn_scalar^-1/2).
 Status check_plugin_for_model(const kvp_attention_plugin& plugin, const ModelConfig& model);
 
 // The ABI's name for a pool element type (f32, f16, bf16, fp8-e4m3, fp8-e5m2); REQUIRES one
@@ -61,12 +66,17 @@ struct PluginBatch {
   // The layer's sliding window in positions (0: none); nonzero only for a plug-in that
   // check_plugin_for_window accepted.
   int32_t window = 0;
+  // The score scale (ModelConfig::attention_scale()) and soft-cap (0: none; nonzero only for
+  // a plug-in that check_plugin_for_softcap accepted).
+  float scale = 0.0f;
+  float softcap = 0.0f;
 };
 
 // out = attention of every plan token and query head, through `plugin`. The shape comes from
 // the (host-side) plan and pool; the data from `batch`.
-// Errors: supports() (or, with a window, supports_window()) declines the shape, or run() fails
-// (its message, naming the plug-in).
+// Errors: supports() (or, with a window, supports_window(); with a cap, supports_softcap())
+// declines the shape, or run() fails (its message, naming the plug-in).
+// REQUIRES: batch.scale > 0.
 // REQUIRES: check_plugin_for_backend(plugin, ..., pool.kv_dtype) is ok; the plan passed
 // validate_plan.
 Status plugin_attention(const kvp_attention_plugin& plugin, const BatchPlan& plan, int32_t num_heads,

@@ -6,7 +6,9 @@ the block table into dense K/V for each sequence, decoded to float64 (bf16 from 
 bits, fp8 through a table of the 256 codes of the OCP formats, times the per-head scale), and
 softmax(scale * q K^T) V is computed per token over positions 0..positions[t], or with a
 sliding window W (args.window > 0) over the last W of them: the blocks before the window are
-never gathered (a serving engine has freed them; kernel-check points them at NaN).
+never gathered (a serving engine has freed them; kernel-check points them at NaN). With a
+soft-cap c (args.softcap > 0, Gemma 2's attn_logit_softcapping) each scaled score x becomes
+c * tanh(x / c).
 
 Two planted variants that kernel-check must catch (tests/CMakeLists.txt, kernel_check.python.*):
   paged_attention_past_context  reads every slot of the last block, past the context (the
@@ -15,6 +17,8 @@ Two planted variants that kernel-check must catch (tests/CMakeLists.txt, kernel_
                                  h // group (accuracy)
   paged_attention_ignores_window attends to every position despite the window (the freed
                                  blocks' NaN: no-poison-leak, on the windowed cases only)
+  paged_attention_cap_before_scale soft-caps the raw dot product and scales after (accuracy, on
+                                 the soft-capped cases only)
 """
 import numpy as np
 
@@ -24,6 +28,7 @@ KVPROOF_PLUGIN = {
     "kv_dtypes": ["f32", "f16", "bf16", "fp8-e4m3", "fp8-e5m2"],
     "kv_layouts": ["kvproof", "flashinfer-nhd", "flashinfer-hnd", "vllm"],
     "sliding_window": True,
+    "softcap": True,
 }
 
 
@@ -74,7 +79,7 @@ def _gather(args, s, first, n):
     return k.reshape(len(j), args.num_kv_heads, args.head_dim), v
 
 
-def _attention(args, read_past_context=False, head_modulo=False, ignore_window=False):
+def _attention(args, read_past_context=False, head_modulo=False, ignore_window=False, cap_before_scale=False):
     group = args.num_heads // args.num_kv_heads
     for t in range(args.num_tokens):
         s = int(args.token_seq[t])
@@ -89,7 +94,14 @@ def _attention(args, read_past_context=False, head_modulo=False, ignore_window=F
         for h in range(args.num_heads):
             g = h % args.num_kv_heads if head_modulo else h // group
             q = args.query[t, h].astype(np.float64)
-            scores = (k[:, g, :] @ q) * args.scale
+            dots = k[:, g, :] @ q
+            c = args.softcap
+            if c > 0 and cap_before_scale:  # planted
+                scores = c * np.tanh(dots / c) * args.scale
+            elif c > 0:
+                scores = c * np.tanh(dots * args.scale / c)
+            else:
+                scores = dots * args.scale
             p = np.exp(scores - scores.max())
             args.out[t, h] = (p @ v[:, g, :]) / p.sum()
 
@@ -108,3 +120,7 @@ def paged_attention_head_modulo(args):
 
 def paged_attention_ignores_window(args):
     _attention(args, ignore_window=True)
+
+
+def paged_attention_cap_before_scale(args):
+    _attention(args, cap_before_scale=True)
