@@ -7,7 +7,8 @@
 // so that no iteration finds its K/V in L2 (at least 512 MiB cycled).
 //
 // Counters: GB/s (attention), copy_GB/s, of_copy (the ratio, measured in one run).
-// BM_Projection (below): the projection kernel's weight bandwidth, a thread or a half-warp per row.
+// BM_Projection (below): the projection kernel's weight bandwidth, a thread or a half-warp per
+// row, fp32 or bf16 weights.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -169,13 +170,15 @@ void BM_Projection(benchmark::State& state) {
   }
   const int64_t out_dim = state.range(0), in_dim = state.range(1), tokens = state.range(2);
   const int lanes = static_cast<int>(state.range(3));
+  const bool bf16 = state.range(4) != 0;  // bf16 weights: half the bytes, the same arithmetic
   if (!ck::set_project_lanes(lanes)) {
     state.SkipWithError("set_project_lanes refused the lane count");
     return;
   }
-  const std::size_t w_bytes = static_cast<std::size_t>(out_dim * in_dim) * sizeof(float);
+  const std::size_t w_bytes = static_cast<std::size_t>(out_dim * in_dim) * (bf16 ? 2 : sizeof(float));
   const int64_t copies = std::max<int64_t>(1, static_cast<int64_t>((kCycleBytes + w_bytes - 1) / w_bytes));
-  float *d_w = nullptr, *d_x = nullptr, *d_y = nullptr;
+  char* d_w = nullptr;
+  float *d_x = nullptr, *d_y = nullptr;
   if (cudaMalloc(&d_w, w_bytes * static_cast<std::size_t>(copies)) != cudaSuccess ||
       cudaMalloc(&d_x, static_cast<std::size_t>(tokens * in_dim) * sizeof(float)) != cudaSuccess ||
       cudaMalloc(&d_y, static_cast<std::size_t>(tokens * out_dim) * sizeof(float)) != cudaSuccess) {
@@ -185,7 +188,8 @@ void BM_Projection(benchmark::State& state) {
   cudaMemset(d_w, 0, w_bytes * static_cast<std::size_t>(copies));
   cudaMemset(d_x, 0, static_cast<std::size_t>(tokens * in_dim) * sizeof(float));
   const auto run = [&](int64_t c) {
-    return ck::project(d_w + c * out_dim * in_dim, nullptr, out_dim, in_dim, d_x, tokens, d_y);
+    return ck::project(ck::Weights(d_w + static_cast<std::size_t>(c) * w_bytes, bf16), nullptr, out_dim, in_dim, d_x,
+                       tokens, d_y);
   };
   const double total_s = timed_iterations(state, copies, run);
   const double gbps =
@@ -203,10 +207,15 @@ void projection_shapes(benchmark::internal::Benchmark* b) {
   const int64_t shapes[][2] = {{576, 576}, {1536, 576}, {576, 1536}, {2048, 2048}, {8192, 2048}, {2048, 8192}};
   for (const auto& shape : shapes)
     for (const int64_t tokens : {1, 32})
-      for (const int64_t lanes : {1, 16}) b->Args({shape[0], shape[1], tokens, lanes});
+      for (const int64_t lanes : {1, 16})
+        for (const int64_t bf16 : {0, 1}) b->Args({shape[0], shape[1], tokens, lanes, bf16});
 }
 
-BENCHMARK(BM_Projection)->Apply(projection_shapes)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Projection)
+    ->ArgNames({"out", "in", "tokens", "lanes", "bf16"})
+    ->Apply(projection_shapes)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

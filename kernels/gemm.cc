@@ -19,6 +19,8 @@
 // ratios it prints; this machine's figures vary run to run, see the issue notes).
 #include "kernels/gemm.h"
 
+#include <vector>
+
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -408,6 +410,12 @@ float dot_fma(const float* a, const float* b, int64_t n) {
   float y = 0.0f;
   gemm_rows(gemm_isa(), a, nullptr, 1, n, b, 1, &y, 0, 1);
   return y;
+}
+
+float* widened_row_buffer(int64_t n) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(static_cast<std::size_t>(n));
+  return buffer.data();
 }
 
 }  // namespace kvp::kernels

@@ -23,6 +23,7 @@
 #include <string_view>
 
 #include "common/host_device.h"
+#include "kernels/kv_element.h"
 
 namespace kvp::kernels {
 
@@ -34,19 +35,22 @@ KVP_HOST_DEVICE inline float fma_rn(float a, float b, float c) {
 #endif
 }
 
-// The definition of the projections' arithmetic (see the top of this file).
-KVP_HOST_DEVICE inline float dot_fma_scalar(const float* a, const float* b, int64_t n) {
+// The definition of the projections' arithmetic (see the top of this file). `a` (the weight
+// row) may be bf16 (BF16Bits: the engine's --weight-dtype bf16), each element widened to fp32
+// exactly as it is read: the same bits as the fp32 row of the same values.
+template <typename W>
+KVP_HOST_DEVICE inline float dot_fma_scalar(const W* a, const float* b, int64_t n) {
   constexpr int64_t kLanes = 16;
   float acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int64_t l = 0; l < kLanes; ++l) acc[l] = fma_rn(a[i + l], b[i + l], acc[l]);
+    for (int64_t l = 0; l < kLanes; ++l) acc[l] = fma_rn(kv_to_float(a[i + l]), b[i + l], acc[l]);
   }
   for (int64_t width = kLanes / 2; width > 0; width /= 2) {
     for (int64_t l = 0; l < width; ++l) acc[l] += acc[l + width];
   }
   float tail = 0.0f;
-  for (; i < n; ++i) tail = fma_rn(a[i], b[i], tail);
+  for (; i < n; ++i) tail = fma_rn(kv_to_float(a[i]), b[i], tail);
   return acc[0] + tail;
 }
 
@@ -73,6 +77,9 @@ void gemm_rows(GemmIsa isa, const float* w, const float* bias, int64_t out_dim, 
 // dot_fma_scalar's bits, with gemm_isa().
 float dot_fma(const float* a, const float* b, int64_t n);
 
+// A per-thread buffer of at least n floats (reused: valid until this thread's next call).
+float* widened_row_buffer(int64_t n);
+
 // Row r of a projection for n tokens, host or device: y[t * out_dim + r] =
 // dot(w row r, x row t) (+ bias[r]) for t in [0, n). What a thread of the CUDA backend's
 // projection kernel computes: the device runs the scalar definition token by token; the
@@ -88,6 +95,29 @@ KVP_HOST_DEVICE inline void projection_row(const float* w, const float* bias, in
   }
 #else
   gemm_rows(gemm_isa(), w, bias, out_dim, in_dim, x, n, y, r, r + 1);
+#endif
+}
+
+// projection_row over bf16 weights: row r widened to fp32 exactly, then projection_row's
+// arithmetic (the same bits as the fp32 weights of the same values). On the host the row is
+// widened into a per-thread buffer for gemm_rows.
+KVP_HOST_DEVICE inline void projection_row(const BF16Bits* w, const float* bias, int64_t out_dim, int64_t in_dim,
+                                           const float* x, int64_t n, float* y, int64_t r) {
+#if defined(__CUDA_ARCH__)
+  for (int64_t t = 0; t < n; ++t) {
+    float acc = dot_fma_scalar(w + r * in_dim, x + t * in_dim, in_dim);
+    if (bias != nullptr) acc += bias[r];
+    y[t * out_dim + r] = acc;
+  }
+#else
+  float* row = widened_row_buffer(in_dim);
+  for (int64_t i = 0; i < in_dim; ++i) row[i] = kv_to_float(w[r * in_dim + i]);
+  // gemm_rows' row 0 of a one-row matrix, written to column r of y (stride out_dim).
+  for (int64_t t = 0; t < n; ++t) {
+    float v = dot_fma(row, x + t * in_dim, in_dim);
+    if (bias != nullptr) v += bias[r];
+    y[t * out_dim + r] = v;
+  }
 #endif
 }
 

@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include "common/dtype.h"
+
 namespace kvp {
 
 ModelWeights allocate_weights(const ModelConfig& c, bool zeroed) {
@@ -95,6 +97,26 @@ std::vector<NamedTensor> named_tensors(const ModelConfig& c, ModelWeights& w) {
   vec("model.norm.weight", w.norm);
   if (!c.tie_word_embeddings) mat("lm_head.weight", w.lm_head);
   return out;
+}
+
+void round_matrices_to_bf16(Model& model) {
+  for (const NamedTensor& t : named_tensors(model.config, model.weights)) {
+    if (t.shape.size() != 2) continue;
+    const int64_t n = t.shape[0] * t.shape[1];
+    for (int64_t i = 0; i < n; ++i) t.data[i] = bf16_to_float(float_to_bf16(t.data[i]));
+  }
+}
+
+bool matrices_are_bf16(const Model& model) {
+  // named_tensors hands out mutable pointers; nothing is written through them here.
+  Model& m = const_cast<Model&>(model);
+  for (const NamedTensor& t : named_tensors(m.config, m.weights)) {
+    if (t.shape.size() != 2) continue;
+    const int64_t n = t.shape[0] * t.shape[1];
+    for (int64_t i = 0; i < n; ++i)
+      if (float_bits(bf16_to_float(float_to_bf16(t.data[i]))) != float_bits(t.data[i])) return false;
+  }
+  return true;
 }
 
 }  // namespace kvp

@@ -77,4 +77,13 @@ ModelWeights allocate_weights(const ModelConfig& c, bool zeroed = true);
 // REQUIRES: w was allocated for c.
 std::vector<NamedTensor> named_tensors(const ModelConfig& c, ModelWeights& w);
 
+// The weight matrices (named_tensors' 2-D tensors: the embeddings, the projections, lm_head)
+// as bf16 values: each rounded to nearest even (common/dtype.h float_to_bf16) and widened back
+// to fp32, exactly. Norms and biases are left as they are. What `--weight-dtype bf16` does to
+// a model before anything uses it, so that the oracle and every backend compute with the
+// values a bf16-weight kernel reads.
+void round_matrices_to_bf16(Model& model);
+// Whether every weight matrix already holds bf16 values (a bf16 checkpoint's do).
+bool matrices_are_bf16(const Model& model);
+
 }  // namespace kvp

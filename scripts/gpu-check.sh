@@ -305,6 +305,9 @@ if [ -n "${BUILT:-}" ]; then
     step "verify-$backend-smollm2-135m" 180 "$BUILD/bin/kvproof" verify --preset smollm2-135m \
       --backend "$backend" --threads "$JOBS" --json "$OUT/verify-$backend-smollm2-135m.json"
   done
+  # ... with bf16 weights (the matrices rounded for the oracle too; half the weight bytes).
+  step verify-cuda-smollm2-135m-bf16-weights 180 "$BUILD/bin/kvproof" verify --preset smollm2-135m \
+    --backend cuda --weight-dtype bf16 --json "$OUT/verify-cuda-smollm2-135m-bf16-weights.json"
 
   step python-kernels 300 python_kernels
 

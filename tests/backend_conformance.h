@@ -24,6 +24,8 @@ struct BackendParams {
   // Positions per attention partition (the split points that make results independent of
   // the batch); a backend without partitions ignores it.
   int64_t attention_partition = kernels::kDefaultAttentionPartition;
+  // The CUDA backends' weight storage (the cpu backend computes with the model's fp32 values).
+  DType weight_dtype = DType::kF32;
 };
 
 struct BackendFactory {

@@ -28,8 +28,8 @@
 #include "model/presets.h"
 #include "reference/reference_model.h"
 
+#include "kernels/cuda/model_kernels.h"  // the flavour's namespace: dev with KVP_CUDA_DEVICE_FLAVOUR
 #if !defined(KVP_CUDA_DEVICE_FLAVOUR)
-#include "kernels/cuda/model_kernels.h"
 #include "kernels/simt/runtime.h"
 #endif
 
@@ -903,6 +903,7 @@ Result<std::unique_ptr<Backend>> make_cuda(const Model& m, const BackendParams& 
   CudaBackendConfig c;
   c.pool = p.pool;
   c.attention_partition = p.attention_partition;
+  c.weight_dtype = p.weight_dtype;
   return make_cuda_backend(kCudaFlavour, m, c);
 }
 
@@ -910,6 +911,81 @@ std::string factory_name(const ::testing::TestParamInfo<BackendFactory>& p) {
   std::string name;
   for (char ch : p.param.name) name += (ch == '-' ? '_' : ch);
   return name;
+}
+
+// bf16 weights (--weight-dtype bf16): every matrix stored as bf16 and widened exactly as a
+// kernel reads it, so on a model whose matrices are bf16 values the CUDA backend gives the
+// bits it gives with fp32 weights of the same values, in either flavour (the emulated one and,
+// in backend_conformance_gpu_test, the GPU), for every projection kernel (tiny-qwen2-hybrid:
+// biases, project_qkv_rope_kv; tiny-gemma3: q/k norms, project_qkv, GeGLU, tied embeddings)
+// and with a thread or a half-warp per row. Not vacuous: rounding the matrices to bf16
+// changes the logits.
+TEST(CudaWeights, Bf16WeightsGiveTheBitsOfFp32WeightsOfTheSameValues) {
+  if (kCudaFlavour == CudaFlavour::kDevice && !cuda_device_status()) GTEST_SKIP() << cuda_device_status().message();
+  struct Lanes {  // process-wide: restored however the test ends
+    int saved = kvp::cuda_kernels::KVP_CUDA_FLAVOUR_NS::project_lanes();
+    ~Lanes() { kvp::cuda_kernels::KVP_CUDA_FLAVOUR_NS::set_project_lanes(saved); }
+  } restore;
+  for (const char* preset : {"tiny-qwen2-hybrid", "tiny-gemma3"}) {
+    SCOPED_TRACE(preset);
+    const Model fp32 = *make_preset(preset, 0);
+    Model rounded = fp32;
+    round_matrices_to_bf16(rounded);
+    ASSERT_TRUE(matrices_are_bf16(rounded));
+    ASSERT_FALSE(matrices_are_bf16(fp32));
+    std::vector<SeqSchedule> seqs(2);
+    seqs[0].tokens = tokens_for(40, fp32.config.vocab_size, 1);
+    seqs[0].chunks = chunks_of(40, {20, 19, 1});
+    seqs[0].table = scrambled_table(10, 64, 5);
+    seqs[1].tokens = tokens_for(30, fp32.config.vocab_size, 2);
+    seqs[1].chunks = chunks_of(30, {29, 1});
+    seqs[1].table = scrambled_table(8, 64, 6, seqs[0].table);
+    seqs[1].start_step = 1;
+    BackendParams p;
+    p.pool = pool_shape_for(fp32.config, 4, 64, 0, DType::kF32);
+    p.attention_partition = 8;
+    auto f32_unrounded = make_cuda(fp32, p);
+    ASSERT_TRUE(f32_unrounded.is_ok()) << f32_unrounded.status().message();
+    const std::vector<Logits> unrounded = run_schedule(**f32_unrounded, seqs);
+    for (const int lanes : {1, 16}) {
+      SCOPED_TRACE("lanes " + std::to_string(lanes));
+      ASSERT_TRUE(kvp::cuda_kernels::KVP_CUDA_FLAVOUR_NS::set_project_lanes(lanes));
+      p.weight_dtype = DType::kF32;
+      auto f32 = make_cuda(rounded, p);
+      p.weight_dtype = DType::kBF16;
+      auto bf16 = make_cuda(rounded, p);
+      ASSERT_TRUE(f32.is_ok()) << f32.status().message();
+      ASSERT_TRUE(bf16.is_ok()) << bf16.status().message();
+      const std::vector<Logits> a = run_schedule(**f32, seqs);
+      const std::vector<Logits> b = run_schedule(**bf16, seqs);
+      ASSERT_EQ(a.size(), b.size());
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        EXPECT_FALSE(a[i].empty() || all_nan(a[i])) << "sequence " << i;
+        EXPECT_TRUE(bitwise_equal(a[i], b[i])) << "sequence " << i;
+        EXPECT_FALSE(bitwise_equal(a[i], unrounded[i])) << "sequence " << i;
+      }
+    }
+  }
+}
+
+// A model whose matrices are not bf16 values is refused bf16 weights, naming the tensor: the
+// backend would otherwise compute with values the oracle does not have.
+TEST(CudaWeights, Bf16WeightsRefuseAMatrixThatIsNotBf16) {
+  if (kCudaFlavour == CudaFlavour::kDevice && !cuda_device_status()) GTEST_SKIP() << cuda_device_status().message();
+  const Model m = *make_preset("tiny", 0);
+  BackendParams p;
+  p.pool = pool_shape_for(m.config, 4, 16, 0, DType::kF32);
+  p.weight_dtype = DType::kBF16;
+  auto b = make_cuda(m, p);
+  ASSERT_FALSE(b.is_ok());
+  EXPECT_NE(b.status().message().find("weight_dtype bf16: tensor embed_tokens element 0"), std::string::npos)
+      << b.status().message();
+  EXPECT_NE(b.status().message().find("is not a bf16 value"), std::string::npos) << b.status().message();
+  p.weight_dtype = DType::kF16;
+  auto f16 = make_cuda(m, p);
+  ASSERT_FALSE(f16.is_ok());
+  EXPECT_NE(f16.status().message().find("weight_dtype must be F32 or BF16"), std::string::npos)
+      << f16.status().message();
 }
 
 #if defined(KVP_CUDA_DEVICE_FLAVOUR)

@@ -85,11 +85,13 @@ Result<int> audit_stream(const AuditFlags& f) {
 Result<int> audit_engine(const AuditFlags& f) {
   auto loaded = f.inputs.load(f.backend.threads);
   if (!loaded) return loaded.status();
-  const Model& model = loaded->first;
+  Model& model = loaded->first;
   const Workload& workload = loaded->second;
   verify::AuditOptions a;
   a.engine = f.v;
   KVP_RETURN_IF_ERROR(f.backend.apply(a.engine));
+  auto weights = f.backend.apply_weight_dtype(model, a.engine);
+  if (!weights) return weights.status();
   KVP_RETURN_IF_ERROR(f.backend.resolve_scales(f.inputs.source.checkpoint, model, prompts_of(workload), a.engine));
   a.engine.modes = {f.preemption == "swap" ? PreemptionMode::kSwap : PreemptionMode::kRecompute};
   a.engine.max_model_len = std::min<int64_t>(a.engine.max_model_len, model.config.max_position_embeddings);
@@ -102,6 +104,7 @@ Result<int> audit_engine(const AuditFlags& f) {
                 a.engine.global_prefix_sharing ? "global" : "tenant-scoped", f.preemption.c_str());
   std::printf("kvproof audit: %s\n", context);
   if (!a.engine.kv_scales_source.empty()) std::printf("fp8 KV scales: %s\n", a.engine.kv_scales_source.c_str());
+  if (a.engine.weight_dtype != DType::kF32) std::printf("weights: %s\n", weights->c_str());
   auto started = f.publish.start();
   if (!started) return started.status();
   const std::unique_ptr<kv_events::Publisher> publisher = std::move(*started);

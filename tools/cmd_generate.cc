@@ -24,12 +24,12 @@ namespace {
 // One request through the paged engine on the chosen backend, in a pool that holds it whole
 // (block size 16, no preemption). Greedy tokens equal the reference's; sampled ones are drawn
 // from the engine's per-request stream of the same seed.
-Result<GenerateResult> engine_generate(const Model& model, const BackendChoice& choice,
-                                       const std::vector<int32_t>& prompt, int64_t max_tokens,
-                                       const SamplingParams& sampling, const std::vector<int32_t>& stop_tokens,
-                                       kv_events::Publisher* publisher) {
+Result<GenerateResult> engine_generate(Model& model, const BackendChoice& choice, const std::vector<int32_t>& prompt,
+                                       int64_t max_tokens, const SamplingParams& sampling,
+                                       const std::vector<int32_t>& stop_tokens, kv_events::Publisher* publisher) {
   verify::EngineOptions o;
   if (Status s = choice.apply(o); !s) return s;
+  if (auto w = choice.apply_weight_dtype(model, o); !w) return w.status();
   // fp8 scales: calibrated on the prompt (a preset or checkpoint without scales), else 1.0 or
   // the checkpoint's as --kv-scales says. generate has no checkpoint path here: a checkpoint's
   // own scales are used by verify and audit.
@@ -144,6 +144,8 @@ Result<int> run_generate(const GenerateFlags& f) {
   KVP_RETURN_IF_ERROR(f.sampling.validate());
   auto model = f.source.load();
   if (!model) return model.status();
+  // The reference computes with the bf16 values too (the engine path rounds them as well).
+  if (f.backend.weight_dtype == "bf16") round_matrices_to_bf16(*model);
   const std::vector<int32_t> stop = f.ignore_eos ? std::vector<int32_t>{} : model->config.eos_token_ids;
   if (f.publish.enabled() && f.backend.backend == "reference")
     return Status::error("--kv-events-publish: the reference model has no paged KV cache; choose an engine --backend");

@@ -100,12 +100,14 @@ Result<verify::VerifyOptions> options_from(const VerifyFlags& f, const Model& mo
 Result<int> run_verify_command(const VerifyFlags& f) {
   auto loaded = f.inputs.load(f.backend.threads);
   if (!loaded) return loaded.status();
-  const Model& model = loaded->first;
+  Model& model = loaded->first;
   const Workload& workload = loaded->second;
   std::unique_ptr<verify::AttentionPlugin> plugin;
   auto options = options_from(f, model, plugin);
   if (!options) return options.status();
   verify::VerifyOptions& v = *options;
+  auto weights = f.backend.apply_weight_dtype(model, v);
+  if (!weights) return weights.status();
   KVP_RETURN_IF_ERROR(f.backend.resolve_scales(f.inputs.source.checkpoint, model, prompts_of(workload), v));
   char context[512];
   std::snprintf(context, sizeof context, "%s, backend %s, KV %s, block size %d, %d blocks + %d host, chunk %d",
@@ -113,6 +115,7 @@ Result<int> run_verify_command(const VerifyFlags& f) {
                 v.num_blocks, v.num_host_blocks, v.prefill_chunk_size);
   std::printf("kvproof verify: %s\n", context);
   if (!v.kv_scales_source.empty()) std::printf("fp8 KV scales: %s\n", v.kv_scales_source.c_str());
+  if (v.weight_dtype != DType::kF32) std::printf("weights: %s\n", weights->c_str());
   if (plugin) std::printf("attention: plug-in %s (%s)\n", plugin->name().c_str(), plugin->path().c_str());
   if (v.speculation.enabled())
     std::printf("speculative decoding: %s, k = %d, against plain decoding\n", to_string(v.speculation.proposer),

@@ -62,6 +62,11 @@ void BackendChoice::add_options(CLI::App& cmd, const std::vector<std::string>& e
   cmd.add_option("--kv-scale-granularity", kv_scale_granularity,
                  "calibrated fp8 scales per KV head (head) or per layer (tensor)")
       ->check(CLI::IsMember({"head", "tensor"}));
+  cmd.add_option("--weight-dtype", weight_dtype,
+                 "weight matrices of the CUDA backends: f32, bf16 (the model's matrices rounded to bf16 first, for "
+                 "every backend and the oracle alike) or auto (bf16 where they already are bf16 values, a bf16 "
+                 "checkpoint's, on the CUDA backends; else f32)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   cmd.add_option("--plant", plant, "a planted attention bug (testing kvproof's checks)")
       ->check(CLI::IsMember({"none", "bf16-accumulator", "drop-kv-scales"}))
       ->group("");
@@ -87,6 +92,23 @@ Status BackendChoice::apply(verify::EngineOptions& v) const {
   v.kv_dtype = *dtype;
   v.num_threads = threads;
   return Status::ok();
+}
+
+Result<std::string> BackendChoice::apply_weight_dtype(Model& model, verify::EngineOptions& v) const {
+  if (weight_dtype == "bf16") {
+    const bool already = matrices_are_bf16(model);
+    round_matrices_to_bf16(model);
+    v.weight_dtype = DType::kBF16;
+    return std::string(already ? "bf16" : "bf16 (the matrices rounded from fp32, for the oracle too)");
+  }
+  if (weight_dtype == "auto" && v.backend != BackendKind::kCpu && matrices_are_bf16(model)) {
+    v.weight_dtype = DType::kBF16;
+    return std::string("bf16 (the matrices are bf16 values)");
+  }
+  if (weight_dtype != "auto" && weight_dtype != "f32")
+    return Status::error("--weight-dtype " + weight_dtype + ": not one of auto, f32, bf16");
+  v.weight_dtype = DType::kF32;
+  return std::string("f32");
 }
 
 std::vector<std::vector<int32_t>> prompts_of(const Workload& w) {

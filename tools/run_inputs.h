@@ -46,6 +46,7 @@ struct BackendChoice {
   std::string kv_scales = "auto";
   std::string kv_scale_granularity = "head";
   std::string plant = "none";
+  std::string weight_dtype = "auto";
   int threads = 2;
   void add_options(CLI::App& cmd, const std::vector<std::string>& extra = {});
   // Into the engine options; an error names the flag and value (an f16 or bf16 pool on the
@@ -55,6 +56,12 @@ struct BackendChoice {
   // preset) or calibrated on the prompts; nothing for other pools. REQUIRES: apply(v) ok.
   Status resolve_scales(const std::string& checkpoint, const Model& model,
                         const std::vector<std::vector<int32_t>>& prompts, verify::EngineOptions& v) const;
+  // --weight-dtype into v.weight_dtype, before anything uses the model: bf16 rounds the model's
+  // matrices to bf16 values (round_matrices_to_bf16: the oracle then computes with exactly what
+  // the CUDA backends' bf16 weights hold); auto is bf16 on a CUDA backend when the matrices
+  // already are bf16 values (a bf16 checkpoint), else f32; f32 changes nothing. Returns what
+  // the report prints ("bf16 (rounded from fp32)", ...). REQUIRES: apply(v) ok.
+  Result<std::string> apply_weight_dtype(Model& model, verify::EngineOptions& v) const;
 };
 
 }  // namespace kvp::tools

@@ -96,6 +96,10 @@ struct EngineOptions {
   std::string kv_scales_source;
   // A planted bug in the CUDA backends' attention (tests and hidden flags only).
   PlantedAttentionBug planted = PlantedAttentionBug::kNone;
+  // The CUDA backends' weight storage: kF32, or kBF16 (the model's matrices must then be bf16
+  // values, so that the oracle computes with exactly what the kernels read: --weight-dtype
+  // rounds them first).
+  DType weight_dtype = DType::kF32;
   // Speculative decoding of every request (off: the default job, unchanged).
   SpeculationParams speculation;
   int32_t draft_layers = 0;  // layers of the draft model (0: default_draft_layers)

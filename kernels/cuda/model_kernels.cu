@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 
@@ -72,12 +73,13 @@ __global__ void fill_kv_nan_kernel(KvT* x, int64_t n) {
   for (int64_t i = first; i < n && i < first + kFillPerThread; ++i) kvp::kernels::kv_store_nan(x + i);
 }
 
-__global__ void embed_kernel(const float* table, const int32_t* ids, int64_t n, int64_t hidden, float scale, float* x) {
+template <typename W>
+__global__ void embed_kernel(const W* table, const int32_t* ids, int64_t n, int64_t hidden, float scale, float* x) {
   const int64_t i = global_index();
   if (i >= n * hidden) return;
   const int64_t t = i / hidden;
   const int64_t c = i % hidden;
-  const float e = table[static_cast<int64_t>(ids[t]) * hidden + c];
+  const float e = kvp::kernels::kv_to_float(table[static_cast<int64_t>(ids[t]) * hidden + c]);
   x[i] = scale == 1.0f ? e : e * scale;
 }
 
@@ -109,14 +111,23 @@ constexpr int64_t kProjectTokens = 8;
 // running the engine with both (set_project_lanes).
 constexpr int kRowLanes = 16;
 
+// A projection kernel's compile-time choices as one type (one template argument, which
+// KVP_LAUNCH's macro argument can carry): the weights' element type W (float, or BF16Bits
+// widened exactly as read) and the lanes per row.
+template <typename W_, int Lanes_>
+struct ProjectCfg {
+  using W = W_;
+  static constexpr int kLanes = Lanes_;
+};
+
 template <int Lanes>
 __device__ __forceinline__ unsigned row_lane_mask() {
   return Lanes == 1 ? 0u : (0xffffu << (threadIdx.x & 16u));
 }
 
 // y[t * out_dim + r] for t < tokens (x: the tile's rows), by the unit's lanes; lane 0 writes.
-template <int Lanes>
-__device__ __forceinline__ void lane_row(int lane, const float* w, const float* bias, int64_t out_dim, int64_t in_dim,
+template <int Lanes, typename W>
+__device__ __forceinline__ void lane_row(int lane, const W* w, const float* bias, int64_t out_dim, int64_t in_dim,
                                          const float* x, int64_t tokens, float* y, int64_t r) {
   if constexpr (Lanes == 1) {
     (void)lane;
@@ -124,13 +135,13 @@ __device__ __forceinline__ void lane_row(int lane, const float* w, const float* 
   } else {
     static_assert(Lanes == kRowLanes, "a row's lanes are the definition's 16 partial sums");
     const unsigned mask = row_lane_mask<Lanes>();
-    const float* wr = w + r * in_dim;
+    const W* wr = w + r * in_dim;
     const int64_t body = in_dim / kRowLanes * kRowLanes;
     float acc[kProjectTokens];
     KVP_UNROLL
     for (int t = 0; t < kProjectTokens; ++t) acc[t] = 0.0f;
     for (int64_t i = lane; i < body; i += kRowLanes) {
-      const float wi = wr[i];
+      const float wi = kvp::kernels::kv_to_float(wr[i]);
       KVP_UNROLL
       for (int t = 0; t < kProjectTokens; ++t)
         if (t < tokens) acc[t] = kvp::kernels::fma_rn(wi, x[t * in_dim + i], acc[t]);
@@ -142,7 +153,8 @@ __device__ __forceinline__ void lane_row(int lane, const float* w, const float* 
     if (lane != 0) return;
     for (int64_t t = 0; t < tokens; ++t) {
       float tail = 0.0f;
-      for (int64_t i = body; i < in_dim; ++i) tail = kvp::kernels::fma_rn(wr[i], x[t * in_dim + i], tail);
+      for (int64_t i = body; i < in_dim; ++i)
+        tail = kvp::kernels::fma_rn(kvp::kernels::kv_to_float(wr[i]), x[t * in_dim + i], tail);
       float value = acc[t] + tail;
       if (bias != nullptr) value += bias[r];
       y[t * out_dim + r] = value;
@@ -173,16 +185,17 @@ dim3 project_grid(int64_t units, int64_t n, int lanes) {
   return grid_for((n + kProjectTokens - 1) / kProjectTokens * units * lanes);
 }
 
-template <int Lanes>
-__global__ void project_kernel(const float* w, const float* bias, int64_t out_dim, int64_t in_dim, const float* x,
-                               int64_t n, float* y) {
+template <class P>
+__global__ void project_kernel(const typename P::W* w, const float* bias, int64_t out_dim, int64_t in_dim,
+                               const float* x, int64_t n, float* y) {
   ProjectUnit p;
-  if (!project_unit(Lanes, out_dim, n, p)) return;
-  lane_row<Lanes>(p.lane, w, bias, out_dim, in_dim, x + p.t0 * in_dim, p.tokens, y + p.t0 * out_dim, p.unit);
+  if (!project_unit(P::kLanes, out_dim, n, p)) return;
+  lane_row<P::kLanes>(p.lane, w, bias, out_dim, in_dim, x + p.t0 * in_dim, p.tokens, y + p.t0 * out_dim, p.unit);
 }
 
 // lane_row with the lanes chosen at run time (uniform across the grid).
-__device__ __forceinline__ void lane_row_n(int lanes, int lane, const float* w, const float* bias, int64_t out_dim,
+template <typename W>
+__device__ __forceinline__ void lane_row_n(int lanes, int lane, const W* w, const float* bias, int64_t out_dim,
                                            int64_t in_dim, const float* x, int64_t tokens, float* y, int64_t r) {
   if (lanes == 1) {
     lane_row<1>(lane, w, bias, out_dim, in_dim, x, tokens, y, r);
@@ -193,10 +206,11 @@ __device__ __forceinline__ void lane_row_n(int lanes, int lane, const float* w, 
 
 // The q, k and v projections in one launch: one thread per (tile of kProjectTokens tokens,
 // row of q, k or v), each row the projection_kernel's arithmetic on its own matrix.
-template <int Lanes>
-__global__ void project_qkv_kernel(const float* wq, const float* bq, const float* wk, const float* bk, const float* wv,
-                                   const float* bv, int64_t q_dim, int64_t kv_dim, int64_t in_dim, const float* x,
-                                   int64_t n, float* q, float* k, float* v) {
+template <class P>
+__global__ void project_qkv_kernel(const typename P::W* wq, const float* bq, const typename P::W* wk, const float* bk,
+                                   const typename P::W* wv, const float* bv, int64_t q_dim, int64_t kv_dim,
+                                   int64_t in_dim, const float* x, int64_t n, float* q, float* k, float* v) {
+  constexpr int Lanes = P::kLanes;
   ProjectUnit p;
   if (!project_unit(Lanes, q_dim + 2 * kv_dim, n, p)) return;
   const int lane = p.lane;
@@ -221,13 +235,19 @@ __global__ void project_qkv_kernel(const float* wq, const float* bq, const float
 // pairs of k, then the rows of v. A pair's thread projects both rows (projection_kernel's
 // arithmetic), rotates each token's pair (apply_rope's), and a K pair or a V row goes into the
 // token's slot (write_kv_kernel's rounding and scales); q stays in d_q for attention.
-template <typename KvT>
-__global__ void project_qkv_rope_kv_kernel(int lanes, const float* wq, const float* bq, const float* wk,
-                                           const float* bk, const float* wv, const float* bv, int64_t num_heads,
+// P: the pool's element type P::Kv and the weights' P::W (a KvWeightsCfg).
+template <typename Kv_, typename W_>
+struct KvWeightsCfg {
+  using Kv = Kv_;
+  using W = W_;
+};
+template <class P>
+__global__ void project_qkv_rope_kv_kernel(int lanes, const typename P::W* wq, const float* bq, const typename P::W* wk,
+                                           const float* bk, const typename P::W* wv, const float* bv, int64_t num_heads,
                                            int64_t num_kv_heads, int64_t head_dim, int64_t in_dim, const float* x,
                                            int64_t n, const int32_t* positions, const float* inv_freq,
-                                           const int64_t* slots, float* q, float* k, float* v, KvT* k_pool, KvT* v_pool,
-                                           const float* k_scale, const float* v_scale) {
+                                           const int64_t* slots, float* q, float* k, float* v, typename P::Kv* k_pool,
+                                           typename P::Kv* v_pool, const float* k_scale, const float* v_scale) {
   const int64_t half = head_dim / 2;
   const int64_t q_dim = num_heads * head_dim;
   const int64_t kv_dim = num_kv_heads * head_dim;
@@ -286,10 +306,11 @@ __global__ void project_qkv_rope_kv_kernel(int lanes, const float* wq, const flo
 // The gate and up projections and the activation in one launch: one thread per (tile, row)
 // computes the row of both (projection_kernel's arithmetic) and then, per token,
 // gate = act(gate) * up as silu_mul_kernel / gelu_tanh_mul_kernel do.
-template <int Lanes>
-__global__ void project_gated_kernel(const float* wg, const float* bg, const float* wu, const float* bu,
+template <class P>
+__global__ void project_gated_kernel(const typename P::W* wg, const float* bg, const typename P::W* wu, const float* bu,
                                      int64_t out_dim, int64_t in_dim, const float* x, int64_t n, bool gelu_tanh,
                                      float* gate, float* up) {
+  constexpr int Lanes = P::kLanes;
   ProjectUnit p;
   if (!project_unit(Lanes, out_dim, n, p)) return;
   const int64_t r = p.unit;
@@ -674,10 +695,36 @@ std::string fill_kv_nan(void* d_x, int64_t n, DType dtype) {
   }
 }
 
-std::string embed(const float* d_table, const int32_t* d_ids, int64_t n, int64_t hidden, float* d_x, float scale) {
-  if (n <= 0) return {};
-  KVP_LAUNCH(embed_kernel, grid_for(n * hidden), dim3(kThreads), 0, nullptr)(d_table, d_ids, n, hidden, scale, d_x);
+namespace {
+template <typename W>
+std::string embed_typed(const void* d_table, const int32_t* d_ids, int64_t n, int64_t hidden, float* d_x, float scale) {
+  KVP_LAUNCH(embed_kernel<W>, grid_for(n * hidden), dim3(kThreads), 0, nullptr)
+  (static_cast<const W*>(d_table), d_ids, n, hidden, scale, d_x);
   return launched("embed_kernel");
+}
+
+// Calls f(tag) with tag a null `const W*` for the weights' element type.
+template <typename F>
+std::string with_weight_type(bool bf16, F&& f) {
+  return bf16 ? f(static_cast<const kvp::kernels::BF16Bits*>(nullptr)) : f(static_cast<const float*>(nullptr));
+}
+// Calls f(cfg) with cfg a null ProjectCfg<W, lanes>* for the weights' type and the lanes.
+template <typename F>
+std::string with_project_cfg(bool bf16, F&& f) {
+  return with_weight_type(bf16, [&](auto* wtag) {
+    using W = std::remove_const_t<std::remove_pointer_t<decltype(wtag)>>;
+    return g_project_lanes == 1 ? f(static_cast<ProjectCfg<W, 1>*>(nullptr))
+                                : f(static_cast<ProjectCfg<W, kRowLanes>*>(nullptr));
+  });
+}
+}  // namespace
+
+std::string embed(Weights d_table, const int32_t* d_ids, int64_t n, int64_t hidden, float* d_x, float scale) {
+  if (n <= 0) return {};
+  return with_weight_type(d_table.bf16, [&](auto* wtag) {
+    using W = std::remove_const_t<std::remove_pointer_t<decltype(wtag)>>;
+    return embed_typed<W>(d_table.data, d_ids, n, hidden, d_x, scale);
+  });
 }
 
 std::string rms_norm(const float* d_x, const int32_t* d_rows, const float* d_weight, int64_t n, int64_t hidden,
@@ -687,18 +734,23 @@ std::string rms_norm(const float* d_x, const int32_t* d_rows, const float* d_wei
   return launched("rms_norm_kernel");
 }
 
-std::string project(const float* d_w, const float* d_bias, int64_t out_dim, int64_t in_dim, const float* d_x, int64_t n,
+namespace {
+template <class P>
+std::string project_typed(const void* d_w, const float* d_bias, int64_t out_dim, int64_t in_dim, const float* d_x,
+                          int64_t n, float* d_y) {
+  KVP_LAUNCH(project_kernel<P>, project_grid(out_dim, n, P::kLanes), dim3(kThreads), 0, nullptr)
+  (static_cast<const typename P::W*>(d_w), d_bias, out_dim, in_dim, d_x, n, d_y);
+  return launched("project_kernel");
+}
+}  // namespace
+
+std::string project(Weights d_w, const float* d_bias, int64_t out_dim, int64_t in_dim, const float* d_x, int64_t n,
                     float* d_y) {
   if (n <= 0) return {};
-  const int64_t units = out_dim;
-  if (g_project_lanes == 1) {
-    KVP_LAUNCH(project_kernel<1>, project_grid(units, n, 1), dim3(kThreads), 0, nullptr)
-    (d_w, d_bias, out_dim, in_dim, d_x, n, d_y);
-  } else {
-    KVP_LAUNCH(project_kernel<kRowLanes>, project_grid(units, n, kRowLanes), dim3(kThreads), 0, nullptr)
-    (d_w, d_bias, out_dim, in_dim, d_x, n, d_y);
-  }
-  return launched("project_kernel");
+  return with_project_cfg(d_w.bf16, [&](auto* cfg) {
+    using P = std::remove_pointer_t<decltype(cfg)>;
+    return project_typed<P>(d_w.data, d_bias, out_dim, in_dim, d_x, n, d_y);
+  });
 }
 
 std::string rope(float* d_x, int64_t n, int64_t heads, int64_t head_dim, const int32_t* d_positions,
@@ -824,33 +876,57 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
   return launched("attention_merge_kernel");
 }
 
-std::string project_qkv(const float* d_wq, const float* d_bq, const float* d_wk, const float* d_bk, const float* d_wv,
-                        const float* d_bv, int64_t q_dim, int64_t kv_dim, int64_t in_dim, const float* d_x, int64_t n,
-                        float* d_q, float* d_k, float* d_v) {
-  if (n <= 0) return {};
-  const int64_t units = q_dim + 2 * kv_dim;
-  if (g_project_lanes == 1) {
-    KVP_LAUNCH(project_qkv_kernel<1>, project_grid(units, n, 1), dim3(kThreads), 0, nullptr)
-    (d_wq, d_bq, d_wk, d_bk, d_wv, d_bv, q_dim, kv_dim, in_dim, d_x, n, d_q, d_k, d_v);
-  } else {
-    KVP_LAUNCH(project_qkv_kernel<kRowLanes>, project_grid(units, n, kRowLanes), dim3(kThreads), 0, nullptr)
-    (d_wq, d_bq, d_wk, d_bk, d_wv, d_bv, q_dim, kv_dim, in_dim, d_x, n, d_q, d_k, d_v);
-  }
+namespace {
+template <class P>
+std::string project_qkv_typed(const void* d_wq, const float* d_bq, const void* d_wk, const float* d_bk,
+                              const void* d_wv, const float* d_bv, int64_t q_dim, int64_t kv_dim, int64_t in_dim,
+                              const float* d_x, int64_t n, float* d_q, float* d_k, float* d_v) {
+  using W = typename P::W;
+  KVP_LAUNCH(project_qkv_kernel<P>, project_grid(q_dim + 2 * kv_dim, n, P::kLanes), dim3(kThreads), 0, nullptr)
+  (static_cast<const W*>(d_wq), d_bq, static_cast<const W*>(d_wk), d_bk, static_cast<const W*>(d_wv), d_bv, q_dim,
+   kv_dim, in_dim, d_x, n, d_q, d_k, d_v);
   return launched("project_qkv_kernel");
 }
 
-std::string project_gated(const float* d_wg, const float* d_bg, const float* d_wu, const float* d_bu, int64_t out_dim,
+template <class P>
+std::string project_gated_typed(const void* d_wg, const float* d_bg, const void* d_wu, const float* d_bu,
+                                int64_t out_dim, int64_t in_dim, const float* d_x, int64_t n, bool gelu_tanh,
+                                float* d_gate, float* d_up) {
+  using W = typename P::W;
+  KVP_LAUNCH(project_gated_kernel<P>, project_grid(out_dim, n, P::kLanes), dim3(kThreads), 0, nullptr)
+  (static_cast<const W*>(d_wg), d_bg, static_cast<const W*>(d_wu), d_bu, out_dim, in_dim, d_x, n, gelu_tanh, d_gate,
+   d_up);
+  return launched("project_gated_kernel");
+}
+
+// "" when the weights of one fused call share a dtype.
+std::string same_weight_type(const char* call, std::initializer_list<Weights> ws) {
+  for (const Weights& w : ws)
+    if (w.bf16 != ws.begin()->bf16) return std::string(call) + ": weights of different dtypes (fp32 and bf16)";
+  return {};
+}
+}  // namespace
+
+std::string project_qkv(Weights d_wq, const float* d_bq, Weights d_wk, const float* d_bk, Weights d_wv,
+                        const float* d_bv, int64_t q_dim, int64_t kv_dim, int64_t in_dim, const float* d_x, int64_t n,
+                        float* d_q, float* d_k, float* d_v) {
+  if (n <= 0) return {};
+  if (std::string e = same_weight_type("project_qkv", {d_wq, d_wk, d_wv}); !e.empty()) return e;
+  return with_project_cfg(d_wq.bf16, [&](auto* cfg) {
+    using P = std::remove_pointer_t<decltype(cfg)>;
+    return project_qkv_typed<P>(d_wq.data, d_bq, d_wk.data, d_bk, d_wv.data, d_bv, q_dim, kv_dim, in_dim, d_x, n, d_q,
+                                d_k, d_v);
+  });
+}
+
+std::string project_gated(Weights d_wg, const float* d_bg, Weights d_wu, const float* d_bu, int64_t out_dim,
                           int64_t in_dim, const float* d_x, int64_t n, bool gelu_tanh, float* d_gate, float* d_up) {
   if (n <= 0) return {};
-  const int64_t units = out_dim;
-  if (g_project_lanes == 1) {
-    KVP_LAUNCH(project_gated_kernel<1>, project_grid(units, n, 1), dim3(kThreads), 0, nullptr)
-    (d_wg, d_bg, d_wu, d_bu, out_dim, in_dim, d_x, n, gelu_tanh, d_gate, d_up);
-  } else {
-    KVP_LAUNCH(project_gated_kernel<kRowLanes>, project_grid(units, n, kRowLanes), dim3(kThreads), 0, nullptr)
-    (d_wg, d_bg, d_wu, d_bu, out_dim, in_dim, d_x, n, gelu_tanh, d_gate, d_up);
-  }
-  return launched("project_gated_kernel");
+  if (std::string e = same_weight_type("project_gated", {d_wg, d_wu}); !e.empty()) return e;
+  return with_project_cfg(d_wg.bf16, [&](auto* cfg) {
+    using P = std::remove_pointer_t<decltype(cfg)>;
+    return project_gated_typed<P>(d_wg.data, d_bg, d_wu.data, d_bu, out_dim, in_dim, d_x, n, gelu_tanh, d_gate, d_up);
+  });
 }
 
 namespace {
@@ -891,36 +967,43 @@ std::string heads_rope_kv(float* d_q, float* d_k, const float* d_v, int64_t n, i
 }
 
 namespace {
-template <typename KvT>
-std::string project_qkv_rope_kv_typed(const float* d_wq, const float* d_bq, const float* d_wk, const float* d_bk,
-                                      const float* d_wv, const float* d_bv, int64_t num_heads, int64_t num_kv_heads,
+template <class P>
+std::string project_qkv_rope_kv_typed(const void* d_wq, const float* d_bq, const void* d_wk, const float* d_bk,
+                                      const void* d_wv, const float* d_bv, int64_t num_heads, int64_t num_kv_heads,
                                       int64_t head_dim, int64_t in_dim, const float* d_x, int64_t n,
                                       const int32_t* d_positions, const float* d_inv_freq, const int64_t* d_slots,
                                       float* d_q, float* d_k, float* d_v, void* d_k_pool, void* d_v_pool,
                                       const float* d_k_scale, const float* d_v_scale) {
   const int64_t units = num_heads * (head_dim / 2) + num_kv_heads * (head_dim / 2) + num_kv_heads * head_dim;
-  KVP_LAUNCH(project_qkv_rope_kv_kernel<KvT>, project_grid(units, n, g_project_lanes), dim3(kThreads), 0, nullptr)
-  (g_project_lanes, d_wq, d_bq, d_wk, d_bk, d_wv, d_bv, num_heads, num_kv_heads, head_dim, in_dim, d_x, n, d_positions,
-   d_inv_freq, d_slots, d_q, d_k, d_v, static_cast<KvT*>(d_k_pool), static_cast<KvT*>(d_v_pool), d_k_scale, d_v_scale);
+  using W = typename P::W;
+  using KvT = typename P::Kv;
+  KVP_LAUNCH(project_qkv_rope_kv_kernel<P>, project_grid(units, n, g_project_lanes), dim3(kThreads), 0, nullptr)
+  (g_project_lanes, static_cast<const W*>(d_wq), d_bq, static_cast<const W*>(d_wk), d_bk, static_cast<const W*>(d_wv),
+   d_bv, num_heads, num_kv_heads, head_dim, in_dim, d_x, n, d_positions, d_inv_freq, d_slots, d_q, d_k, d_v,
+   static_cast<KvT*>(d_k_pool), static_cast<KvT*>(d_v_pool), d_k_scale, d_v_scale);
   return launched("project_qkv_rope_kv_kernel");
 }
 }  // namespace
 
-std::string project_qkv_rope_kv(const float* d_wq, const float* d_bq, const float* d_wk, const float* d_bk,
-                                const float* d_wv, const float* d_bv, int64_t num_heads, int64_t num_kv_heads,
-                                int64_t head_dim, int64_t in_dim, const float* d_x, int64_t n,
-                                const int32_t* d_positions, const float* d_inv_freq, const int64_t* d_slots, float* d_q,
-                                float* d_k, float* d_v, DType kv_dtype, void* d_k_pool, void* d_v_pool,
-                                const float* d_k_scale, const float* d_v_scale) {
+std::string project_qkv_rope_kv(Weights d_wq, const float* d_bq, Weights d_wk, const float* d_bk, Weights d_wv,
+                                const float* d_bv, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                int64_t in_dim, const float* d_x, int64_t n, const int32_t* d_positions,
+                                const float* d_inv_freq, const int64_t* d_slots, float* d_q, float* d_k, float* d_v,
+                                DType kv_dtype, void* d_k_pool, void* d_v_pool, const float* d_k_scale,
+                                const float* d_v_scale) {
   if (n <= 0) return {};
   if (head_dim % 2 != 0) return "project_qkv_rope_kv: head_dim " + std::to_string(head_dim) + " is odd";
   if ((d_k_scale == nullptr) != (d_v_scale == nullptr))
     return "project_qkv_rope_kv: K and V scales must be given together";
+  if (std::string e = same_weight_type("project_qkv_rope_kv", {d_wq, d_wk, d_wv}); !e.empty()) return e;
   const auto args = [&](auto* tag) {
     using KvT = std::remove_pointer_t<decltype(tag)>;
-    return project_qkv_rope_kv_typed<KvT>(d_wq, d_bq, d_wk, d_bk, d_wv, d_bv, num_heads, num_kv_heads, head_dim, in_dim,
-                                          d_x, n, d_positions, d_inv_freq, d_slots, d_q, d_k, d_v, d_k_pool, d_v_pool,
-                                          d_k_scale, d_v_scale);
+    return with_weight_type(d_wq.bf16, [&](auto* wtag) {
+      using W = std::remove_const_t<std::remove_pointer_t<decltype(wtag)>>;
+      return project_qkv_rope_kv_typed<KvWeightsCfg<KvT, W>>(
+          d_wq.data, d_bq, d_wk.data, d_bk, d_wv.data, d_bv, num_heads, num_kv_heads, head_dim, in_dim, d_x, n,
+          d_positions, d_inv_freq, d_slots, d_q, d_k, d_v, d_k_pool, d_v_pool, d_k_scale, d_v_scale);
+    });
   };
   switch (kv_dtype) {
     case DType::kF32: return args(static_cast<float*>(nullptr));

@@ -44,6 +44,19 @@ namespace kvp::cuda_kernels::KVP_CUDA_FLAVOUR_NS {
 // Largest head_dim the attention kernel's per-thread accumulator holds.
 inline constexpr int64_t kMaxHeadDim = 256;
 
+// A weight matrix (or the embedding table) in device memory: fp32, or bf16 (the engine's
+// --weight-dtype bf16: raw bf16 bits, each element widened to fp32 exactly as it is read, so a
+// kernel gives the bits of fp32 weights of the same values and reads half the bytes). Implicit
+// from a const float*: fp32.
+struct Weights {
+  const void* data = nullptr;
+  bool bf16 = false;
+  Weights() = default;
+  Weights(std::nullptr_t) {}            // NOLINT: implicit, as a null pointer
+  Weights(const float* f) : data(f) {}  // NOLINT: implicit, fp32 weights
+  Weights(const void* p, bool is_bf16) : data(p), bf16(is_bf16) {}
+};
+
 // "" when a device is present, else "no CUDA device: ..." (the emulated device always is).
 std::string check_device();
 
@@ -62,8 +75,7 @@ bool kv_dtype_supported(DType dtype);
 // Elements d_x[0, n) of a KV pool of `dtype` = that type's quiet NaN (poison fill).
 std::string fill_kv_nan(void* d_x, int64_t n, DType dtype);
 // d_x[t, :] = d_table[d_ids[t], :] (times `scale` unless it is 1: Gemma's sqrt(hidden)), t < n.
-std::string embed(const float* d_table, const int32_t* d_ids, int64_t n, int64_t hidden, float* d_x,
-                  float scale = 1.0f);
+std::string embed(Weights d_table, const int32_t* d_ids, int64_t n, int64_t hidden, float* d_x, float scale = 1.0f);
 // Row r of d_out = rms_norm(row d_rows[r] of d_x) (d_rows null: row r), r < n. d_out may be
 // d_x (in place) when d_rows is null.
 std::string rms_norm(const float* d_x, const int32_t* d_rows, const float* d_weight, int64_t n, int64_t hidden,
@@ -79,7 +91,7 @@ int project_lanes();
 // d_y[t, r] = dot(d_w[r, :], d_x[t, :]) (+ d_bias[r], one fp32 add after the dot, when d_bias
 // is not null) for t < n, r < out_dim: one thread per element, each reduced over in_dim in
 // dot()'s fixed order whatever n (batch-invariant).
-std::string project(const float* d_w, const float* d_bias, int64_t out_dim, int64_t in_dim, const float* d_x, int64_t n,
+std::string project(Weights d_w, const float* d_bias, int64_t out_dim, int64_t in_dim, const float* d_x, int64_t n,
                     float* d_y);
 // Rotary embedding in place of d_x [n, heads, head_dim] at d_positions[t].
 std::string rope(float* d_x, int64_t n, int64_t heads, int64_t head_dim, const int32_t* d_positions,
@@ -134,13 +146,15 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
 // (o), add_norm, project_gated, project (down), add_norm; with Gemma 3's q/k norms, which need
 // a whole head, project_qkv and heads_rope_kv instead of the first: 8).
 //
+// The fused projections take weights of one dtype (an error otherwise).
+//
 // project(wq, bq, q_dim, ...) into d_q, project(wk, ...) into d_k, project(wv, ...) into d_v.
-std::string project_qkv(const float* d_wq, const float* d_bq, const float* d_wk, const float* d_bk, const float* d_wv,
+std::string project_qkv(Weights d_wq, const float* d_bq, Weights d_wk, const float* d_bk, Weights d_wv,
                         const float* d_bv, int64_t q_dim, int64_t kv_dim, int64_t in_dim, const float* d_x, int64_t n,
                         float* d_q, float* d_k, float* d_v);
 // project(wg, ...) into d_gate, project(wu, ...) into d_up, then gelu_tanh_mul (gelu_tanh) or
 // silu_mul on them.
-std::string project_gated(const float* d_wg, const float* d_bg, const float* d_wu, const float* d_bu, int64_t out_dim,
+std::string project_gated(Weights d_wg, const float* d_bg, Weights d_wu, const float* d_bu, int64_t out_dim,
                           int64_t in_dim, const float* d_x, int64_t n, bool gelu_tanh, float* d_gate, float* d_up);
 // rms_norm of every q and k head in place (d_q_norm, d_k_norm given: both or neither), rope
 // of q and k (d_q [n, num_heads, head_dim], d_k [n, num_kv_heads, head_dim]), then write_kv
@@ -152,12 +166,12 @@ std::string heads_rope_kv(float* d_q, float* d_k, const float* d_v, int64_t n, i
                           const float* d_v_scale = nullptr);
 // project_qkv then heads_rope_kv without q/k norms, in one launch (a thread per rotary pair
 // of q and of k, and per row of v). REQUIRES: head_dim even.
-std::string project_qkv_rope_kv(const float* d_wq, const float* d_bq, const float* d_wk, const float* d_bk,
-                                const float* d_wv, const float* d_bv, int64_t num_heads, int64_t num_kv_heads,
-                                int64_t head_dim, int64_t in_dim, const float* d_x, int64_t n,
-                                const int32_t* d_positions, const float* d_inv_freq, const int64_t* d_slots, float* d_q,
-                                float* d_k, float* d_v, DType kv_dtype, void* d_k_pool, void* d_v_pool,
-                                const float* d_k_scale = nullptr, const float* d_v_scale = nullptr);
+std::string project_qkv_rope_kv(Weights d_wq, const float* d_bq, Weights d_wk, const float* d_bk, Weights d_wv,
+                                const float* d_bv, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                int64_t in_dim, const float* d_x, int64_t n, const int32_t* d_positions,
+                                const float* d_inv_freq, const int64_t* d_slots, float* d_q, float* d_k, float* d_v,
+                                DType kv_dtype, void* d_k_pool, void* d_v_pool, const float* d_k_scale = nullptr,
+                                const float* d_v_scale = nullptr);
 // Rows r < n of [n, hidden]: rms_norm(d_y, d_post_norm) in place when d_post_norm is given,
 // then add_in_place(d_x, d_y), then rms_norm(d_x, d_next_norm) into d_h when d_next_norm is.
 std::string add_norm(float* d_y, const float* d_post_norm, float* d_x, const float* d_next_norm, int64_t n,

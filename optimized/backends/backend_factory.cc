@@ -46,6 +46,7 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendSpec& spec, const Mod
   bc.pool = spec.pool;
   bc.attention_plugin = spec.attention_plugin;
   bc.planted = spec.planted;
+  bc.weight_dtype = spec.weight_dtype;
   return make_cuda_backend(spec.kind == BackendKind::kCuda ? CudaFlavour::kDevice : CudaFlavour::kEmulated, model, bc);
 }
 

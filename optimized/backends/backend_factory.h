@@ -44,6 +44,10 @@ struct BackendSpec {
   const kvp_attention_plugin* attention_plugin = nullptr;
   // A planted bug in the CUDA backends' attention kernel (tests; kNone for any real run).
   PlantedAttentionBug planted = PlantedAttentionBug::kNone;
+  // The CUDA backends' weight storage (CudaBackendConfig::weight_dtype): kF32, or kBF16 for a
+  // model whose matrices are bf16 values (round_weights_to_bf16). The cpu backend computes
+  // with the model's fp32 values whatever this says (the same values, widened).
+  DType weight_dtype = DType::kF32;
 };
 
 // The backend `spec` describes, reading `model`'s weights: the cpu backend in place (no copy;

@@ -5,11 +5,13 @@
 #include "optimized/backends/cuda_backend.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/text.h"
 #include "kernels/cuda/model_kernels.h"
@@ -85,8 +87,8 @@ class CudaBackend final : public Backend {
 
 struct CudaBackend::Device {
   struct Layer {
-    float *input_layernorm = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
-    float *post_attention_layernorm = nullptr, *gate = nullptr, *up = nullptr, *down = nullptr;
+    float *input_layernorm = nullptr, *post_attention_layernorm = nullptr;
+    ck::Weights q, k, v, o, gate, up, down;  // fp32 or bf16 (CudaBackendConfig::weight_dtype)
     // Biases; null when the model has none.
     float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr, *o_bias = nullptr;
     float *gate_bias = nullptr, *up_bias = nullptr, *down_bias = nullptr;
@@ -99,9 +101,9 @@ struct CudaBackend::Device {
   std::vector<void*> owned;   // device allocations, freed at destruction
   std::vector<void*> pinned;  // pinned host allocations
   std::vector<Layer> layers;
-  float* embed = nullptr;
+  ck::Weights embed;
   float* norm = nullptr;
-  float* lm_head = nullptr;
+  ck::Weights lm_head;
   float* inv_freq = nullptr;
   float* local_inv_freq = nullptr;  // Gemma 3's sliding layers' RoPE; null when none
   float* k_scales = nullptr;        // fp8 pools: [layers][kv heads]; else null
@@ -153,6 +155,32 @@ struct CudaBackend::Device {
   Status upload(float** ptr, const float* host, int64_t floats) {
     KVP_RETURN_IF_ERROR(alloc(ptr, floats));
     return cuda_status(ck::copy_to_device(*ptr, host, static_cast<std::size_t>(floats) * sizeof(float)));
+  }
+  // A weight matrix as `dtype` (kF32 or kBF16); bf16 only when every value is one (else an
+  // error naming `name`, the value and its index): the widening read gives back the value.
+  Status upload_weights(ck::Weights* dst, const float* host, int64_t floats, DType dtype, const std::string& name) {
+    if (dtype == DType::kF32) {
+      float* p = nullptr;
+      KVP_RETURN_IF_ERROR(upload(&p, host, floats));
+      *dst = ck::Weights(p);
+      return Status::ok();
+    }
+    std::vector<uint16_t> bits(static_cast<std::size_t>(floats));
+    for (int64_t i = 0; i < floats; ++i) {
+      const float value = host[i];
+      bits[static_cast<std::size_t>(i)] = float_to_bf16(value);
+      if (std::bit_cast<uint32_t>(bf16_to_float(bits[static_cast<std::size_t>(i)])) != std::bit_cast<uint32_t>(value))
+        return Status::error("weight_dtype bf16: tensor " + name + " element " + std::to_string(i) + " = " +
+                             std::to_string(value) +
+                             " is not a bf16 value (round the model's weights to bf16 first, so that the reference "
+                             "computes with the values the kernels read)");
+    }
+    void* p = nullptr;
+    KVP_CUDA_RETURN_IF_ERROR(ck::device_alloc(&p, bits.size() * sizeof(uint16_t)));
+    owned.push_back(p);
+    KVP_CUDA_RETURN_IF_ERROR(ck::copy_to_device(p, bits.data(), bits.size() * sizeof(uint16_t)));
+    *dst = ck::Weights(p, /*is_bf16=*/true);
+    return Status::ok();
   }
   static Status ensure(DeviceBuffer& b, std::size_t bytes) {
     if (b.capacity >= bytes && b.ptr != nullptr) return Status::ok();
@@ -236,20 +264,24 @@ Status CudaBackend::init() {
   const auto up = [&](float** p, const auto& tensor) {
     return d.upload(p, tensor.data(), static_cast<int64_t>(tensor.size()));
   };
-  KVP_RETURN_IF_ERROR(up(&d.embed, m.weights.embed_tokens));
+  const auto up_w = [&](ck::Weights* p, const auto& tensor, const std::string& name) {
+    return d.upload_weights(p, tensor.data(), static_cast<int64_t>(tensor.size()), config_.weight_dtype, name);
+  };
+  KVP_RETURN_IF_ERROR(up_w(&d.embed, m.weights.embed_tokens, "embed_tokens"));
   KVP_RETURN_IF_ERROR(up(&d.norm, norm_gain(c, m.weights.norm)));
   if (c.tie_word_embeddings) {
     d.lm_head = d.embed;
   } else {
-    KVP_RETURN_IF_ERROR(up(&d.lm_head, m.weights.lm_head));
+    KVP_RETURN_IF_ERROR(up_w(&d.lm_head, m.weights.lm_head, "lm_head"));
   }
   for (const LayerWeights& w : m.weights.layers) {
     Device::Layer l;
+    const std::string layer = "layers." + std::to_string(d.layers.size()) + ".";
     KVP_RETURN_IF_ERROR(up(&l.input_layernorm, norm_gain(c, w.input_layernorm)));
-    KVP_RETURN_IF_ERROR(up(&l.q, w.q_proj));
-    KVP_RETURN_IF_ERROR(up(&l.k, w.k_proj));
-    KVP_RETURN_IF_ERROR(up(&l.v, w.v_proj));
-    KVP_RETURN_IF_ERROR(up(&l.o, w.o_proj));
+    KVP_RETURN_IF_ERROR(up_w(&l.q, w.q_proj, layer + "q_proj"));
+    KVP_RETURN_IF_ERROR(up_w(&l.k, w.k_proj, layer + "k_proj"));
+    KVP_RETURN_IF_ERROR(up_w(&l.v, w.v_proj, layer + "v_proj"));
+    KVP_RETURN_IF_ERROR(up_w(&l.o, w.o_proj, layer + "o_proj"));
     KVP_RETURN_IF_ERROR(up(&l.post_attention_layernorm, norm_gain(c, w.post_attention_layernorm)));
     for (auto [dst, norm] : {std::pair{&l.pre_feedforward_layernorm, &w.pre_feedforward_layernorm},
                              {&l.post_feedforward_layernorm, &w.post_feedforward_layernorm},
@@ -258,9 +290,9 @@ Status CudaBackend::init() {
       if (norm->size() != 0) KVP_RETURN_IF_ERROR(up(dst, norm_gain(c, *norm)));
     }
     l.local_rope = c.layer_uses_local_rope(static_cast<int64_t>(d.layers.size()));
-    KVP_RETURN_IF_ERROR(up(&l.gate, w.gate_proj));
-    KVP_RETURN_IF_ERROR(up(&l.up, w.up_proj));
-    KVP_RETURN_IF_ERROR(up(&l.down, w.down_proj));
+    KVP_RETURN_IF_ERROR(up_w(&l.gate, w.gate_proj, layer + "gate_proj"));
+    KVP_RETURN_IF_ERROR(up_w(&l.up, w.up_proj, layer + "up_proj"));
+    KVP_RETURN_IF_ERROR(up_w(&l.down, w.down_proj, layer + "down_proj"));
     for (auto [dst, bias] : {std::pair{&l.q_bias, &w.q_bias},
                              {&l.k_bias, &w.k_bias},
                              {&l.v_bias, &w.v_bias},

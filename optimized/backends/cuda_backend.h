@@ -18,11 +18,10 @@
 // the ops (swap_out, block_copies, poison, swap_in), then the model; a CUDA error is a Status
 // naming the call or kernel.
 //
-// Memory: weights, the device KV pool and activations in device memory; the host (swap)
-// pool in pinned host memory; pools of pool.kv_dtype (f32, f16, bf16, fp8-e4m3 or fp8-e5m2:
-// K/V rounded to it when written, read as fp32; fp8 divided by the pool's per-layer, per-KV-
-// head scale when written and multiplied by it when read), per layer K and V, each
-// [num_blocks, block_size, num_kv_heads, head_dim].
+// Memory: weights (fp32, or bf16 with weight_dtype), the device KV pool and activations in device memory; the host
+// (swap) pool in pinned host memory; pools of pool.kv_dtype (f32, f16, bf16, fp8-e4m3 or fp8-e5m2: K/V rounded to it
+// when written, read as fp32; fp8 divided by the pool's per-layer, per-KV- head scale when written and multiplied by it
+// when read), per layer K and V, each [num_blocks, block_size, num_kv_heads, head_dim].
 #pragma once
 
 #include <cstdint>
@@ -47,6 +46,12 @@ struct CudaBackendConfig {
   // pools' kv_dtype in the kvproof layout. A run() failure fails that step's execute().
   const kvp_attention_plugin* attention_plugin = nullptr;
   PlantedAttentionBug planted = PlantedAttentionBug::kNone;
+  // The weight matrices' (and embedding table's) element type in device memory: kF32, or kBF16
+  // (half the bytes; each element widened to fp32 exactly as a kernel reads it, so the bits of
+  // kF32 weights of the same values). kBF16 REQUIRES every matrix value to be a bf16 value
+  // (round_weights_to_bf16): create() refuses one that is not, naming the tensor, rather than
+  // run on values the reference does not have. Norms and biases stay fp32.
+  DType weight_dtype = DType::kF32;
 
   Status validate() const;
 };

@@ -15,6 +15,8 @@ Status CudaBackendConfig::validate() const {
     return Status::error("kv_dtype must be F32, F16, BF16, F8_E4M3 or F8_E5M2, got " +
                          std::string(dtype_name(pool.kv_dtype)));
   if (attention_partition <= 0) return Status::error("attention_partition must be > 0");
+  if (weight_dtype != DType::kF32 && weight_dtype != DType::kBF16)
+    return Status::error("weight_dtype must be F32 or BF16, got " + std::string(dtype_name(weight_dtype)));
   return Status::ok();
 }
 
