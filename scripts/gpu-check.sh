@@ -18,7 +18,9 @@
 #   4a. kernel-check on Python kernels (the adapter built here against python3): NumPy, Triton,
 #      torch SDPA over a gathered copy (math, efficient, cudnn); a table of the five
 #   4b. benchmarks: decode attention bandwidth against copy bandwidth, engine decode tokens/s
-#      CUDA against CPU (JSON under $OUT)
+#      CUDA (fp32 and bf16 weights) against CPU (JSON under $OUT); the peers in the same run
+#      (scripts/gpu_peers.py): torch SDPA (flash, cuDNN, efficient) on the attention shapes and
+#      torch.matmul on the projection shapes, and the ratios ($OUT/peers.md)
 #   5. our reference against transformers, every architecture: random checkpoints of tiny and
 #      the four real-shape presets written by `kvproof export` (the large ones sharded, bf16),
 #      greedy logits from `kvproof generate` compared with the checkpoint's transformers
@@ -315,6 +317,11 @@ if [ -n "${BUILT:-}" ]; then
     --benchmark_out="$OUT/bench-attention.json" --benchmark_out_format=json
   step bench-engine 120 "$BUILD/bin/cuda_engine_bench" --benchmark_out="$OUT/bench-engine.json" \
     --benchmark_out_format=json
+  # Peers in the same run (issue 38): torch's SDPA (flash, cuDNN, efficient) on the attention
+  # benchmark's shapes and torch.matmul (cuBLAS) on the projection's; then the ratios.
+  step peers 240 python3 scripts/gpu_peers.py measure --out "$OUT/peers.json"
+  step peers-report 30 python3 scripts/gpu_peers.py report --kvproof "$OUT/bench-attention.json" \
+    --peers "$OUT/peers.json" --markdown "$OUT/peers.md"
 
   # Every architecture kvproof reads, at real shapes: tiny (Llama), tiny-mistral-sw (Mistral
   # with a sliding window), tiny-qwen2-hybrid (Qwen2, windows on its last two layers),
