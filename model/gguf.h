@@ -9,7 +9,8 @@
 // alignment. A string is a uint64 length and its bytes (no NUL).
 //
 // What llama.cpp reads (its convert_hf_to_gguf.py writes the same keys for these models):
-// general.architecture ("llama" for Llama and Mistral, "qwen2" for Qwen2), the hyperparameters
+// general.architecture ("llama" for Llama and Mistral, "qwen2" for Qwen2, "gemma2" and "gemma3"
+// for Gemma: see save_gemma_gguf in gguf.cc), the hyperparameters
 // under that prefix, and a vocabulary (tokenizer.ggml.*) of one token per id: kvproof works in
 // token ids, so token i is the text "<kvp:i>" and nothing tokenizes text. Tensor names are
 // llama.cpp's (token_embd.weight, blk.N.attn_q.weight, ...). A matrix of Hugging Face shape
@@ -46,6 +47,14 @@ Status save_gguf(const Model& model, const std::string& path, const GgufOptions&
 // Token `id`'s text in the vocabulary written: "<0xHH>" for the first 256 when the vocabulary
 // has at least 512 tokens (llama.cpp's byte tokens, type BYTE), else "<kvp:ID>" (type NORMAL).
 std::string gguf_token_text(int64_t id, int64_t vocab);
+
+// Gemma's layers as llama.cpp's sliding_window_pattern P (layer il slides when il % P < P - 1;
+// P = num_layers + 1: every layer), 0 when no layer slides; an error when the layers' types are
+// not such a pattern.
+Result<int64_t> gguf_gemma_swa_pattern(const ModelConfig& c);
+// The score scale llama.cpp's gemma2/gemma3 apply (1/sqrt(head_dim); 1/sqrt(hidden / heads) for
+// the layer counts it takes for 27B), whatever query_pre_attn_scalar says.
+float gguf_gemma_llama_cpp_scale(const ModelConfig& c);
 
 // The q/k row permutation from Hugging Face's rotate-half layout to llama.cpp's adjacent
 // pairs, for a [heads * head_dim, cols] matrix (cols 1 for a bias): output row

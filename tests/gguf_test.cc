@@ -291,14 +291,28 @@ TEST(Gguf, WhatLlamaCppCannotTakeIsRefusedByNameAndNoFileIsLeft) {
   Status s = save_gguf(scaled, path, {});
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("gguf: rope_scaling is not written"), std::string::npos) << s.message();
-  // Gemma, even with every layer full (no window to refuse): as llama it would lose its math.
-  Model gemma = make_preset("tiny-gemma3").value();
-  gemma.config.sliding_window = 0;
-  gemma.config.sliding_layers.clear();
-  gemma.config.rope_local_base_freq = 0;
-  s = save_gguf(gemma, path, {});
+  // Gemma where llama.cpp's gemma2/gemma3 cannot follow: Gemma 2 without its caps (llama.cpp
+  // applies 50 and 30 whatever), Gemma 3 with an attention cap (llama.cpp has none), Gemma 2
+  // untied, and layer types that are not a sliding_window_pattern.
+  Model gemma2 = make_preset("tiny-gemma2").value();
+  gemma2.config.final_logit_softcapping = 0;
+  s = save_gguf(gemma2, path, {});
   ASSERT_FALSE(s.is_ok());
-  EXPECT_NE(s.message().find("gguf: Gemma3ForCausalLM is not written"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("gguf: gemma2: llama.cpp's gemma2 soft-caps scores and logits always"), std::string::npos)
+      << s.message();
+  Model gemma3 = make_preset("tiny-gemma3").value();
+  gemma3.config.attn_logit_softcapping = 10;
+  s = save_gguf(gemma3, path, {});
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("gguf: gemma3: llama.cpp's gemma3 has no attention soft-cap"), std::string::npos)
+      << s.message();
+  gemma3 = make_preset("tiny-gemma3").value();
+  gemma3.config.sliding_layers = {true, false, true, true, true, false};  // s f s s s f
+  s = save_gguf(gemma3, path, {});
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("(sfsssf, s sliding, f full) are not P - 1 sliding layers then a full one"),
+            std::string::npos)
+      << s.message();
   Model tiny = make_preset("tiny").value();
   GgufOptions f64;
   f64.dtype = DType::kF64;
@@ -314,6 +328,73 @@ TEST(Gguf, WhatLlamaCppCannotTakeIsRefusedByNameAndNoFileIsLeft) {
   s = save_gguf(make_preset("tiny").value(), "/nonexistent-dir/x.gguf", {});
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("/nonexistent-dir/x.gguf.tmp: cannot open"), std::string::npos) << s.message();
+}
+
+// Gemma 2 and 3 as llama.cpp's gemma2 and gemma3: its keys, its tensor names (the MLP's input
+// norm as ffn_norm, its output norm post_ffw_norm, no output.weight when tied), every RMSNorm
+// weight stored as its gain 1 + w (llama.cpp multiplies by the weight), q and k not permuted
+// (NeoX RoPE), the layers as sliding_window_pattern, and a score scale llama.cpp does not read
+// (query_pre_attn_scalar) folded into what makes q: attn_q for gemma2, the q norm's gain for
+// gemma3 (whose q norm would undo a scaled attn_q).
+TEST(Gguf, GemmaIsWrittenAsLlamaCppsGemma2AndGemma3) {
+  for (const char* preset : {"tiny-gemma2", "tiny-gemma3"}) {
+    SCOPED_TRACE(preset);
+    const Model model = make_preset(preset).value();
+    const ModelConfig& c = model.config;
+    const bool gemma3 = c.architecture == Architecture::kGemma3;
+    const std::string a = gemma3 ? "gemma3" : "gemma2";
+    const std::string path = temp_path(a + ".gguf");
+    ASSERT_TRUE(save_gguf(model, path, {}).is_ok());
+    const Parsed p = parse(path);
+    EXPECT_EQ(std::get<std::string>(p.meta.at("general.architecture")), a);
+    EXPECT_EQ(u(p, a + ".attention.sliding_window"), static_cast<uint64_t>(c.sliding_window));
+    // tiny-gemma2 alternates from a sliding layer 0 (pattern 2); tiny-gemma3 has five sliding
+    // layers and then a full one (pattern 6): llama.cpp's il % P < P - 1.
+    EXPECT_EQ(u(p, a + ".attention.sliding_window_pattern"), gemma3 ? 6u : 2u);
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      EXPECT_EQ(c.layer_window(l) > 0, l % static_cast<int64_t>(gemma3 ? 6 : 2) < (gemma3 ? 5 : 1)) << l;
+    EXPECT_EQ(std::get<double>(p.meta.at(a + ".rope.freq_base")), static_cast<float>(c.rope_theta));
+    EXPECT_EQ(std::get<double>(p.meta.at(a + ".rope.freq_base_swa")),
+              static_cast<float>(gemma3 ? c.rope_local_base_freq : c.rope_theta));
+    if (gemma3) {
+      EXPECT_EQ(p.meta.count(a + ".attn_logit_softcapping"), 0u);
+    } else {
+      EXPECT_EQ(std::get<double>(p.meta.at(a + ".attn_logit_softcapping")),
+                static_cast<float>(c.attn_logit_softcapping));
+      EXPECT_EQ(std::get<double>(p.meta.at(a + ".final_logit_softcapping")),
+                static_cast<float>(c.final_logit_softcapping));
+    }
+    EXPECT_EQ(p.tensors.count("output.weight"), 0u);  // tied
+    const LayerWeights& L = model.weights.layers[1];
+    // Norms as 1 + w, in fp32 (transformers' 1.0 + weight.float()).
+    const std::vector<float> ffn_norm = tensor_floats(p, "blk.1.ffn_norm.weight");
+    const std::vector<float> post_ffw = tensor_floats(p, "blk.1.post_ffw_norm.weight");
+    const std::vector<float> attn_norm = tensor_floats(p, "blk.1.attn_norm.weight");
+    for (int64_t i = 0; i < c.hidden_size; ++i) {
+      EXPECT_EQ(ffn_norm[static_cast<std::size_t>(i)], 1.0f + L.pre_feedforward_layernorm[i]);
+      EXPECT_EQ(post_ffw[static_cast<std::size_t>(i)], 1.0f + L.post_feedforward_layernorm[i]);
+      EXPECT_EQ(attn_norm[static_cast<std::size_t>(i)], 1.0f + L.input_layernorm[i]);
+    }
+    // The scale: the model's against llama.cpp's 1/sqrt(head_dim).
+    const double fold = std::pow(c.query_pre_attn_scalar, -0.5) * std::sqrt(static_cast<double>(c.head_dim));
+    ASSERT_NE(fold, 1.0);  // both presets scale by query_pre_attn_scalar != head_dim
+    const std::vector<float> q = tensor_floats(p, "blk.1.attn_q.weight");
+    const std::vector<float> k = tensor_floats(p, "blk.1.attn_k.weight");
+    for (int64_t i = 0; i < L.k_proj.size(); ++i) EXPECT_EQ(k[static_cast<std::size_t>(i)], L.k_proj.data()[i]);
+    for (int64_t i = 0; i < L.q_proj.size(); ++i) {
+      const double expect = gemma3 ? L.q_proj.data()[i] : L.q_proj.data()[i] * fold;
+      EXPECT_NEAR(q[static_cast<std::size_t>(i)], expect, 1e-6 * std::abs(expect)) << i;
+    }
+    if (gemma3) {
+      const std::vector<float> q_norm = tensor_floats(p, "blk.1.attn_q_norm.weight");
+      const std::vector<float> k_norm = tensor_floats(p, "blk.1.attn_k_norm.weight");
+      for (int64_t i = 0; i < c.head_dim; ++i) {
+        EXPECT_NEAR(q_norm[static_cast<std::size_t>(i)], (1.0 + L.q_norm[i]) * fold, 1e-6);
+        EXPECT_EQ(k_norm[static_cast<std::size_t>(i)], 1.0f + L.k_norm[i]);
+      }
+    }
+    std::filesystem::remove(path);
+  }
 }
 
 }  // namespace

@@ -22,7 +22,22 @@
 //
 //   node candidate.mjs --model M.gguf --golden G.jsonl --out C.jsonl
 //        [--top-k 4] [--sequences 3] [--batch 16] [--kv f32|f16] [--flash-attention]
-//        [--threads 1] [--plant wrong-erase] [--stats FILE]
+//        [--threads 1] [--plant wrong-erase] [--stats FILE] [--swa-full]
+//
+// --swa-erase safe|trust: how an erase on a sliding-window model is trusted. A windowed
+// layer continuing at position p needs the cells of positions p - W + 1 .. p - 1; node-llama-cpp
+// reports the first position a sequence still holds cells for (stateCellsStartIndex) and keeps
+// its state when an erase starts after it. safe (the default) keeps the state only when the
+// whole window before p is held (p - W + 1 >= that index) and otherwise erases everything and
+// evaluates again from position 0, as llama-server does ("forcing full prompt re-processing");
+// trust takes node-llama-cpp's rule. A sequence loaded from a saved state holds only its last
+// window, so trust continues over a window with a hole in it: measured in docs/llama_cpp.md.
+//
+// --swa-full: a sliding-window model's (Gemma 2 and 3 exported by kvproof) windowed layers keep
+// every cell (node-llama-cpp's swaFullCache). Without it (llama.cpp's default) they keep about a
+// window's worth, so erasing into the past needs node-llama-cpp's checkpoints or a
+// re-evaluation, and a loaded state restores only what the window kept: the machinery of
+// llama.cpp's sliding-window cache that kvproof checks both ways.
 //
 // The summary line (and --stats, as JSON) gives, per KV-cache operation, the positions llama.cpp
 // scored that way and the worst |log-probability difference| from the golden's: "fresh" (a
@@ -43,7 +58,8 @@ function usage(why) {
 }
 
 function parseArgs(argv) {
-  const a = {topK: 4, sequences: 1, batch: 16, kv: "f32", flashAttention: false, threads: 1, plant: "", stats: ""};
+  const a = {topK: 4, sequences: 1, batch: 16, kv: "f32", flashAttention: false, threads: 1, plant: "", stats: "",
+             swaFull: false, swaErase: "safe"};
   for (let i = 0; i < argv.length; i++) {
     const k = argv[i];
     const next = () => {
@@ -67,6 +83,11 @@ function parseArgs(argv) {
       a.kv = next();
       if (!["f32", "f16"].includes(a.kv)) usage("--kv: f32 or f16");
     } else if (k === "--flash-attention") a.flashAttention = true;
+    else if (k === "--swa-full") a.swaFull = true;
+    else if (k === "--swa-erase") {
+      a.swaErase = next();
+      if (!["safe", "trust"].includes(a.swaErase)) usage("--swa-erase: safe or trust");
+    }
     else if (k === "--plant") {
       a.plant = next();
       if (a.plant !== "wrong-erase") usage("--plant: wrong-erase");
@@ -154,11 +175,26 @@ const context = await model.createContext({
   batchSize: args.batch,
   threads: args.threads,
   flashAttention: args.flashAttention,
+  swaFullCache: args.swaFull,
   experimentalKvCacheKeyType: kvType,
   experimentalKvCacheValueType: kvType,
 });
 const sequences = Array.from({length: args.sequences}, () => context.getSequence());
-const stats = {reusedTokens: 0, erasedAndContinued: 0, forks: 0, maxContinueDiff: 0};
+const stats = {reusedTokens: 0, erasedAndContinued: 0, forks: 0, maxContinueDiff: 0, windowReevaluations: 0};
+const window = model.fileInsights.swaSize ?? 0;  // 0: no sliding window
+
+// Erases seq's cells from position p on and returns where evaluation resumes: p, or 0 when
+// (--swa-erase safe) the window before p is not all held, after erasing everything.
+async function eraseFrom(seq, p) {
+  const held = seq.contextTokens.length;
+  if (window > 0 && args.swaErase === "safe" && p > 0 && p - window + 1 < seq.stateCellsStartIndex) {
+    if (held > 0) await seq.eraseContextTokenRanges([{start: 0, end: held}]);
+    stats.windowReevaluations++;
+    return 0;
+  }
+  if (p < held) await seq.eraseContextTokenRanges([{start: p, end: held}]);
+  return p;
+}
 const results = new Map();
 const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), "kvp-llama-cpp-"));
 
@@ -167,8 +203,7 @@ async function runRequest(seq, r) {
   const scores = new Map();
   // Reuse what the sequence shares with this request, minus one token: its logits are needed.
   const held = seq.contextTokens;
-  const keep = Math.max(0, Math.min(commonPrefix(held, tokens), tokens.length) - 1);
-  if (keep < held.length) await seq.eraseContextTokenRanges([{start: keep, end: held.length}]);
+  const keep = await eraseFrom(seq, Math.max(0, Math.min(commonPrefix(held, tokens), tokens.length) - 1));
   stats.reusedTokens += keep;
   let evalSeq = seq;
   let from = keep;
@@ -183,8 +218,7 @@ async function runRequest(seq, r) {
     const spare = context.getSequence();
     await spare.loadStateFromFile(file, {acceptRisk: true});
     evalSeq = spare;
-    from = r.prompt.length - 2;
-    await spare.eraseContextTokenRanges([{start: from, end: spare.contextTokens.length}]);
+    from = await eraseFrom(spare, r.prompt.length - 2);
     stats.forks++;
   }
   const main = await evaluateFrom(evalSeq, tokens, from, args.topK);
@@ -195,9 +229,9 @@ async function runRequest(seq, r) {
   if (cut < tokens.length - 1) {
     // Position cut's logits come from evaluating tokens[cut - 1]: erase from there and evaluate
     // again. Planted: erase from cut, so that tokens[cut - 1] is in the cache twice.
-    const eraseFrom = args.plant === "wrong-erase" ? cut : cut - 1;
-    await evalSeq.eraseContextTokenRanges([{start: eraseFrom, end: evalSeq.contextTokens.length}]);
-    const again = await evaluateFrom(evalSeq, tokens, cut - 1, args.topK);
+    const eraseAt = args.plant === "wrong-erase" ? cut : cut - 1;
+    const resumed = await eraseFrom(evalSeq, eraseAt);
+    const again = await evaluateFrom(evalSeq, tokens, resumed === eraseAt ? cut - 1 : 0, args.topK);
     record(r.id, "erased-continued", again);
     for (const [p, s] of again) {
       const first = scores.get(p);
@@ -228,7 +262,7 @@ const out = [
     schema: "kvproof.logprobs",
     version: 1,
     role: "candidate",
-    producer: `llama.cpp via node-llama-cpp 3.21.1 (${args.kv} KV cache, flash attention ${args.flashAttention ? "on" : "off"}, ${args.sequences} sequences, batch ${args.batch}${args.plant ? ", planted " + args.plant : ""})`,
+    producer: `llama.cpp via node-llama-cpp 3.21.1 (${args.kv} KV cache, flash attention ${args.flashAttention ? "on" : "off"}, ${window > 0 ? `sliding window ${window}, ${args.swaFull ? "full window cache, " : ""}erase ${args.swaErase}, ` : ""}${args.sequences} sequences, batch ${args.batch}${args.plant ? ", planted " + args.plant : ""})`,
     model: {kv_dtype: args.kv},
     top_k: args.topK,
   }),
@@ -243,7 +277,9 @@ const operations = Object.entries(byOperation)
 process.stdout.write(
   `llama_cpp/candidate: ${requests.length} requests -> ${args.out}; reused ${stats.reusedTokens} cached tokens, ` +
     `${stats.erasedAndContinued} erased and continued (largest change on re-evaluation ${stats.maxContinueDiff.toExponential(2)} nats), ` +
-    `${stats.forks} forked\n` +
+    `${stats.forks} forked` +
+    (window > 0 ? `, ${stats.windowReevaluations} evaluated again from position 0 (the window before an erase not held)` : "") +
+    "\n" +
     `llama_cpp/candidate: against the golden, per KV-cache operation: ${operations}\n`,
 );
 if (args.stats) fs.writeFileSync(args.stats, JSON.stringify({...stats, byOperation}, null, 2) + "\n");
