@@ -110,14 +110,13 @@ KVP_HOST_DEVICE inline void projection_row(const BF16Bits* w, const float* bias,
     y[t * out_dim + r] = acc;
   }
 #else
-  float* row = widened_row_buffer(in_dim);
+  // The widened row as a one-row matrix through gemm_rows (all n tokens at once), its n
+  // outputs then moved to column r of y with the bias: gemm_rows' one fp32 add after the dot.
+  float* row = widened_row_buffer(in_dim + n);
+  float* out = row + in_dim;
   for (int64_t i = 0; i < in_dim; ++i) row[i] = kv_to_float(w[r * in_dim + i]);
-  // gemm_rows' row 0 of a one-row matrix, written to column r of y (stride out_dim).
-  for (int64_t t = 0; t < n; ++t) {
-    float v = dot_fma(row, x + t * in_dim, in_dim);
-    if (bias != nullptr) v += bias[r];
-    y[t * out_dim + r] = v;
-  }
+  gemm_rows(gemm_isa(), row, nullptr, 1, in_dim, x, n, out, 0, 1);
+  for (int64_t t = 0; t < n; ++t) y[t * out_dim + r] = bias != nullptr ? out[t] + bias[r] : out[t];
 #endif
 }
 
