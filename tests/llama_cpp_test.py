@@ -10,7 +10,8 @@ gating (node-llama-cpp 3.21.1 intermittently mixes their outputs up; docs/llama_
 planted changes must fail compare by request and position: the GGUF with output_norm.weight
 scaled by 1.001, and the driver's wrong erase. Then Gemma 2 and Gemma 3 (tiny-gemma2,
 tiny-gemma3: sliding layers of window 20 beside full ones, llama.cpp's gemma2/gemma3 with its
-sliding-window cache) must pass at 1e-2 nats (measured 2.5e-3) with the driver re-evaluating
+sliding-window cache, on the shared-prefix and long-document workloads) must pass at 1e-2 nats
+(measured 3.0e-3) with the driver re-evaluating
 when an erase leaves the window before it unheld, and a GGUF whose window is one position wider
 must fail; the driver trusting node-llama-cpp's own erase rule after a state load is measured
 and printed, not gating (docs/llama_cpp.md, "Found"). Exit 77 (ctest: skipped) with the reason
@@ -190,6 +191,19 @@ def gemma(a, node, preset, window_key):
     trust, _ = candidate(gguf, f"{preset}-candidate-trust.jsonl", "--swa-erase", "trust")
     rc, out = run([a.kvproof, "compare", golden, trust, "--tolerance", "1e-2"])
     print(f"{preset}, erase trusting node-llama-cpp's rule (measured, not gating): " + out.strip().splitlines()[-1])
+    # Long documents (contexts of 160-190 positions, eight windows and more): llama.cpp's
+    # sliding-window cache drops cells as the sequences run, so erases reach behind it.
+    long_golden = os.path.join(a.work, f"{preset}-long-golden.jsonl")
+    rc, out = run([a.kvproof, "reference", "--preset", preset, "--shape", "long-docs", "--top-k", "4",
+                   "--out", long_golden])
+    check(rc == 0, f"reference {preset} long-docs: {out}")
+    path = os.path.join(a.work, f"{preset}-long-candidate.jsonl")
+    rc, out = run([node, os.path.join(a.work, "candidate.mjs"), "--model", gguf, "--golden", long_golden, "--out",
+                   path, "--sequences", "1"])
+    check(rc == 0, f"driver {preset} long-docs: {out[-2000:]}")
+    print(out.strip())
+    rc, out = run([a.kvproof, "compare", long_golden, path, "--tolerance", "1e-2"])
+    check(rc == 0 and "verdict: PASS" in out, f"{preset} long-docs: llama.cpp agrees within 1e-2 nats\n{out[-600:]}")
 
 
 def main():
