@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 #include "common/host_device.h"
 #include "kernels/kv_element.h"
@@ -84,8 +85,11 @@ float* widened_row_buffer(int64_t n);
 // dot(w row r, x row t) (+ bias[r]) for t in [0, n). What a thread of the CUDA backend's
 // projection kernel computes: the device runs the scalar definition token by token; the
 // emulated kernel on the host runs gemm_rows on the one row (the same bits, the weight row
-// read once for all n tokens).
-KVP_HOST_DEVICE inline void projection_row(const float* w, const float* bias, int64_t out_dim, int64_t in_dim,
+// read once for all n tokens). W: float, or BF16Bits (--weight-dtype bf16), whose row is
+// widened to fp32 exactly (on the host into a per-thread buffer for gemm_rows): the bits of
+// fp32 weights of the same values.
+template <typename W>
+KVP_HOST_DEVICE inline void projection_row(const W* w, const float* bias, int64_t out_dim, int64_t in_dim,
                                            const float* x, int64_t n, float* y, int64_t r) {
 #if defined(__CUDA_ARCH__)
   for (int64_t t = 0; t < n; ++t) {
@@ -94,29 +98,17 @@ KVP_HOST_DEVICE inline void projection_row(const float* w, const float* bias, in
     y[t * out_dim + r] = acc;
   }
 #else
-  gemm_rows(gemm_isa(), w, bias, out_dim, in_dim, x, n, y, r, r + 1);
-#endif
-}
-
-// projection_row over bf16 weights: row r widened to fp32 exactly, then projection_row's
-// arithmetic (the same bits as the fp32 weights of the same values). On the host the row is
-// widened into a per-thread buffer for gemm_rows.
-KVP_HOST_DEVICE inline void projection_row(const BF16Bits* w, const float* bias, int64_t out_dim, int64_t in_dim,
-                                           const float* x, int64_t n, float* y, int64_t r) {
-#if defined(__CUDA_ARCH__)
-  for (int64_t t = 0; t < n; ++t) {
-    float acc = dot_fma_scalar(w + r * in_dim, x + t * in_dim, in_dim);
-    if (bias != nullptr) acc += bias[r];
-    y[t * out_dim + r] = acc;
+  if constexpr (std::is_same_v<W, float>) {
+    gemm_rows(gemm_isa(), w, bias, out_dim, in_dim, x, n, y, r, r + 1);
+  } else {
+    // The widened row as a one-row matrix through gemm_rows (all n tokens at once), its n
+    // outputs then moved to column r of y with the bias: gemm_rows' one fp32 add after the dot.
+    float* row = widened_row_buffer(in_dim + n);
+    float* out = row + in_dim;
+    for (int64_t i = 0; i < in_dim; ++i) row[i] = kv_to_float(w[r * in_dim + i]);
+    gemm_rows(gemm_isa(), row, nullptr, 1, in_dim, x, n, out, 0, 1);
+    for (int64_t t = 0; t < n; ++t) y[t * out_dim + r] = bias != nullptr ? out[t] + bias[r] : out[t];
   }
-#else
-  // The widened row as a one-row matrix through gemm_rows (all n tokens at once), its n
-  // outputs then moved to column r of y with the bias: gemm_rows' one fp32 add after the dot.
-  float* row = widened_row_buffer(in_dim + n);
-  float* out = row + in_dim;
-  for (int64_t i = 0; i < in_dim; ++i) row[i] = kv_to_float(w[r * in_dim + i]);
-  gemm_rows(gemm_isa(), row, nullptr, 1, in_dim, x, n, out, 0, 1);
-  for (int64_t t = 0; t < n; ++t) y[t * out_dim + r] = bias != nullptr ? out[t] + bias[r] : out[t];
 #endif
 }
 

@@ -913,6 +913,26 @@ std::string factory_name(const ::testing::TestParamInfo<BackendFactory>& p) {
   return name;
 }
 
+// The projection kernels' lanes per row (process-wide), restored however a test ends.
+struct ProjectLanesRestore {
+  int saved = kvp::cuda_kernels::KVP_CUDA_FLAVOUR_NS::project_lanes();
+  ~ProjectLanesRestore() { kvp::cuda_kernels::KVP_CUDA_FLAVOUR_NS::set_project_lanes(saved); }
+};
+
+// A short schedule for the slow emulated paths (shuffles): 40 tokens in chunks of 20, 19 and 1,
+// and 30 in 29 and 1 joining at step 1, through scrambled tables of a pool of `pool_blocks`.
+std::vector<SeqSchedule> short_two_sequence_schedule(int64_t vocab, int32_t pool_blocks) {
+  std::vector<SeqSchedule> seqs(2);
+  seqs[0].tokens = tokens_for(40, vocab, 1);
+  seqs[0].chunks = chunks_of(40, {20, 19, 1});
+  seqs[0].table = scrambled_table(10, pool_blocks, 5);
+  seqs[1].tokens = tokens_for(30, vocab, 2);
+  seqs[1].chunks = chunks_of(30, {29, 1});
+  seqs[1].table = scrambled_table(8, pool_blocks, 6, seqs[0].table);
+  seqs[1].start_step = 1;
+  return seqs;
+}
+
 // bf16 weights (--weight-dtype bf16): every matrix stored as bf16 and widened exactly as a
 // kernel reads it, so on a model whose matrices are bf16 values the CUDA backend gives the
 // bits it gives with fp32 weights of the same values, in either flavour (the emulated one and,
@@ -922,10 +942,7 @@ std::string factory_name(const ::testing::TestParamInfo<BackendFactory>& p) {
 // changes the logits.
 TEST(CudaWeights, Bf16WeightsGiveTheBitsOfFp32WeightsOfTheSameValues) {
   if (kCudaFlavour == CudaFlavour::kDevice && !cuda_device_status()) GTEST_SKIP() << cuda_device_status().message();
-  struct Lanes {  // process-wide: restored however the test ends
-    int saved = kvp::cuda_kernels::KVP_CUDA_FLAVOUR_NS::project_lanes();
-    ~Lanes() { kvp::cuda_kernels::KVP_CUDA_FLAVOUR_NS::set_project_lanes(saved); }
-  } restore;
+  const ProjectLanesRestore restore;
   for (const char* preset : {"tiny-qwen2-hybrid", "tiny-gemma3"}) {
     SCOPED_TRACE(preset);
     const Model fp32 = *make_preset(preset, 0);
@@ -933,14 +950,7 @@ TEST(CudaWeights, Bf16WeightsGiveTheBitsOfFp32WeightsOfTheSameValues) {
     round_matrices_to_bf16(rounded);
     ASSERT_TRUE(matrices_are_bf16(rounded));
     ASSERT_FALSE(matrices_are_bf16(fp32));
-    std::vector<SeqSchedule> seqs(2);
-    seqs[0].tokens = tokens_for(40, fp32.config.vocab_size, 1);
-    seqs[0].chunks = chunks_of(40, {20, 19, 1});
-    seqs[0].table = scrambled_table(10, 64, 5);
-    seqs[1].tokens = tokens_for(30, fp32.config.vocab_size, 2);
-    seqs[1].chunks = chunks_of(30, {29, 1});
-    seqs[1].table = scrambled_table(8, 64, 6, seqs[0].table);
-    seqs[1].start_step = 1;
+    const std::vector<SeqSchedule> seqs = short_two_sequence_schedule(fp32.config.vocab_size, 64);
     BackendParams p;
     p.pool = pool_shape_for(fp32.config, 4, 64, 0, DType::kF32);
     p.attention_partition = 8;
@@ -1105,26 +1115,15 @@ TEST(CudaEmu, GivesTheCpuBackendsBitsForGemma) {
 // definition's partial sum l, the tree as a shuffle butterfly) instead of a thread per row:
 // still the CPU backend's bits.
 TEST(CudaEmu, SixteenLanesPerProjectionRowGiveTheCpuBackendsBits) {
-  struct Lanes {  // process-wide: restored however the test ends
-    int saved = kvp::cuda_kernels::emu::project_lanes();
-    ~Lanes() { kvp::cuda_kernels::emu::set_project_lanes(saved); }
-  } restore;
+  const ProjectLanesRestore restore;
   ASSERT_TRUE(kvp::cuda_kernels::emu::set_project_lanes(16));
   // Qwen2 (biases; project_qkv_rope_kv) and Gemma 3 (q/k norms: project_qkv; GeGLU): every
-  // projection kernel. A shorter schedule than two_sequence_schedule (the emulated shuffles
-  // are slow): 40 tokens in chunks of 20, 19 and 1, and 30 in 29 and 1 joining at step 1, over
-  // partitions of 8 positions.
+  // projection kernel, on the short schedule (the emulated shuffles are slow), over partitions
+  // of 8 positions.
   for (const char* preset : {"tiny-qwen2-hybrid", "tiny-gemma3"}) {
     SCOPED_TRACE(preset);
     const Model m = *make_preset(preset, 0);
-    std::vector<SeqSchedule> seqs(2);
-    seqs[0].tokens = tokens_for(40, m.config.vocab_size, 1);
-    seqs[0].chunks = chunks_of(40, {20, 19, 1});
-    seqs[0].table = scrambled_table(10, 128, 5);
-    seqs[1].tokens = tokens_for(30, m.config.vocab_size, 2);
-    seqs[1].chunks = chunks_of(30, {29, 1});
-    seqs[1].table = scrambled_table(8, 128, 6, seqs[0].table);
-    seqs[1].start_step = 1;
+    const std::vector<SeqSchedule> seqs = short_two_sequence_schedule(m.config.vocab_size, 128);
     BackendParams p;
     p.pool = pool_shape_for(m.config, 4, 128, 0, DType::kBF16);
     p.attention_partition = 8;

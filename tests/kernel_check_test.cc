@@ -270,6 +270,15 @@ TEST(KernelCheck, WindowedCasesComeLastAndOnlyToAPluginWithAWindow) {
   for (const CaseRecord& c : v2.cases) EXPECT_EQ(c.spec.window, 0) << c.spec.describe();
 }
 
+// Runs case `c` on the plug-in in this process: taken (not skipped) and passed, or the first
+// failure named with the plug-in and the case.
+void expect_case_passes(const kvp_attention_plugin& d, const KernelCase& c, const std::string& name) {
+  const CaseResult r = run_case(d, c);
+  EXPECT_FALSE(r.skipped) << name << " " << c.describe();
+  EXPECT_TRUE(r.passed()) << name << " " << c.describe() << ": " << r.failures[0].property << ": "
+                          << r.failures[0].message;
+}
+
 // kvproof's CPU kernel and an independent C kernel (naive-c-v3, every layout) pass every
 // windowed case, in which the table entries before a window name a block of NaN.
 TEST(KernelCheck, CorrectKernelsPassEveryWindowedCase) {
@@ -286,10 +295,7 @@ TEST(KernelCheck, CorrectKernelsPassEveryWindowedCase) {
       const Inputs in = make_inputs(c);
       if (std::any_of(in.dead_entries.begin(), in.dead_entries.end(), [](int32_t n) { return n > 0; }))
         ++with_dead_entries;
-      const CaseResult r = run_case(d, c);
-      EXPECT_FALSE(r.skipped) << name << " " << c.describe();
-      EXPECT_TRUE(r.passed()) << name << " " << c.describe() << ": " << r.failures[0].property << ": "
-                              << r.failures[0].message;
+      expect_case_passes(d, c, name);
     }
     EXPECT_GT(cases, 20) << name;
     EXPECT_GT(with_dead_entries, cases / 2) << name;
@@ -407,10 +413,7 @@ TEST(KernelCheck, CorrectKernelsPassEveryScaleAndSoftCappedCase) {
       if (c.scale == 0.0f && c.softcap == 0.0f) continue;
       (c.softcap > 0.0f ? capped : scaled) += 1;
       layouts.insert(c.kv_layout);
-      const CaseResult r = run_case(d, c);
-      EXPECT_FALSE(r.skipped) << name << " " << c.describe();
-      EXPECT_TRUE(r.passed()) << name << " " << c.describe() << ": " << r.failures[0].property << ": "
-                              << r.failures[0].message;
+      expect_case_passes(d, c, name);
     }
     EXPECT_GE(scaled, 8) << name;
     EXPECT_GE(capped, 8) << name;

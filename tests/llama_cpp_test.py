@@ -65,10 +65,13 @@ def install(work):
     return node
 
 
-def scale_tensor(src, dst, name, factor):
-    """Copies a GGUF file with one f32 tensor scaled, walking the layout of the GGUF
-    specification (version 3)."""
-    data = bytearray(open(src, "rb").read())
+_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def gguf_layout(data):
+    """A GGUF file's layout, walked as the GGUF specification (version 3) lays it out: its
+    metadata {key: (value type, offset of the value)}, its tensors {name: (dims, type, offset
+    from the data section)} and where the data section starts."""
     at = 4 + 4
     n_tensors, n_meta = struct.unpack_from("<QQ", data, at)
     at += 16
@@ -77,12 +80,12 @@ def scale_tensor(src, dst, name, factor):
         n = struct.unpack_from("<Q", data, at)[0]
         return data[at + 8:at + 8 + n].decode(), at + 8 + n
 
-    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-    alignment = 32
+    meta = {}
     for _ in range(n_meta):
         key, at = string(at)
         vtype = struct.unpack_from("<I", data, at)[0]
         at += 4
+        meta[key] = (vtype, at)
         if vtype == 8:
             _, at = string(at)
         elif vtype == 9:
@@ -92,25 +95,31 @@ def scale_tensor(src, dst, name, factor):
                 if etype == 8:
                     _, at = string(at)
                 else:
-                    at += sizes[etype]
+                    at += _SIZES[etype]
         else:
-            if key == "general.alignment":
-                alignment = struct.unpack_from("<I", data, at)[0]
-            at += sizes[vtype]
-    found = None
+            at += _SIZES[vtype]
+    tensors = {}
     for _ in range(n_tensors):
         tname, at = string(at)
         n_dims = struct.unpack_from("<I", data, at)[0]
         dims = struct.unpack_from(f"<{n_dims}Q", data, at + 4)
         ttype, offset = struct.unpack_from("<IQ", data, at + 4 + 8 * n_dims)
         at += 4 + 8 * n_dims + 12
-        if tname == name:
-            found = (dims, ttype, offset)
-    if found is None or found[1] != 0:
+        tensors[tname] = (dims, ttype, offset)
+    alignment = struct.unpack_from("<I", data, meta["general.alignment"][1])[0] if "general.alignment" in meta else 32
+    return meta, tensors, (at + alignment - 1) // alignment * alignment
+
+
+def scale_tensor(src, dst, name, factor):
+    """Copies a GGUF file with one f32 tensor scaled."""
+    data = bytearray(open(src, "rb").read())
+    _, tensors, data_start = gguf_layout(data)
+    if name not in tensors or tensors[name][1] != 0:
         raise SystemExit(f"{name}: not an f32 tensor of {src}")
-    start = (at + alignment - 1) // alignment * alignment + found[2]
+    dims, _, offset = tensors[name]
+    start = data_start + offset
     count = 1
-    for d in found[0]:
+    for d in dims:
         count *= d
     values = struct.unpack_from(f"<{count}f", data, start)
     struct.pack_into(f"<{count}f", data, start, *[v * factor for v in values])
@@ -118,40 +127,27 @@ def scale_tensor(src, dst, name, factor):
 
 
 def set_u32_key(src, dst, key, value):
-    """Copies a GGUF file with one uint32 metadata value replaced (the same size: nothing moves)."""
+    """Copies a GGUF file with one uint32 metadata value replaced (the same size: nothing moves);
+    returns the value it had."""
     data = bytearray(open(src, "rb").read())
-    at = 4 + 4 + 8
-    n_meta = struct.unpack_from("<Q", data, at)[0]
-    at += 8
+    meta, _, _ = gguf_layout(data)
+    if key not in meta or meta[key][0] != 4:
+        raise SystemExit(f"{key}: not a uint32 in {src}")
+    old = struct.unpack_from("<I", data, meta[key][1])[0]
+    struct.pack_into("<I", data, meta[key][1], value)
+    open(dst, "wb").write(data)
+    return old
 
-    def string(at):
-        n = struct.unpack_from("<Q", data, at)[0]
-        return data[at + 8:at + 8 + n].decode(), at + 8 + n
 
-    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-    for _ in range(n_meta):
-        k, at = string(at)
-        vtype = struct.unpack_from("<I", data, at)[0]
-        at += 4
-        if vtype == 8:
-            _, at = string(at)
-        elif vtype == 9:
-            etype, count = struct.unpack_from("<IQ", data, at)
-            at += 12
-            for _ in range(count):
-                if etype == 8:
-                    _, at = string(at)
-                else:
-                    at += sizes[etype]
-        else:
-            if k == key:
-                if vtype != 4:
-                    raise SystemExit(f"{key}: not a uint32 in {src}")
-                struct.pack_into("<I", data, at, value)
-                open(dst, "wb").write(data)
-                return struct.unpack_from("<I", open(src, "rb").read(), at)[0]
-            at += sizes[vtype]
-    raise SystemExit(f"{key}: not in {src}")
+def run_driver(a, node, model, golden, out_name, *extra):
+    """tools/llama_cpp/candidate.mjs on `model` for `golden`; returns the candidate's path and
+    the driver's output (printed)."""
+    path = os.path.join(a.work, out_name)
+    rc, out = run([node, os.path.join(a.work, "candidate.mjs"), "--model", model, "--golden", golden, "--out", path,
+                   *extra])
+    check(rc == 0, f"driver {os.path.basename(model)} {extra}: {out[-2000:]}")
+    print(out.strip())
+    return path, out
 
 
 def gemma(a, node, preset, window_key):
@@ -165,12 +161,7 @@ def gemma(a, node, preset, window_key):
     check(rc == 0, f"reference {preset}: {out}")
 
     def candidate(model, name, *extra):
-        path = os.path.join(a.work, name)
-        rc, out = run([node, os.path.join(a.work, "candidate.mjs"), "--model", model, "--golden", golden, "--out",
-                       path, "--sequences", "1", *extra])
-        check(rc == 0, f"driver {preset} {extra}: {out[-2000:]}")
-        print(out.strip())
-        return path, out
+        return run_driver(a, node, model, golden, name, "--sequences", "1", *extra)
 
     good, out = candidate(gguf, f"{preset}-candidate.jsonl")
     check("evaluated again from position 0" in out, f"{preset}: the driver reports its window re-evaluations")
@@ -197,11 +188,7 @@ def gemma(a, node, preset, window_key):
     rc, out = run([a.kvproof, "reference", "--preset", preset, "--shape", "long-docs", "--top-k", "4",
                    "--out", long_golden])
     check(rc == 0, f"reference {preset} long-docs: {out}")
-    path = os.path.join(a.work, f"{preset}-long-candidate.jsonl")
-    rc, out = run([node, os.path.join(a.work, "candidate.mjs"), "--model", gguf, "--golden", long_golden, "--out",
-                   path, "--sequences", "1"])
-    check(rc == 0, f"driver {preset} long-docs: {out[-2000:]}")
-    print(out.strip())
+    path, _ = run_driver(a, node, gguf, long_golden, f"{preset}-long-candidate.jsonl", "--sequences", "1")
     rc, out = run([a.kvproof, "compare", long_golden, path, "--tolerance", "1e-2"])
     check(rc == 0 and "verdict: PASS" in out, f"{preset} long-docs: llama.cpp agrees within 1e-2 nats\n{out[-600:]}")
 
@@ -221,12 +208,7 @@ def main():
     check(rc == 0, f"reference: {out}")
 
     def candidate(model, out_name, *extra):
-        path = os.path.join(a.work, out_name)
-        rc, out = run([node, os.path.join(a.work, "candidate.mjs"), "--model", model, "--golden", golden, "--out",
-                       path, *extra])
-        check(rc == 0, f"driver {extra}: {out[-2000:]}")
-        print(out.strip())
-        return path
+        return run_driver(a, node, model, golden, out_name, *extra)[0]
 
     good = candidate(gguf, "candidate.jsonl", "--sequences", "1")
     rc, out = run([a.kvproof, "compare", golden, good, "--tolerance", "1e-4", "--json",

@@ -97,7 +97,7 @@ Status BackendChoice::apply(verify::EngineOptions& v) const {
 Result<std::string> BackendChoice::apply_weight_dtype(Model& model, verify::EngineOptions& v) const {
   if (weight_dtype == "bf16") {
     const bool already = matrices_are_bf16(model);
-    round_matrices_to_bf16(model);
+    if (!already) round_matrices_to_bf16(model);
     v.weight_dtype = DType::kBF16;
     return std::string(already ? "bf16" : "bf16 (the matrices rounded from fp32, for the oracle too)");
   }
