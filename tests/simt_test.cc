@@ -298,5 +298,34 @@ TEST(SimtRuntime, EventsMeasureElapsedTimeAndStreamsSynchronize) {
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
+// Stream capture and graphs (runtime.h): a replay runs what the capture recorded, on the
+// buffers' contents at replay time and with the kernel parameters of capture time.
+TEST(SimtGraphs, ReplayRunsTheCapturedKernelAndCopyOnEachNewInputWithTheCapturedParameters) {
+  const std::vector<std::vector<float>> inputs = {ramp(300), std::vector<float>(300, -1.5f), ramp(300)};
+  std::vector<std::vector<float>> out;
+  const KernelRun run = graph_replay(inputs, 2.0f, Bug::kNone, &out);
+  ASSERT_TRUE(run.ok) << run.error;
+  ASSERT_EQ(out.size(), inputs.size());
+  for (std::size_t r = 0; r < inputs.size(); ++r) {
+    ASSERT_EQ(out[r].size(), inputs[r].size());
+    for (std::size_t i = 0; i < inputs[r].size(); ++i)
+      ASSERT_EQ(out[r][i], 2.0f * inputs[r][i]) << "replay " << r << ", element " << i;
+  }
+}
+
+TEST(SimtGraphs, ALaunchOnTheLegacyStreamDuringACaptureInvalidatesItNamingTheKernel) {
+  std::vector<std::vector<float>> out;
+  const KernelRun run = graph_replay({ramp(64)}, 2.0f, Bug::kLegacyStreamInCapture, &out);
+  ASSERT_FALSE(run.ok);
+  EXPECT_THAT(run.error, HasSubstr("invalidated by launch of kernel scale_kernel on the legacy stream"));
+}
+
+TEST(SimtGraphs, ASynchronousCopyDuringACaptureInvalidatesItNamingTheCall) {
+  std::vector<std::vector<float>> out;
+  const KernelRun run = graph_replay({ramp(64)}, 2.0f, Bug::kSyncCopyInCapture, &out);
+  ASSERT_FALSE(run.ok);
+  EXPECT_THAT(run.error, HasSubstr("invalidated by cudaMemcpy"));
+}
+
 }  // namespace
 }  // namespace kvp::simt::test

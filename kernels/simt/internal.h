@@ -43,6 +43,12 @@ void fill_pattern(void* p, std::size_t bytes);
 
 std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
+// Stream capture (runtime.h). A synchronising call while a capture forbids it: refused
+// (`code` set as the thread's error, naming `call`) and every such capture invalidated.
+bool refused_during_capture(const char* call, cudaError_t code);
+// Where an operation on `stream` (a launch, an async copy; `what` names it) goes now.
+LaunchMode operation_mode(const std::string& what, cudaStream_t stream);
+
 // Thrown inside a CUDA thread when its block has failed, to unwind the kernel's frames.
 struct BlockAborted {};
 

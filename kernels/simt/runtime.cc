@@ -19,6 +19,25 @@
 
 #include <unistd.h>
 
+inline namespace kvp_simt_emulated {
+// A stream, and what it records while it captures (runtime.h, stream capture). Capture state
+// changes only under kvp::simt::detail's capture mutex.
+struct kvp_simt_stream {
+  bool capturing = false;
+  bool invalidated = false;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id owner;       // the host thread that began the capture
+  std::string invalidated_by;  // the refused call that invalidated it
+  std::vector<std::function<void()>> recorded;
+};
+struct kvp_simt_graph {
+  std::vector<std::function<void()>> operations;
+};
+struct kvp_simt_graph_exec {
+  std::vector<std::function<void()>> operations;
+};
+}  // namespace kvp_simt_emulated
+
 namespace kvp::simt {
 inline namespace emulated {
 namespace detail {
@@ -36,6 +55,28 @@ thread_local uint64_t tls_launches = 0;
 void set_error(cudaError_t code, std::string message) {
   tls_last_error.code = code;
   tls_last_error.message = std::move(message);
+}
+
+// The streams capturing now; g_num_capturing lets every call skip the mutex when none is.
+std::mutex g_capture_mu;
+std::vector<kvp_simt_stream*> g_capturing;
+std::atomic<int> g_num_capturing{0};
+
+// Whether a capture that forbids a synchronising call from this thread is active (global
+// mode: any thread's; thread-local mode: this thread's). If so, every such capture is
+// invalidated by `call`. REQUIRES: g_capture_mu held.
+bool forbidding_capture_locked(const std::string& call) {
+  bool forbidden = false;
+  for (kvp_simt_stream* s : g_capturing) {
+    if (s->mode == cudaStreamCaptureModeRelaxed) continue;
+    if (s->mode == cudaStreamCaptureModeThreadLocal && s->owner != std::this_thread::get_id()) continue;
+    forbidden = true;
+    if (!s->invalidated) {
+      s->invalidated = true;
+      s->invalidated_by = call;
+    }
+  }
+  return forbidden;
 }
 
 #if !defined(KVP_SIMT_THREADS)
@@ -182,6 +223,46 @@ void launch(const char* kernel, dim3 grid, dim3 block, std::size_t shmem_bytes, 
   }
 }
 
+// A synchronising call (cudaMalloc, cudaMemcpy, ...) while a capture forbids it: refused
+// (`code` set as the thread's error, naming the call) and the capture invalidated.
+bool refused_during_capture(const char* call, cudaError_t code) {
+  if (g_num_capturing.load() == 0) return false;
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  if (!forbidding_capture_locked(call)) return false;
+  set_error(code, format("%s while a stream is being captured: refused, and the capture is invalidated (%s)", call,
+                         cudaGetErrorName(code)));
+  return true;
+}
+
+// Where an operation on `stream` goes now (launches and async copies).
+LaunchMode operation_mode(const std::string& what, cudaStream_t stream) {
+  if (g_num_capturing.load() == 0) return LaunchMode::kRun;
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  if (stream == nullptr) {
+    if (!forbidding_capture_locked(what + " on the legacy stream")) return LaunchMode::kRun;
+    set_error(cudaErrorStreamCaptureImplicit,
+              format("%s on the legacy stream while a stream is being captured: refused, and the capture is "
+                     "invalidated (cudaErrorStreamCaptureImplicit)",
+                     what.c_str()));
+    return LaunchMode::kRefused;
+  }
+  if (!stream->capturing) return LaunchMode::kRun;
+  if (stream->invalidated) {
+    set_error(cudaErrorStreamCaptureInvalidated, format("%s on a stream whose capture was invalidated by %s",
+                                                        what.c_str(), stream->invalidated_by.c_str()));
+    return LaunchMode::kRefused;
+  }
+  return LaunchMode::kRecord;
+}
+
+LaunchMode launch_mode(const char* kernel, cudaStream_t stream) {
+  return operation_mode(std::string("launch of kernel ") + kernel, stream);
+}
+
+void record(cudaStream_t stream, std::function<void()> operation) {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  stream->recorded.push_back(std::move(operation));
+}
 }  // namespace detail
 
 // ---- runtime shim ----
@@ -202,13 +283,14 @@ int host_threads() {
 
 inline namespace kvp_simt_emulated {
 
-struct kvp_simt_stream {};
 struct kvp_simt_event {
   std::chrono::steady_clock::time_point at{};
 };
 
 cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
   if (ptr == nullptr) return cudaErrorInvalidValue;
+  if (kvp::simt::detail::refused_during_capture("cudaMalloc", cudaErrorStreamCaptureUnsupported))
+    return cudaErrorStreamCaptureUnsupported;
   auto* p = new (std::nothrow) unsigned char[bytes];
   if (p == nullptr) return cudaErrorMemoryAllocation;
   kvp::simt::detail::fill_pattern(p, bytes);
@@ -216,36 +298,71 @@ cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaFree(void* ptr) {
+  if (kvp::simt::detail::refused_during_capture("cudaFree", cudaErrorStreamCaptureUnsupported))
+    return cudaErrorStreamCaptureUnsupported;
   delete[] static_cast<unsigned char*>(ptr);
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** ptr, std::size_t bytes) {
   if (ptr == nullptr) return cudaErrorInvalidValue;
+  if (kvp::simt::detail::refused_during_capture("cudaMallocHost", cudaErrorStreamCaptureUnsupported))
+    return cudaErrorStreamCaptureUnsupported;
   *ptr = new (std::nothrow) unsigned char[bytes];
   return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFreeHost(void* ptr) {
+  if (kvp::simt::detail::refused_during_capture("cudaFreeHost", cudaErrorStreamCaptureUnsupported))
+    return cudaErrorStreamCaptureUnsupported;
   delete[] static_cast<unsigned char*>(ptr);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
   if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return cudaErrorInvalidValue;
+  if (kvp::simt::detail::refused_during_capture("cudaMemcpy", cudaErrorStreamCaptureUnsupported))
+    return cudaErrorStreamCaptureUnsupported;
   if (bytes == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return cudaErrorInvalidValue;
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  using kvp::simt::detail::LaunchMode;
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return cudaErrorInvalidValue;
+  if (bytes != 0 && (dst == nullptr || src == nullptr)) return cudaErrorInvalidValue;
+  switch (kvp::simt::detail::operation_mode("cudaMemcpyAsync", stream)) {
+    case LaunchMode::kRefused: return cudaGetLastError();
+    case LaunchMode::kRecord:  // a memcpy node: these pointers, read and written at each replay
+      kvp::simt::detail::record(stream, [=] {
+        if (bytes != 0) std::memmove(dst, src, bytes);
+      });
+      return cudaSuccess;
+    case LaunchMode::kRun: break;
+  }
+  if (bytes != 0) std::memmove(dst, src, bytes);
+  return cudaSuccess;
 }
 cudaError_t cudaMemset(void* dst, int value, std::size_t bytes) {
+  if (kvp::simt::detail::refused_during_capture("cudaMemset", cudaErrorStreamCaptureUnsupported))
+    return cudaErrorStreamCaptureUnsupported;
   if (bytes == 0) return cudaSuccess;
   if (dst == nullptr) return cudaErrorInvalidValue;
   std::memset(dst, value, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* dst, int value, std::size_t bytes, cudaStream_t) {
-  return cudaMemset(dst, value, bytes);
+cudaError_t cudaMemsetAsync(void* dst, int value, std::size_t bytes, cudaStream_t stream) {
+  using kvp::simt::detail::LaunchMode;
+  if (bytes != 0 && dst == nullptr) return cudaErrorInvalidValue;
+  switch (kvp::simt::detail::operation_mode("cudaMemsetAsync", stream)) {
+    case LaunchMode::kRefused: return cudaGetLastError();
+    case LaunchMode::kRecord:
+      kvp::simt::detail::record(stream, [=] {
+        if (bytes != 0) std::memset(dst, value, bytes);
+      });
+      return cudaSuccess;
+    case LaunchMode::kRun: break;
+  }
+  if (bytes != 0) std::memset(dst, value, bytes);
+  return cudaSuccess;
 }
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   if (stream == nullptr) return cudaErrorInvalidValue;
@@ -253,10 +370,19 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (stream != nullptr && stream->capturing) {  // CUDA ends the capture with the stream
+    std::lock_guard<std::mutex> lock(kvp::simt::detail::g_capture_mu);
+    std::erase(kvp::simt::detail::g_capturing, stream);
+    --kvp::simt::detail::g_num_capturing;
+  }
   delete stream;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  if (kvp::simt::detail::refused_during_capture("cudaStreamSynchronize", cudaErrorStreamCaptureUnsupported))
+    return cudaErrorStreamCaptureUnsupported;
+  return cudaSuccess;
+}
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
   if (event == nullptr) return cudaErrorInvalidValue;
   *event = new kvp_simt_event;
@@ -272,6 +398,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (kvp::simt::detail::refused_during_capture("cudaEventSynchronize", cudaErrorStreamCaptureUnsupported))
+    return cudaErrorStreamCaptureUnsupported;
   return event == nullptr ? cudaErrorInvalidResourceHandle : cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -280,7 +408,96 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+  if (kvp::simt::detail::refused_during_capture("cudaDeviceSynchronize", cudaErrorStreamCaptureUnsupported))
+    return cudaErrorStreamCaptureUnsupported;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  namespace d = kvp::simt::detail;
+  if (stream == nullptr) return cudaErrorStreamCaptureUnsupported;  // the legacy stream cannot capture
+  if (mode < cudaStreamCaptureModeGlobal || mode > cudaStreamCaptureModeRelaxed) return cudaErrorInvalidValue;
+  std::lock_guard<std::mutex> lock(d::g_capture_mu);
+  if (stream->capturing) return cudaErrorInvalidValue;
+  stream->capturing = true;
+  stream->invalidated = false;
+  stream->invalidated_by.clear();
+  stream->mode = mode;
+  stream->owner = std::this_thread::get_id();
+  stream->recorded.clear();
+  d::g_capturing.push_back(stream);
+  ++d::g_num_capturing;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  namespace d = kvp::simt::detail;
+  if (graph == nullptr) return cudaErrorInvalidValue;
+  *graph = nullptr;
+  if (stream == nullptr) return cudaErrorInvalidValue;
+  std::lock_guard<std::mutex> lock(d::g_capture_mu);
+  if (!stream->capturing) return cudaErrorInvalidValue;
+  stream->capturing = false;
+  std::erase(d::g_capturing, stream);
+  --d::g_num_capturing;
+  std::vector<std::function<void()>> recorded = std::move(stream->recorded);
+  stream->recorded.clear();
+  if (stream->invalidated) {
+    d::set_error(cudaErrorStreamCaptureInvalidated,
+                 d::format("cudaStreamEndCapture: the capture was invalidated by %s", stream->invalidated_by.c_str()));
+    return cudaErrorStreamCaptureInvalidated;
+  }
+  *graph = new kvp_simt_graph{std::move(recorded)};
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  if (status == nullptr) return cudaErrorInvalidValue;
+  *status = cudaStreamCaptureStatusNone;
+  if (stream == nullptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(kvp::simt::detail::g_capture_mu);
+  if (stream->capturing)
+    *status = stream->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long /*flags*/) {
+  if (exec == nullptr) return cudaErrorInvalidValue;
+  if (graph == nullptr) return cudaErrorInvalidResourceHandle;
+  *exec = new kvp_simt_graph_exec{graph->operations};
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  using kvp::simt::detail::LaunchMode;
+  if (exec == nullptr) return cudaErrorInvalidResourceHandle;
+  switch (kvp::simt::detail::operation_mode("cudaGraphLaunch", stream)) {
+    case LaunchMode::kRefused: return cudaGetLastError();
+    case LaunchMode::kRecord: return cudaErrorStreamCaptureUnsupported;  // no graph within a graph here
+    case LaunchMode::kRun: break;
+  }
+  // Every operation in its recorded order (one stream's capture is a chain); a kernel that
+  // fails ends the replay with its error.
+  const cudaError_t pending = cudaPeekAtLastError();
+  if (pending != cudaSuccess) return pending;
+  for (const std::function<void()>& operation : exec->operations) {
+    operation();
+    if (cudaPeekAtLastError() != cudaSuccess) return cudaGetLastError();
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+
 cudaError_t cudaGetDeviceCount(int* count) {
   if (count == nullptr) return cudaErrorInvalidValue;
   *count = 1;
@@ -302,6 +519,9 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
   }
   return "cudaErrorUnknown";
 }
@@ -315,6 +535,10 @@ const char* cudaGetErrorString(cudaError_t error) {
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
   }
   return "unknown error";
 }

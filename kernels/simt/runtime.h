@@ -50,6 +50,9 @@ enum cudaError_t {
   cudaErrorNoDevice = 100,
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorLaunchFailure = 719,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureImplicit = 906,
 };
 using cudaError = cudaError_t;
 
@@ -68,8 +71,23 @@ struct dim3 {
 
 struct kvp_simt_stream;
 struct kvp_simt_event;
+struct kvp_simt_graph;
+struct kvp_simt_graph_exec;
 using cudaStream_t = kvp_simt_stream*;
 using cudaEvent_t = kvp_simt_event*;
+using cudaGraph_t = kvp_simt_graph*;
+using cudaGraphExec_t = kvp_simt_graph_exec*;
+
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+};
 
 // Allocates `bytes` of device memory filled with the 0x7FA07FA0 pattern.
 cudaError_t cudaMalloc(void** ptr, std::size_t bytes);
@@ -103,6 +121,26 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event);
 // Milliseconds between two recorded events.
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaDeviceSynchronize();
+
+// Stream capture and graphs (CUDA 12's signatures). Between cudaStreamBeginCapture and
+// cudaStreamEndCapture a launch, cudaMemcpyAsync or cudaMemsetAsync on the capturing stream
+// is recorded, not run: a launch's arguments are converted and copied then (as CUDA copies a
+// kernel node's parameters), a copy's pointers are kept (it reads and writes them at each
+// replay). cudaGraphLaunch runs the recorded work in order. As on a GPU, in the global and
+// thread-local modes a call that would synchronise with the capturing stream (cudaMalloc,
+// cudaFree, cudaMemcpy, cudaMemset, cudaDeviceSynchronize, cudaStreamSynchronize or
+// cudaEventSynchronize, or a launch or async copy on the legacy stream 0) is refused with
+// cudaErrorStreamCaptureUnsupported (cudaErrorStreamCaptureImplicit for stream 0) and
+// invalidates the capture: cudaStreamEndCapture then fails with
+// cudaErrorStreamCaptureInvalidated, and kvp::simt::last_error_message() names the call.
+// (Relaxed mode refuses nothing.) The legacy stream cannot capture.
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 
 // The emulated "device" always exists: count 1.
 cudaError_t cudaGetDeviceCount(int* count);

@@ -108,6 +108,8 @@ inline bool device_available() {
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -165,6 +167,15 @@ struct KernelBody {
 };
 void launch(const char* kernel, dim3 grid, dim3 block, std::size_t shmem_bytes, cudaStream_t stream, KernelBody body);
 
+// What a launch of `kernel` on `stream` does now (runtime.h, stream capture): run; be
+// recorded into the stream's capture; or be refused (a launch on the legacy stream while a
+// capture that forbids it is active: the capture is invalidated, the thread's error set).
+enum class LaunchMode { kRun, kRecord, kRefused };
+LaunchMode launch_mode(const char* kernel, cudaStream_t stream);
+// Appends a recorded operation to the capture of `stream`. REQUIRES: launch_mode(.., stream)
+// was kRecord.
+void record(cudaStream_t stream, std::function<void()> operation);
+
 template <class T>
 uint64_t to_bits(T v) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shuffle of a type over 8 bytes");
@@ -207,19 +218,32 @@ class Launch {
 
   template <class... A>
   void operator()(A&&... args) const {
-    std::tuple<P...> params(std::forward<A>(args)...);
-    struct Context {
-      void (*kernel)(P...);
-      const std::tuple<P...>* params;
-    } context{kernel_, &params};
-    auto run = [](const void* c) {
-      const auto* ctx = static_cast<const Context*>(c);
-      std::apply(ctx->kernel, *ctx->params);
-    };
-    detail::launch(name_, grid_, block_, shmem_, stream_, detail::KernelBody{run, &context});
+    const detail::LaunchMode mode = detail::launch_mode(name_, stream_);
+    if (mode == detail::LaunchMode::kRefused) return;
+    if (mode == detail::LaunchMode::kRecord) {  // a graph's kernel node: these parameters at every replay
+      auto params = std::make_shared<const std::tuple<P...>>(std::forward<A>(args)...);
+      detail::record(stream_, [name = name_, kernel = kernel_, grid = grid_, block = block_, shmem = shmem_,
+                               stream = stream_, params] { run(name, kernel, grid, block, shmem, stream, *params); });
+      return;
+    }
+    const std::tuple<P...> params(std::forward<A>(args)...);
+    run(name_, kernel_, grid_, block_, shmem_, stream_, params);
   }
 
  private:
+  static void run(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shmem, cudaStream_t stream,
+                  const std::tuple<P...>& params) {
+    struct Context {
+      void (*kernel)(P...);
+      const std::tuple<P...>* params;
+    } context{kernel, &params};
+    auto body = [](const void* c) {
+      const auto* ctx = static_cast<const Context*>(c);
+      std::apply(ctx->kernel, *ctx->params);
+    };
+    detail::launch(name, grid, block, shmem, stream, detail::KernelBody{body, &context});
+  }
+
   const char* name_;
   void (*kernel_)(P...);
   dim3 grid_, block_;

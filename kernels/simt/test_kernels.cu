@@ -197,6 +197,12 @@ __global__ void convert_kernel(const float* in, int n, unsigned short* f16, unsi
   bf16_back[i] = __bfloat162float(b);
 }
 
+// y[i] = a * x[i] (graph_replay: `a` is a kernel parameter, captured by value).
+__global__ void scale_kernel(const float* x, float a, float* y, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) y[i] = a * x[i];
+}
+
 // ---- host side: allocation, copies, launch, error reporting ----
 
 dim3 to_dim3(Shape s) { return dim3(s.x, s.y, s.z); }
@@ -344,6 +350,48 @@ KernelRun grid_count(Shape grid, unsigned threads, Bug bug, unsigned* count) {
   KVP_TEST_CHECK(d_count.download(&c));
   *count = c[0];
   return run;
+}
+
+KernelRun graph_replay(const std::vector<std::vector<float>>& inputs, float a, Bug bug,
+                       std::vector<std::vector<float>>* out) {
+  const int n = inputs.empty() ? 0 : static_cast<int>(inputs[0].size());
+  DeviceArray<float> d_x(static_cast<std::size_t>(n)), d_y(static_cast<std::size_t>(n)),
+      d_z(static_cast<std::size_t>(n));
+  KVP_TEST_CHECK(d_x.status());
+  KVP_TEST_CHECK(d_y.status());
+  KVP_TEST_CHECK(d_z.status());
+  cudaStream_t stream = nullptr;
+  KVP_TEST_CHECK(cudaStreamCreate(&stream));
+  struct Cleanup {
+    cudaStream_t stream;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ~Cleanup() {
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      cudaStreamDestroy(stream);
+    }
+  } c{stream};
+  const unsigned blocks = static_cast<unsigned>((n + 127) / 128);
+  KVP_TEST_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  if (bug == Bug::kSyncCopyInCapture) (void)d_x.upload(inputs[0], static_cast<std::size_t>(n));
+  KVP_LAUNCH(scale_kernel, dim3(blocks), dim3(128), 0, bug == Bug::kLegacyStreamInCapture ? nullptr : stream)
+  (d_x.get(), a, d_y.get(), n);
+  (void)cudaGetLastError();  // a refused launch's error: the end of the capture reports it
+  KVP_TEST_CHECK(cudaMemcpyAsync(d_z.get(), d_y.get(), static_cast<std::size_t>(n) * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, stream));
+  KVP_TEST_CHECK(cudaStreamEndCapture(stream, &c.graph));
+  KVP_TEST_CHECK(cudaGraphInstantiate(&c.exec, c.graph, 0));
+  a += 1.0f;  // the captured node keeps the old value
+  out->clear();
+  for (const std::vector<float>& input : inputs) {
+    KVP_TEST_CHECK(d_x.upload(input, static_cast<std::size_t>(n)));
+    KVP_TEST_CHECK(cudaGraphLaunch(c.exec, stream));
+    KVP_TEST_CHECK(cudaStreamSynchronize(stream));
+    out->emplace_back();
+    KVP_TEST_CHECK(d_z.download(&out->back()));
+  }
+  return KernelRun{};
 }
 
 KernelRun convert(const std::vector<float>& in, Conversions* out) {

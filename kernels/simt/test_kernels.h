@@ -18,16 +18,18 @@ struct Shape {
 
 enum class Bug {
   kNone,
-  kOobGlobalRead,         // block_reverse: the last thread reads one element past `in`
-  kOobDynamicSharedRead,  // block_reverse: thread 0 reads one element past the dynamic buffer
-  kOobSharedWrite,        // histogram: bin 63 is counted one past the static shared array
-  kMissingBarrier,        // block_reduce: no __syncthreads between storing partials and the tree
-  kBarrierInBranch,       // block_reduce: the tree's __syncthreads sits inside `if (t < s)`
-  kEarlyReturn,           // block_reduce: the last thread returns before the first barrier
-  kShuffleSkipped,        // warp_reduce: lane 3 skips the shuffles that name it in their mask
-  kVoteMaskBeyondWarp,    // warp_reduce: __ballot_sync(0xffffffff) in a partial warp
-  kUninitialisedInput,    // block_reduce: the host copies all but the last input element
-  kPlainGlobalAdd,        // grid_count: every block adds to the count without an atomic
+  kOobGlobalRead,          // block_reverse: the last thread reads one element past `in`
+  kOobDynamicSharedRead,   // block_reverse: thread 0 reads one element past the dynamic buffer
+  kOobSharedWrite,         // histogram: bin 63 is counted one past the static shared array
+  kMissingBarrier,         // block_reduce: no __syncthreads between storing partials and the tree
+  kBarrierInBranch,        // block_reduce: the tree's __syncthreads sits inside `if (t < s)`
+  kEarlyReturn,            // block_reduce: the last thread returns before the first barrier
+  kShuffleSkipped,         // warp_reduce: lane 3 skips the shuffles that name it in their mask
+  kVoteMaskBeyondWarp,     // warp_reduce: __ballot_sync(0xffffffff) in a partial warp
+  kUninitialisedInput,     // block_reduce: the host copies all but the last input element
+  kPlainGlobalAdd,         // grid_count: every block adds to the count without an atomic
+  kLegacyStreamInCapture,  // graph_replay: the kernel is launched on stream 0 during the capture
+  kSyncCopyInCapture,      // graph_replay: a synchronous cudaMemcpy inside the capture
 };
 
 // A kernel run: ok, or the error the launch reported (for the emulation: naming kernel and block).
@@ -75,6 +77,15 @@ KernelRun block_reverse(const std::vector<float>& in, Shape grid, unsigned threa
 // block's thread count with a plain read-modify-write instead: a race between blocks only,
 // as no two threads of one block touch the word. 1-D blocks.
 KernelRun grid_count(Shape grid, unsigned threads, Bug bug, unsigned* count);
+
+// Stream capture and graph replay: captures y = a * x (scale_kernel) and an async copy of y
+// into z on a stream, instantiates the graph, and then for each input uploads it into x
+// (outside the graph) and replays the graph; out[i] is z after replay i. After the capture
+// the host variable `a` is changed to a + 1: a kernel node keeps the value it was captured
+// with, as on a GPU. bug: kLegacyStreamInCapture, kSyncCopyInCapture (both invalidate the
+// capture: the run fails naming the call).
+KernelRun graph_replay(const std::vector<std::vector<float>>& inputs, float a, Bug bug,
+                       std::vector<std::vector<float>>* out);
 
 // fp16 and bf16 round trips: bits of __float2half_rn / __float2bfloat16_rn and back to float.
 struct Conversions {
