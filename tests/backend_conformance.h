@@ -26,6 +26,8 @@ struct BackendParams {
   int64_t attention_partition = kernels::kDefaultAttentionPartition;
   // The CUDA backends' weight storage (the cpu backend computes with the model's fp32 values).
   DType weight_dtype = DType::kF32;
+  // The CUDA backends' decode graphs (CudaBackendConfig::max_graph_tokens; 0: eager).
+  int64_t max_graph_tokens = 64;
 };
 
 struct BackendFactory {

@@ -904,6 +904,7 @@ Result<std::unique_ptr<Backend>> make_cuda(const Model& m, const BackendParams& 
   c.pool = p.pool;
   c.attention_partition = p.attention_partition;
   c.weight_dtype = p.weight_dtype;
+  c.max_graph_tokens = p.max_graph_tokens;
   return make_cuda_backend(kCudaFlavour, m, c);
 }
 
@@ -996,6 +997,87 @@ TEST(CudaWeights, Bf16WeightsRefuseAMatrixThatIsNotBf16) {
   ASSERT_FALSE(f16.is_ok());
   EXPECT_NE(f16.status().message().find("weight_dtype must be F32 or BF16"), std::string::npos)
       << f16.status().message();
+}
+
+// CUDA graphs (CudaBackendConfig::max_graph_tokens). Nine sequences join one a step, then
+// decode 14 tokens each: pure decode steps of 9 down to 1 sequences, replayed from graphs
+// padded to 16, 8, 4, 2 or 1 tokens, re-captured as the block tables widen (4 -> 8 entries)
+// and as the contexts cross attention partitions. A 64-token prompt at step 0 sizes the step
+// buffers beyond what those graphs need; twelve 8-token prompts at a later step regrow them,
+// so every graph captured before holds freed pointers and must be dropped. Two cases:
+//   - Llama (tiny), partitions of 12, regrowth at step 16: step 17 has step 15's shape
+//     (8 tokens, 8 entries, 2 partitions), so a graph kept past the regrowth is replayed;
+//   - Gemma 2 (sliding layers, soft-caps), partitions of 11, regrowth at step 20: step 17
+//     needs 3 partitions where steps 15 and 16 (8 tokens, 8 entries) had 2, so a graph found
+//     without its partition count is replayed with too small a grid.
+// Graph replays must give every real row the bits eager steps give, and leave the pool
+// bitwise equal to the eager run's (a padded token writes nothing: block 0, which the
+// padding's attention reads, is sequence 0's first block).
+TEST(CudaGraphs, PaddedDecodeReplaysGiveEveryRealRowTheEagerBitsAndWriteNothingElse) {
+  if (kCudaFlavour == CudaFlavour::kDevice && !cuda_device_status()) GTEST_SKIP() << cuda_device_status().message();
+  struct Case {
+    const char* preset;
+    int64_t partition;
+    int regrow_step;
+  };
+  for (const Case& k : {Case{"tiny", 12, 16}, Case{"tiny-gemma2", 11, 20}}) {
+    SCOPED_TRACE(k.preset);
+    const Model m = *make_preset(k.preset, 0);
+    std::vector<SeqSchedule> seqs(22);
+    std::vector<int32_t> used = {0};
+    for (int i = 0; i < 22; ++i) {
+      SeqSchedule& s = seqs[static_cast<std::size_t>(i)];
+      const int prompt = i < 9 ? 6 + i : (i == 9 ? 64 : 8);
+      const int decodes = i < 9 ? 14 : 0;
+      s.tokens = tokens_for(prompt + decodes, m.config.vocab_size, 40 + static_cast<uint64_t>(i));
+      s.chunks = decodes == 0 ? std::vector<int>{prompt} : chunks_of(prompt + decodes, std::vector<int>{prompt, 1});
+      s.table =
+          scrambled_table(kernels::blocks_for_tokens(prompt + decodes, 4), 200, 70 + static_cast<uint64_t>(i), used);
+      if (i == 0) s.table.insert(s.table.begin(), 0);
+      used.insert(used.end(), s.table.begin(), s.table.end());
+      s.start_step = i < 9 ? i : (i == 9 ? 0 : k.regrow_step);
+    }
+    BackendParams p;
+    p.pool = pool_shape_for(m.config, 4, 200, 0, DType::kF32);
+    p.attention_partition = k.partition;
+    p.max_graph_tokens = 0;
+    auto eager = make_cuda(m, p);
+    p.max_graph_tokens = 64;
+    auto graphs = make_cuda(m, p);
+    ASSERT_TRUE(eager.is_ok()) << eager.status().message();
+    ASSERT_TRUE(graphs.is_ok()) << graphs.status().message();
+    const std::vector<Logits> a = run_schedule(**eager, seqs);
+    const std::vector<Logits> b = run_schedule(**graphs, seqs);
+    // Pure decode steps: 9..22 but the regrowth (steps 0..8 and it carry prompts: eager).
+    EXPECT_EQ((*graphs)->graph_replays(), 13);
+    EXPECT_EQ((*eager)->graph_replays(), 0);
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      EXPECT_FALSE(a[i].empty() || all_nan(a[i])) << "sequence " << i;
+      EXPECT_TRUE(bitwise_equal(a[i], b[i])) << "sequence " << i;
+    }
+    for (int64_t layer = 0; layer < m.config.num_layers; ++layer) {
+      for (int32_t block = 0; block < 200; ++block) {
+        for (const bool value : {false, true}) {
+          const std::vector<float> x = block_kv(**eager, PoolKind::kDevice, value, layer, block);
+          const std::vector<float> y = block_kv(**graphs, PoolKind::kDevice, value, layer, block);
+          ASSERT_EQ(x.size(), y.size());
+          ASSERT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0)
+              << "layer " << layer << " block " << block << (value ? " V" : " K");
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaGraphs, PaddedTokenCountsAreVllmsCaptureSizes) {
+  const std::vector<std::pair<int64_t, int64_t>> expected = {{1, 1},  {2, 2},   {3, 4},   {5, 8},   {8, 8},
+                                                             {9, 16}, {16, 16}, {17, 24}, {63, 64}, {64, 64}};
+  for (const auto& [n, padded] : expected) EXPECT_EQ(graph_tokens(n, 64), padded) << n;
+  EXPECT_EQ(graph_tokens(65, 64), 0);
+  EXPECT_EQ(graph_tokens(0, 64), 0);
+  EXPECT_EQ(graph_tokens(1, 0), 0);
+  EXPECT_EQ(graph_tokens(11, 12), 12);  // capped at the largest size captured
 }
 
 #if defined(KVP_CUDA_DEVICE_FLAVOUR)

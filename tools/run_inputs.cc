@@ -67,6 +67,10 @@ void BackendChoice::add_options(CLI::App& cmd, const std::vector<std::string>& e
                  "every backend and the oracle alike) or auto (bf16 where they already are bf16 values, a bf16 "
                  "checkpoint's, on the CUDA backends; else f32)")
       ->check(CLI::IsMember({"auto", "f32", "bf16"}));
+  cmd.add_option("--max-graph-tokens", max_graph_tokens,
+                 "CUDA backends: decode steps of up to this many sequences run as CUDA graphs, padded to 1, 2, 4, 8 "
+                 "or a multiple of 8 tokens, one graph captured per padded size (0: every step eager)")
+      ->check(CLI::Range(int64_t{0}, int64_t{4096}));
   cmd.add_option("--plant", plant, "a planted attention bug (testing kvproof's checks)")
       ->check(CLI::IsMember({"none", "bf16-accumulator", "drop-kv-scales"}))
       ->group("");
@@ -91,6 +95,7 @@ Status BackendChoice::apply(verify::EngineOptions& v) const {
   v.backend = *kind;
   v.kv_dtype = *dtype;
   v.num_threads = threads;
+  v.max_graph_tokens = max_graph_tokens;
   return Status::ok();
 }
 

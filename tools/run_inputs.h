@@ -38,7 +38,8 @@ void add_pool_options(CLI::App& cmd, verify::EngineOptions& v);
 
 // The model executor: --backend (cpu, cuda-emu, cuda; `extra` adds choices such as
 // generate's "reference"), --kv-dtype (f32, f16, bf16, fp8-e4m3, fp8-e5m2), --kv-scales and
-// --kv-scale-granularity (fp8), --threads, and the hidden --plant (a planted attention bug,
+// --kv-scale-granularity (fp8), --weight-dtype and --max-graph-tokens (the CUDA backends),
+// --threads, and the hidden --plant (a planted attention bug,
 // for the checks that must catch it).
 struct BackendChoice {
   std::string backend = "cpu";
@@ -47,6 +48,7 @@ struct BackendChoice {
   std::string kv_scale_granularity = "head";
   std::string plant = "none";
   std::string weight_dtype = "auto";
+  int64_t max_graph_tokens = 64;
   int threads = 2;
   void add_options(CLI::App& cmd, const std::vector<std::string>& extra = {});
   // Into the engine options; an error names the flag and value (an f16 or bf16 pool on the

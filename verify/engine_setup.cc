@@ -90,6 +90,7 @@ Result<LiveEngine> make_engine(const Model& model, const EngineOptions& o, const
   spec.attention_plugin = o.attention_plugin;
   spec.planted = o.planted;
   spec.weight_dtype = o.weight_dtype;
+  spec.max_graph_tokens = o.max_graph_tokens;
   // Every engine of one verify reads the caller's weights: no copy (a 1B model's fp32 weights
   // are 5 GB; a verify builds up to six engines).
   auto backend = make_backend(spec, model);

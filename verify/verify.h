@@ -100,6 +100,9 @@ struct EngineOptions {
   // values, so that the oracle computes with exactly what the kernels read: --weight-dtype
   // rounds them first).
   DType weight_dtype = DType::kF32;
+  // The CUDA backends' decode graphs: decode steps of up to this many tokens replayed from
+  // CUDA graphs (CudaBackendConfig::max_graph_tokens); 0: every step eager.
+  int64_t max_graph_tokens = 64;
   // Speculative decoding of every request (off: the default job, unchanged).
   SpeculationParams speculation;
   int32_t draft_layers = 0;  // layers of the draft model (0: default_draft_layers)

@@ -48,6 +48,11 @@ std::string VerifyReport::table() const {
                   static_cast<long long>(k.cancellations), static_cast<long long>(k.rejections),
                   static_cast<long long>(k.poisoned_blocks), m.kv_utilization, 100 * k.peak_pool_occupancy);
     out << line;
+    if (k.graph_steps > 0) {
+      std::snprintf(line, sizeof line, "cuda graphs[%s]: %lld of %lld steps replayed from decode graphs\n",
+                    mode.c_str(), static_cast<long long>(k.graph_steps), static_cast<long long>(k.steps));
+      out << line;
+    }
     if (k.spec_steps > 0) {
       std::snprintf(
           line, sizeof line,

@@ -606,6 +606,10 @@ __global__ void add_kernel(float* x, const float* y, int64_t n) {
   if (i < n) x[i] += y[i];
 }
 
+// The stream every launch above goes on: the legacy stream 0, except on a thread between
+// begin_capture and end_capture (a CUDA graph of the engine's decode step).
+thread_local cudaStream_t g_stream = nullptr;
+
 // The projections' lanes per row (see lane_row): 16 on a GPU, 1 emulated (the host's GEMM
 // per row is the emulator's fast path); set_project_lanes switches either.
 #if defined(__CUDACC__)
@@ -622,6 +626,47 @@ bool set_project_lanes(int lanes) {
   return true;
 }
 int project_lanes() { return g_project_lanes; }
+
+std::string stream_create(void** stream) {
+  cudaStream_t s = nullptr;
+  const cudaError_t e = cudaStreamCreate(&s);
+  *stream = s;
+  return e == cudaSuccess ? std::string() : fail("cudaStreamCreate", e);
+}
+void stream_destroy(void* stream) {
+  if (stream != nullptr) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+// Thread-local mode: only this thread is barred from synchronising calls while it captures.
+// (Global mode bars every thread: with several backends in one process, as verify runs its
+// runs side by side, one's upload would invalidate another's capture, as found emulated.)
+std::string begin_capture(void* stream) {
+  const cudaError_t e = cudaStreamBeginCapture(static_cast<cudaStream_t>(stream), cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess) return fail("cudaStreamBeginCapture", e);
+  g_stream = static_cast<cudaStream_t>(stream);
+  return {};
+}
+std::string end_capture(void* stream, void** graph_exec) {
+  g_stream = nullptr;
+  *graph_exec = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph);
+  if (e != cudaSuccess) return fail("cudaStreamEndCapture", e);
+  cudaGraphExec_t exec = nullptr;
+  e = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  if (e != cudaSuccess) return fail("cudaGraphInstantiate", e);
+  *graph_exec = exec;
+  return {};
+}
+std::string graph_replay(void* graph_exec, void* stream) {
+  cudaError_t e = cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_exec), static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) return fail("cudaGraphLaunch", e);
+  e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  return e == cudaSuccess ? std::string() : fail("cudaStreamSynchronize after cudaGraphLaunch", e);
+}
+void graph_destroy(void* graph_exec) {
+  if (graph_exec != nullptr) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec));
+}
 
 std::string check_device() {
   int count = 0;
@@ -677,7 +722,7 @@ std::string unsupported(const char* what, DType dtype) {
 }
 template <typename KvT>
 std::string fill_kv_nan_typed(KvT* d_x, int64_t n) {
-  KVP_LAUNCH(fill_kv_nan_kernel<KvT>, grid_for((n + kFillPerThread - 1) / kFillPerThread), dim3(kThreads), 0, nullptr)
+  KVP_LAUNCH(fill_kv_nan_kernel<KvT>, grid_for((n + kFillPerThread - 1) / kFillPerThread), dim3(kThreads), 0, g_stream)
   (d_x, n);
   return launched("fill_kv_nan_kernel");
 }
@@ -698,7 +743,7 @@ std::string fill_kv_nan(void* d_x, int64_t n, DType dtype) {
 namespace {
 template <typename W>
 std::string embed_typed(const void* d_table, const int32_t* d_ids, int64_t n, int64_t hidden, float* d_x, float scale) {
-  KVP_LAUNCH(embed_kernel<W>, grid_for(n * hidden), dim3(kThreads), 0, nullptr)
+  KVP_LAUNCH(embed_kernel<W>, grid_for(n * hidden), dim3(kThreads), 0, g_stream)
   (static_cast<const W*>(d_table), d_ids, n, hidden, scale, d_x);
   return launched("embed_kernel");
 }
@@ -730,7 +775,7 @@ std::string embed(Weights d_table, const int32_t* d_ids, int64_t n, int64_t hidd
 std::string rms_norm(const float* d_x, const int32_t* d_rows, const float* d_weight, int64_t n, int64_t hidden,
                      float eps, float* d_out) {
   if (n <= 0) return {};
-  KVP_LAUNCH(rms_norm_kernel, grid_for(n), dim3(kThreads), 0, nullptr)(d_x, d_rows, d_weight, n, hidden, eps, d_out);
+  KVP_LAUNCH(rms_norm_kernel, grid_for(n), dim3(kThreads), 0, g_stream)(d_x, d_rows, d_weight, n, hidden, eps, d_out);
   return launched("rms_norm_kernel");
 }
 
@@ -738,7 +783,7 @@ namespace {
 template <class P>
 std::string project_typed(const void* d_w, const float* d_bias, int64_t out_dim, int64_t in_dim, const float* d_x,
                           int64_t n, float* d_y) {
-  KVP_LAUNCH(project_kernel<P>, project_grid(out_dim, n, P::kLanes), dim3(kThreads), 0, nullptr)
+  KVP_LAUNCH(project_kernel<P>, project_grid(out_dim, n, P::kLanes), dim3(kThreads), 0, g_stream)
   (static_cast<const typename P::W*>(d_w), d_bias, out_dim, in_dim, d_x, n, d_y);
   return launched("project_kernel");
 }
@@ -757,7 +802,7 @@ std::string rope(float* d_x, int64_t n, int64_t heads, int64_t head_dim, const i
                  const float* d_inv_freq) {
   if (n <= 0) return {};
   if (head_dim > kMaxHeadDim) return "rope: head_dim " + std::to_string(head_dim) + " > " + std::to_string(kMaxHeadDim);
-  KVP_LAUNCH(rope_kernel, grid_for(n * heads), dim3(kThreads), 0, nullptr)
+  KVP_LAUNCH(rope_kernel, grid_for(n * heads), dim3(kThreads), 0, g_stream)
   (d_x, n, heads, head_dim, d_positions, d_inv_freq);
   return launched("rope_kernel");
 }
@@ -767,7 +812,7 @@ template <typename KvT>
 std::string write_kv_typed(const float* d_k, const float* d_v, const int64_t* d_slots, int64_t n, int64_t kv_dim,
                            void* d_k_pool, void* d_v_pool, int64_t head_dim, const float* d_k_scale,
                            const float* d_v_scale) {
-  KVP_LAUNCH(write_kv_kernel<KvT>, grid_for(n * kv_dim), dim3(kThreads), 0, nullptr)
+  KVP_LAUNCH(write_kv_kernel<KvT>, grid_for(n * kv_dim), dim3(kThreads), 0, g_stream)
   (d_k, d_v, d_slots, n, kv_dim, static_cast<KvT*>(d_k_pool), static_cast<KvT*>(d_v_pool), head_dim, d_k_scale,
    d_v_scale);
   return launched("write_kv_kernel");
@@ -783,7 +828,7 @@ std::string attention_typed(const float* d_q, const void* d_k_pool, const void* 
   const dim3 grid(static_cast<unsigned>(n * num_kv_heads), static_cast<unsigned>(max_partitions));
   const int64_t group = num_heads / num_kv_heads;
   KVP_LAUNCH(attention_partition_kernel<KvT>, grid, dim3(static_cast<unsigned>(attention_threads(group, head_dim))),
-             attention_shared_bytes(group, head_dim), nullptr)
+             attention_shared_bytes(group, head_dim), g_stream)
   (d_q, static_cast<const KvT*>(d_k_pool), static_cast<const KvT*>(d_v_pool), d_block_tables, max_blocks_per_seq,
    d_seq_of_token, d_positions, num_heads, num_kv_heads, head_dim, block_size, scale, partition, max_partitions,
    d_workspace, d_k_scale, d_v_scale, bf16_accumulator, window, softcap, d_merge_counters, d_out);
@@ -871,7 +916,7 @@ std::string attention(const float* d_q, DType kv_dtype, const void* d_k_pool, co
     default: return unsupported("attention", kv_dtype);
   }
   if (!launched_error.empty() || d_merge_counters != nullptr) return launched_error;
-  KVP_LAUNCH(attention_merge_kernel, grid_for(n * num_heads * head_dim), dim3(kThreads), 0, nullptr)
+  KVP_LAUNCH(attention_merge_kernel, grid_for(n * num_heads * head_dim), dim3(kThreads), 0, g_stream)
   (d_workspace, d_positions, n, num_heads, head_dim, partition, max_partitions, window, d_out);
   return launched("attention_merge_kernel");
 }
@@ -882,7 +927,7 @@ std::string project_qkv_typed(const void* d_wq, const float* d_bq, const void* d
                               const void* d_wv, const float* d_bv, int64_t q_dim, int64_t kv_dim, int64_t in_dim,
                               const float* d_x, int64_t n, float* d_q, float* d_k, float* d_v) {
   using W = typename P::W;
-  KVP_LAUNCH(project_qkv_kernel<P>, project_grid(q_dim + 2 * kv_dim, n, P::kLanes), dim3(kThreads), 0, nullptr)
+  KVP_LAUNCH(project_qkv_kernel<P>, project_grid(q_dim + 2 * kv_dim, n, P::kLanes), dim3(kThreads), 0, g_stream)
   (static_cast<const W*>(d_wq), d_bq, static_cast<const W*>(d_wk), d_bk, static_cast<const W*>(d_wv), d_bv, q_dim,
    kv_dim, in_dim, d_x, n, d_q, d_k, d_v);
   return launched("project_qkv_kernel");
@@ -893,7 +938,7 @@ std::string project_gated_typed(const void* d_wg, const float* d_bg, const void*
                                 int64_t out_dim, int64_t in_dim, const float* d_x, int64_t n, bool gelu_tanh,
                                 float* d_gate, float* d_up) {
   using W = typename P::W;
-  KVP_LAUNCH(project_gated_kernel<P>, project_grid(out_dim, n, P::kLanes), dim3(kThreads), 0, nullptr)
+  KVP_LAUNCH(project_gated_kernel<P>, project_grid(out_dim, n, P::kLanes), dim3(kThreads), 0, g_stream)
   (static_cast<const W*>(d_wg), d_bg, static_cast<const W*>(d_wu), d_bu, out_dim, in_dim, d_x, n, gelu_tanh, d_gate,
    d_up);
   return launched("project_gated_kernel");
@@ -935,7 +980,7 @@ std::string heads_rope_kv_typed(float* d_q, float* d_k, const float* d_v, int64_
                                 int64_t num_kv_heads, int64_t head_dim, const float* d_q_norm, const float* d_k_norm,
                                 float eps, const int32_t* d_positions, const float* d_inv_freq, const int64_t* d_slots,
                                 void* d_k_pool, void* d_v_pool, const float* d_k_scale, const float* d_v_scale) {
-  KVP_LAUNCH(heads_rope_kv_kernel<KvT>, grid_for(n * (num_heads + num_kv_heads)), dim3(kThreads), 0, nullptr)
+  KVP_LAUNCH(heads_rope_kv_kernel<KvT>, grid_for(n * (num_heads + num_kv_heads)), dim3(kThreads), 0, g_stream)
   (d_q, d_k, d_v, n, num_heads, num_kv_heads, head_dim, d_q_norm, d_k_norm, eps, d_positions, d_inv_freq, d_slots,
    static_cast<KvT*>(d_k_pool), static_cast<KvT*>(d_v_pool), d_k_scale, d_v_scale);
   return launched("heads_rope_kv_kernel");
@@ -977,7 +1022,7 @@ std::string project_qkv_rope_kv_typed(const void* d_wq, const float* d_bq, const
   const int64_t units = num_heads * (head_dim / 2) + num_kv_heads * (head_dim / 2) + num_kv_heads * head_dim;
   using W = typename P::W;
   using KvT = typename P::Kv;
-  KVP_LAUNCH(project_qkv_rope_kv_kernel<P>, project_grid(units, n, g_project_lanes), dim3(kThreads), 0, nullptr)
+  KVP_LAUNCH(project_qkv_rope_kv_kernel<P>, project_grid(units, n, g_project_lanes), dim3(kThreads), 0, g_stream)
   (g_project_lanes, static_cast<const W*>(d_wq), d_bq, static_cast<const W*>(d_wk), d_bk, static_cast<const W*>(d_wv),
    d_bv, num_heads, num_kv_heads, head_dim, in_dim, d_x, n, d_positions, d_inv_freq, d_slots, d_q, d_k, d_v,
    static_cast<KvT*>(d_k_pool), static_cast<KvT*>(d_v_pool), d_k_scale, d_v_scale);
@@ -1018,26 +1063,26 @@ std::string project_qkv_rope_kv(Weights d_wq, const float* d_bq, Weights d_wk, c
 std::string add_norm(float* d_y, const float* d_post_norm, float* d_x, const float* d_next_norm, int64_t n,
                      int64_t hidden, float eps, float* d_h) {
   if (n <= 0) return {};
-  KVP_LAUNCH(add_norm_kernel, grid_for(n), dim3(kThreads), 0, nullptr)
+  KVP_LAUNCH(add_norm_kernel, grid_for(n), dim3(kThreads), 0, g_stream)
   (d_y, d_post_norm, d_x, d_next_norm, n, hidden, eps, d_h);
   return launched("add_norm_kernel");
 }
 
 std::string silu_mul(float* d_gate, const float* d_up, int64_t n) {
   if (n <= 0) return {};
-  KVP_LAUNCH(silu_mul_kernel, grid_for(n), dim3(kThreads), 0, nullptr)(d_gate, d_up, n);
+  KVP_LAUNCH(silu_mul_kernel, grid_for(n), dim3(kThreads), 0, g_stream)(d_gate, d_up, n);
   return launched("silu_mul_kernel");
 }
 
 std::string gelu_tanh_mul(float* d_gate, const float* d_up, int64_t n) {
   if (n <= 0) return {};
-  KVP_LAUNCH(gelu_tanh_mul_kernel, grid_for(n), dim3(kThreads), 0, nullptr)(d_gate, d_up, n);
+  KVP_LAUNCH(gelu_tanh_mul_kernel, grid_for(n), dim3(kThreads), 0, g_stream)(d_gate, d_up, n);
   return launched("gelu_tanh_mul_kernel");
 }
 
 std::string add_in_place(float* d_x, const float* d_y, int64_t n) {
   if (n <= 0) return {};
-  KVP_LAUNCH(add_kernel, grid_for(n), dim3(kThreads), 0, nullptr)(d_x, d_y, n);
+  KVP_LAUNCH(add_kernel, grid_for(n), dim3(kThreads), 0, g_stream)(d_x, d_y, n);
   return launched("add_kernel");
 }
 

@@ -88,6 +88,21 @@ std::string rms_norm(const float* d_x, const int32_t* d_rows, const float* d_wei
 bool set_project_lanes(int lanes);
 int project_lanes();
 
+// CUDA graphs (the engine's decode steps). Between begin_capture(stream) and
+// end_capture(stream, &exec) every kernel the functions here launch on the calling thread is
+// captured into `stream`'s graph instead of running (their pointer and size arguments are
+// frozen as given: later contents of the buffers are read at each replay); no allocation or
+// copy may happen on this thread in between (CUDA refuses it and invalidates the capture;
+// other threads are free: thread-local capture mode). end_capture
+// instantiates the graph (*exec; null on an error), graph_replay runs it on the stream and
+// waits. The stream is a plain CUDA stream (stream_create).
+std::string stream_create(void** stream);
+void stream_destroy(void* stream);
+std::string begin_capture(void* stream);
+std::string end_capture(void* stream, void** graph_exec);
+std::string graph_replay(void* graph_exec, void* stream);
+void graph_destroy(void* graph_exec);
+
 // d_y[t, r] = dot(d_w[r, :], d_x[t, :]) (+ d_bias[r], one fp32 add after the dot, when d_bias
 // is not null) for t < n, r < out_dim: one thread per element, each reduced over in_dim in
 // dot()'s fixed order whatever n (batch-invariant).

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include <malloc.h>
 #include <unistd.h>
 
 inline namespace kvp_simt_emulated {
@@ -291,16 +293,23 @@ cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
   if (ptr == nullptr) return cudaErrorInvalidValue;
   if (kvp::simt::detail::refused_during_capture("cudaMalloc", cudaErrorStreamCaptureUnsupported))
     return cudaErrorStreamCaptureUnsupported;
-  auto* p = new (std::nothrow) unsigned char[bytes];
+  void* p = std::malloc(bytes == 0 ? 1 : bytes);
   if (p == nullptr) return cudaErrorMemoryAllocation;
   kvp::simt::detail::fill_pattern(p, bytes);
   *ptr = p;
   return cudaSuccess;
 }
+// Freed memory is refilled with the uninitialised pattern first (all malloc_usable_size
+// bytes: the request under ASan, at least it elsewhere), so what a stale pointer (a graph
+// replayed after its buffers were reallocated) reads before the heap reuses the memory is
+// NaN in builds without ASan too; ASan reports the use after free itself. No table of sizes:
+// a mutex around one would be held across kernel-check's forks.
 cudaError_t cudaFree(void* ptr) {
   if (kvp::simt::detail::refused_during_capture("cudaFree", cudaErrorStreamCaptureUnsupported))
     return cudaErrorStreamCaptureUnsupported;
-  delete[] static_cast<unsigned char*>(ptr);
+  if (ptr == nullptr) return cudaSuccess;
+  kvp::simt::detail::fill_pattern(ptr, malloc_usable_size(ptr));
+  std::free(ptr);
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** ptr, std::size_t bytes) {

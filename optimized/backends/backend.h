@@ -38,6 +38,8 @@ class Backend {
   // (sequence, block-table entry) reads whose tenant scope audit-mode plans carried and
   // this backend checked (check_plan_read_scope), summed over every plan it ran.
   virtual int64_t audited_block_reads() const = 0;
+  // Steps this backend ran by replaying a captured CUDA graph (0 for backends without).
+  virtual int64_t graph_replays() const { return 0; }
 };
 
 }  // namespace kvp

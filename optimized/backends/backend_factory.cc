@@ -47,6 +47,7 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendSpec& spec, const Mod
   bc.attention_plugin = spec.attention_plugin;
   bc.planted = spec.planted;
   bc.weight_dtype = spec.weight_dtype;
+  bc.max_graph_tokens = spec.max_graph_tokens;
   return make_cuda_backend(spec.kind == BackendKind::kCuda ? CudaFlavour::kDevice : CudaFlavour::kEmulated, model, bc);
 }
 

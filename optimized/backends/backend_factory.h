@@ -48,6 +48,8 @@ struct BackendSpec {
   // model whose matrices are bf16 values (round_weights_to_bf16). The cpu backend computes
   // with the model's fp32 values whatever this says (the same values, widened).
   DType weight_dtype = DType::kF32;
+  // The CUDA backends' decode graphs (CudaBackendConfig::max_graph_tokens; 0: eager).
+  int64_t max_graph_tokens = 64;
 };
 
 // The backend `spec` describes, reading `model`'s weights: the cpu backend in place (no copy;

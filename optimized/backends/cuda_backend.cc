@@ -67,21 +67,37 @@ class CudaBackend final : public Backend {
   Status read_block(PoolKind pool, int64_t layer, int32_t block, std::vector<float>& k,
                     std::vector<float>& v) const override;
   int64_t audited_block_reads() const override { return audited_block_reads_; }
+  int64_t graph_replays() const override { return graph_replays_; }
 
  private:
   struct Device;
+  // What a step's kernels run over: its tokens (padded ones included), its logit rows, the
+  // block tables' width and the attention grid's partitions. A graph is captured per shape.
+  struct StepShape {
+    int64_t tokens = 0, rows = 0, table_width = 0, partitions = 0;
+    friend bool operator==(const StepShape&, const StepShape&) = default;
+  };
   CudaBackend(const Model& model, const CudaBackendConfig& config);
   Status init();
   Status run_ops(const KvPlanOps& ops);
   Status run_model(const BatchPlan& plan, StepOutput& out);
-  // One layer's attention of the plan's tokens: kvproof's kernel, or the plug-in's.
-  Status attend(const BatchPlan& plan, std::size_t layer, const float* q, float* out, int64_t max_partitions);
+  // A decode step through a CUDA graph (CudaBackendConfig::max_graph_tokens).
+  bool graph_eligible(const BatchPlan& plan) const;
+  Status run_decode_graph(const BatchPlan& plan, StepOutput& out);
+  // The step buffers sized for `shape` (allocations happen here, never inside a capture).
+  Status prepare_buffers(const StepShape& shape);
+  // Every kernel of the step, over the uploaded plan arrays (no allocation, no copy: what a
+  // graph captures), with the final norm and LM head when shape.rows > 0.
+  Status forward(const BatchPlan& plan, const StepShape& shape);
+  // One layer's attention of the step's tokens: kvproof's kernel, or the plug-in's.
+  Status attend(const BatchPlan& plan, std::size_t layer, const float* q, float* out, const StepShape& shape);
   const float* layer_scale(const float* scales, std::size_t l) const;
 
   ModelConfig model_config_;
   const Model* model_for_init_ = nullptr;  // only during create()
   CudaBackendConfig config_;
   int64_t audited_block_reads_ = 0;
+  int64_t graph_replays_ = 0;
   std::unique_ptr<Device> dev_;
 };
 
@@ -117,8 +133,26 @@ struct CudaBackend::Device {
   DeviceBuffer merge_counters;
   DeviceBuffer token_ids, positions, slots, seq_of_token, block_tables, logit_rows;
   DeviceBuffer query_start, context_lens;  // only for an attention plug-in
+  // Bumped whenever a step buffer is reallocated: a graph captured before holds the old
+  // pointers and is dropped (run_decode_graph).
+  uint64_t buffer_generation = 0;
+  // Decode graphs: the stream they are captured on and replayed on, and one per shape.
+  void* stream = nullptr;
+  struct Graph {
+    StepShape shape;
+    void* exec = nullptr;
+  };
+  std::vector<Graph> graphs;
+  uint64_t graphs_generation = 0;  // buffer_generation when `graphs` were captured
+
+  void drop_graphs() {
+    for (const Graph& g : graphs) ck::graph_destroy(g.exec);
+    graphs.clear();
+  }
 
   ~Device() {
+    drop_graphs();
+    ck::stream_destroy(stream);
     for (void* p : owned) ck::device_free(p);
     for (void* p : pinned) ck::pinned_free(p);
     for (DeviceBuffer* b : {&x,
@@ -182,8 +216,9 @@ struct CudaBackend::Device {
     *dst = ck::Weights(p, /*is_bf16=*/true);
     return Status::ok();
   }
-  static Status ensure(DeviceBuffer& b, std::size_t bytes) {
+  Status ensure(DeviceBuffer& b, std::size_t bytes) {
     if (b.capacity >= bytes && b.ptr != nullptr) return Status::ok();
+    ++buffer_generation;
     ck::device_free(b.ptr);
     b.ptr = nullptr;
     b.capacity = 0;
@@ -192,14 +227,14 @@ struct CudaBackend::Device {
     return Status::ok();
   }
   // As ensure, with the whole buffer zero when it is (re)allocated.
-  static Status ensure_zeroed(DeviceBuffer& b, std::size_t bytes) {
+  Status ensure_zeroed(DeviceBuffer& b, std::size_t bytes) {
     if (b.capacity >= bytes && b.ptr != nullptr) return Status::ok();
     KVP_RETURN_IF_ERROR(ensure(b, bytes));
     const std::vector<std::byte> zeros(bytes);
     return cuda_status(ck::copy_to_device(b.ptr, zeros.data(), bytes));
   }
   template <class T>
-  static Status upload_vector(DeviceBuffer& b, const std::vector<T>& host) {
+  Status upload_vector(DeviceBuffer& b, const std::vector<T>& host) {
     KVP_RETURN_IF_ERROR(ensure(b, host.size() * sizeof(T)));
     return cuda_status(ck::copy_to_device(b.ptr, host.data(), host.size() * sizeof(T)));
   }
@@ -426,39 +461,141 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   const ModelConfig& c = model_config_;
   Device& d = *dev_;
   const int64_t n = plan.num_tokens();
-  const int64_t hidden = c.hidden_size;
-  const float eps = static_cast<float>(c.rms_norm_eps);
 
   std::vector<int32_t> seq_of_token;
   const std::vector<int32_t> logit_tokens = lay_out_logit_rows(plan, c.vocab_size, out, seq_of_token);
-  const auto num_rows = static_cast<int64_t>(logit_tokens.size());
   if (n == 0) return Status::ok();
+  if (graph_eligible(plan)) return run_decode_graph(plan, out);
 
-  const auto fbytes = [](int64_t floats) { return static_cast<std::size_t>(floats) * sizeof(float); };
-  KVP_RETURN_IF_ERROR(Device::ensure(d.x, fbytes(n * hidden)));
-  KVP_RETURN_IF_ERROR(Device::ensure(d.h, fbytes(n * hidden)));
-  KVP_RETURN_IF_ERROR(Device::ensure(d.q, fbytes(n * c.q_dim())));
-  KVP_RETURN_IF_ERROR(Device::ensure(d.k, fbytes(n * c.kv_dim())));
-  KVP_RETURN_IF_ERROR(Device::ensure(d.v, fbytes(n * c.kv_dim())));
-  KVP_RETURN_IF_ERROR(Device::ensure(d.attn, fbytes(n * c.q_dim())));
   // Partitions of the longest context in this plan; each token's own count is fixed by its
   // position, so the batch only sizes the grid, never a token's split points.
   int32_t max_position = 0;
   for (const int32_t p : plan.positions) max_position = std::max(max_position, p);
-  const int64_t max_partitions = ck::attention_partitions(max_position, config_.attention_partition);
-  KVP_RETURN_IF_ERROR(Device::ensure(
-      d.attn_workspace, fbytes(ck::attention_workspace_floats(n, c.num_heads, c.head_dim, max_partitions))));
-  KVP_RETURN_IF_ERROR(
-      Device::ensure_zeroed(d.merge_counters, static_cast<std::size_t>(n * c.num_kv_heads) * sizeof(int32_t)));
-  KVP_RETURN_IF_ERROR(Device::ensure(d.proj, fbytes(n * hidden)));
-  KVP_RETURN_IF_ERROR(Device::ensure(d.gate, fbytes(n * c.intermediate_size)));
-  KVP_RETURN_IF_ERROR(Device::ensure(d.up, fbytes(n * c.intermediate_size)));
-  KVP_RETURN_IF_ERROR(Device::upload_vector(d.token_ids, plan.token_ids));
-  KVP_RETURN_IF_ERROR(Device::upload_vector(d.positions, plan.positions));
-  KVP_RETURN_IF_ERROR(Device::upload_vector(d.slots, plan.slot_mapping));
-  KVP_RETURN_IF_ERROR(Device::upload_vector(d.seq_of_token, seq_of_token));
-  KVP_RETURN_IF_ERROR(Device::upload_vector(d.block_tables, plan.block_tables));
+  const StepShape shape{n, static_cast<int64_t>(logit_tokens.size()), plan.max_blocks_per_seq,
+                        ck::attention_partitions(max_position, config_.attention_partition)};
+  KVP_RETURN_IF_ERROR(prepare_buffers(shape));
+  KVP_RETURN_IF_ERROR(d.upload_vector(d.token_ids, plan.token_ids));
+  KVP_RETURN_IF_ERROR(d.upload_vector(d.positions, plan.positions));
+  KVP_RETURN_IF_ERROR(d.upload_vector(d.slots, plan.slot_mapping));
+  KVP_RETURN_IF_ERROR(d.upload_vector(d.seq_of_token, seq_of_token));
+  KVP_RETURN_IF_ERROR(d.upload_vector(d.block_tables, plan.block_tables));
+  if (shape.rows > 0) KVP_RETURN_IF_ERROR(d.upload_vector(d.logit_rows, logit_tokens));
+  KVP_RETURN_IF_ERROR(forward(plan, shape));
+  if (shape.rows == 0) return Status::ok();
+  const std::size_t logit_floats = static_cast<std::size_t>(shape.rows * c.vocab_size);
+  KVP_RETURN_IF_ERROR(cuda_status(ck::copy_to_host(out.logits.data(), d.logits.ptr, logit_floats * sizeof(float))));
+  apply_final_softcap(c, out.logits.data(), shape.rows * c.vocab_size);
+  return Status::ok();
+}
 
+bool CudaBackend::graph_eligible(const BatchPlan& plan) const {
+  if (config_.max_graph_tokens == 0 || config_.attention_plugin != nullptr) return false;
+  if (graph_tokens(plan.num_tokens(), config_.max_graph_tokens) == 0) return false;
+  if (plan.num_tokens() != plan.num_seqs()) return false;
+  for (int64_t i = 0; i < plan.num_seqs(); ++i)
+    if (logit_rows_for(plan, i) != 1) return false;
+  return true;  // one token per sequence (query_start is 0, 1, ..., n), each with its logits
+}
+
+// A decode step of n tokens run as graph_tokens(n) = b: tokens n..b-1 are padding (token 0
+// at position 0, no slot: kSkipSlot, so they write nothing; a block table of block 0 alone,
+// so their attention reads one valid slot; their own rows of every buffer, dropped at the
+// end). Every kernel computes each token's row from that token's inputs alone (N1), so the
+// real rows get the bits an unpadded eager step gives them.
+Status CudaBackend::run_decode_graph(const BatchPlan& plan, StepOutput& out) {
+  const ModelConfig& c = model_config_;
+  Device& d = *dev_;
+  const int64_t n = plan.num_tokens();
+  const int64_t b = graph_tokens(n, config_.max_graph_tokens);
+  const auto pow2 = [](int64_t x) {
+    int64_t p = 1;
+    while (p < x) p *= 2;
+    return p;
+  };
+  int32_t max_position = 0;
+  for (const int32_t p : plan.positions) max_position = std::max(max_position, p);
+  const StepShape shape{b, b, pow2(std::max<int64_t>(plan.max_blocks_per_seq, 1)),
+                        pow2(ck::attention_partitions(max_position, config_.attention_partition))};
+  const auto un = static_cast<std::size_t>(n);
+  const auto ub = static_cast<std::size_t>(b);
+  std::vector<int32_t> token_ids = plan.token_ids, positions = plan.positions, rows(ub);
+  std::vector<int64_t> slots = plan.slot_mapping;
+  token_ids.resize(ub, 0);
+  positions.resize(ub, 0);
+  slots.resize(ub, kernels::kSkipSlot);
+  for (std::size_t t = 0; t < ub; ++t) rows[t] = static_cast<int32_t>(t);  // token t: sequence t, logit row t
+  const auto width = static_cast<std::size_t>(shape.table_width);
+  const auto plan_width = static_cast<std::size_t>(plan.max_blocks_per_seq);
+  std::vector<int32_t> tables(ub * width, -1);
+  for (std::size_t t = 0; t < ub; ++t) {
+    if (t < un) {
+      std::copy_n(plan.block_tables.begin() + static_cast<std::ptrdiff_t>(t * plan_width), plan_width,
+                  tables.begin() + static_cast<std::ptrdiff_t>(t * width));
+    } else {
+      tables[t * width] = 0;
+    }
+  }
+  KVP_RETURN_IF_ERROR(prepare_buffers(shape));
+  KVP_RETURN_IF_ERROR(d.upload_vector(d.token_ids, token_ids));
+  KVP_RETURN_IF_ERROR(d.upload_vector(d.positions, positions));
+  KVP_RETURN_IF_ERROR(d.upload_vector(d.slots, slots));
+  KVP_RETURN_IF_ERROR(d.upload_vector(d.seq_of_token, rows));
+  KVP_RETURN_IF_ERROR(d.upload_vector(d.block_tables, tables));
+  KVP_RETURN_IF_ERROR(d.upload_vector(d.logit_rows, rows));
+  if (d.stream == nullptr) KVP_CUDA_RETURN_IF_ERROR(ck::stream_create(&d.stream));
+  // A graph holds the buffers' pointers: any reallocation since it was captured drops it.
+  if (d.graphs_generation != d.buffer_generation) {
+    d.drop_graphs();
+    d.graphs_generation = d.buffer_generation;
+  }
+  const auto found =
+      std::find_if(d.graphs.begin(), d.graphs.end(), [&](const Device::Graph& g) { return g.shape == shape; });
+  void* exec = found == d.graphs.end() ? nullptr : found->exec;
+  if (exec == nullptr) {
+    KVP_CUDA_RETURN_IF_ERROR(ck::begin_capture(d.stream));
+    const Status captured = forward(plan, shape);
+    const std::string ended = ck::end_capture(d.stream, &exec);  // always ends the capture
+    KVP_RETURN_IF_ERROR(captured.with_context("capturing a decode graph"));
+    KVP_CUDA_RETURN_IF_ERROR(ended);
+    d.graphs.push_back({shape, exec});
+  }
+  KVP_CUDA_RETURN_IF_ERROR(ck::graph_replay(exec, d.stream));
+  ++graph_replays_;
+  const std::size_t logit_floats = un * static_cast<std::size_t>(c.vocab_size);  // the real rows, 0..n-1
+  KVP_RETURN_IF_ERROR(cuda_status(ck::copy_to_host(out.logits.data(), d.logits.ptr, logit_floats * sizeof(float))));
+  apply_final_softcap(c, out.logits.data(), n * c.vocab_size);
+  return Status::ok();
+}
+
+Status CudaBackend::prepare_buffers(const StepShape& s) {
+  const ModelConfig& c = model_config_;
+  Device& d = *dev_;
+  const auto fbytes = [](int64_t floats) { return static_cast<std::size_t>(floats) * sizeof(float); };
+  const int64_t n = s.tokens;
+  KVP_RETURN_IF_ERROR(d.ensure(d.x, fbytes(n * c.hidden_size)));
+  KVP_RETURN_IF_ERROR(d.ensure(d.h, fbytes(n * c.hidden_size)));
+  KVP_RETURN_IF_ERROR(d.ensure(d.q, fbytes(n * c.q_dim())));
+  KVP_RETURN_IF_ERROR(d.ensure(d.k, fbytes(n * c.kv_dim())));
+  KVP_RETURN_IF_ERROR(d.ensure(d.v, fbytes(n * c.kv_dim())));
+  KVP_RETURN_IF_ERROR(d.ensure(d.attn, fbytes(n * c.q_dim())));
+  KVP_RETURN_IF_ERROR(
+      d.ensure(d.attn_workspace, fbytes(ck::attention_workspace_floats(n, c.num_heads, c.head_dim, s.partitions))));
+  KVP_RETURN_IF_ERROR(
+      d.ensure_zeroed(d.merge_counters, static_cast<std::size_t>(n * c.num_kv_heads) * sizeof(int32_t)));
+  KVP_RETURN_IF_ERROR(d.ensure(d.proj, fbytes(n * c.hidden_size)));
+  KVP_RETURN_IF_ERROR(d.ensure(d.gate, fbytes(n * c.intermediate_size)));
+  KVP_RETURN_IF_ERROR(d.ensure(d.up, fbytes(n * c.intermediate_size)));
+  if (s.rows == 0) return Status::ok();
+  KVP_RETURN_IF_ERROR(d.ensure(d.final_h, fbytes(s.rows * c.hidden_size)));
+  return d.ensure(d.logits, fbytes(s.rows * c.vocab_size));
+}
+
+Status CudaBackend::forward(const BatchPlan& plan, const StepShape& shape) {
+  const ModelConfig& c = model_config_;
+  Device& d = *dev_;
+  const int64_t n = shape.tokens;
+  const int64_t hidden = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
   float* x = d.x.as<float>();
   float* h = d.h.as<float>();
   float* q = d.q.as<float>();
@@ -495,7 +632,7 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
           inv_freq, d.slots.as<int64_t>(), q, k, v, config_.pool.kv_dtype, d.k_pool[l], d.v_pool[l],
           layer_scale(d.k_scales, l), layer_scale(d.v_scales, l)));
     }
-    KVP_RETURN_IF_ERROR(attend(plan, l, q, attn, max_partitions));
+    KVP_RETURN_IF_ERROR(attend(plan, l, q, attn, shape));
     KVP_CUDA_RETURN_IF_ERROR(ck::project(w.o, w.o_bias, hidden, c.q_dim(), attn, n, proj));
     // Gemma: the attention's output normalised before the add, GeGLU between the pre- and
     // post-feedforward norms.
@@ -509,37 +646,32 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
     KVP_CUDA_RETURN_IF_ERROR(
         ck::add_norm(proj, c.gemma() ? w.post_feedforward_layernorm : nullptr, x, next_norm, n, hidden, eps, h));
   }
-  if (num_rows == 0) return Status::ok();
-  KVP_RETURN_IF_ERROR(Device::ensure(d.final_h, fbytes(num_rows * hidden)));
-  KVP_RETURN_IF_ERROR(Device::ensure(d.logits, fbytes(num_rows * c.vocab_size)));
-  KVP_RETURN_IF_ERROR(Device::upload_vector(d.logit_rows, logit_tokens));
+  if (shape.rows == 0) return Status::ok();
   KVP_CUDA_RETURN_IF_ERROR(
-      ck::rms_norm(x, d.logit_rows.as<int32_t>(), d.norm, num_rows, hidden, eps, d.final_h.as<float>()));
+      ck::rms_norm(x, d.logit_rows.as<int32_t>(), d.norm, shape.rows, hidden, eps, d.final_h.as<float>()));
   KVP_CUDA_RETURN_IF_ERROR(
-      ck::project(d.lm_head, nullptr, c.vocab_size, hidden, d.final_h.as<float>(), num_rows, d.logits.as<float>()));
-  KVP_RETURN_IF_ERROR(cuda_status(ck::copy_to_host(out.logits.data(), d.logits.ptr, fbytes(num_rows * c.vocab_size))));
-  apply_final_softcap(c, out.logits.data(), num_rows * c.vocab_size);
+      ck::project(d.lm_head, nullptr, c.vocab_size, hidden, d.final_h.as<float>(), shape.rows, d.logits.as<float>()));
   return Status::ok();
 }
 
 Status CudaBackend::attend(const BatchPlan& plan, std::size_t layer, const float* q, float* out,
-                           int64_t max_partitions) {
+                           const StepShape& shape) {
   const ModelConfig& c = model_config_;
   Device& d = *dev_;
   if (config_.attention_plugin == nullptr) {
     const float scale = c.attention_scale();
     return cuda_status(ck::attention(
-        q, config_.pool.kv_dtype, d.k_pool[layer], d.v_pool[layer], d.block_tables.as<int32_t>(),
-        plan.max_blocks_per_seq, d.seq_of_token.as<int32_t>(), d.positions.as<int32_t>(), plan.num_tokens(),
-        c.num_heads, c.num_kv_heads, c.head_dim, config_.pool.block_size, scale, config_.attention_partition,
-        max_partitions, d.attn_workspace.as<float>(), out, layer_scale(d.k_scales, layer),
-        layer_scale(d.v_scales, layer), attention_variant(config_.planted), c.layer_window(static_cast<int64_t>(layer)),
-        static_cast<float>(c.attn_logit_softcapping), d.merge_counters.as<int32_t>()));
+        q, config_.pool.kv_dtype, d.k_pool[layer], d.v_pool[layer], d.block_tables.as<int32_t>(), shape.table_width,
+        d.seq_of_token.as<int32_t>(), d.positions.as<int32_t>(), shape.tokens, c.num_heads, c.num_kv_heads, c.head_dim,
+        config_.pool.block_size, scale, config_.attention_partition, shape.partitions, d.attn_workspace.as<float>(),
+        out, layer_scale(d.k_scales, layer), layer_scale(d.v_scales, layer), attention_variant(config_.planted),
+        c.layer_window(static_cast<int64_t>(layer)), static_cast<float>(c.attn_logit_softcapping),
+        d.merge_counters.as<int32_t>()));
   }
   // Uploaded once per step (at layer 0); the other plan arrays are the kernel's own uploads.
   if (layer == 0) {
-    KVP_RETURN_IF_ERROR(Device::upload_vector(d.query_start, plan.query_start));
-    KVP_RETURN_IF_ERROR(Device::upload_vector(d.context_lens, plan.context_lens));
+    KVP_RETURN_IF_ERROR(d.upload_vector(d.query_start, plan.query_start));
+    KVP_RETURN_IF_ERROR(d.upload_vector(d.context_lens, plan.context_lens));
   }
   PluginBatch batch;
   batch.query = q;

@@ -52,11 +52,22 @@ struct CudaBackendConfig {
   // (round_weights_to_bf16): create() refuses one that is not, naming the tensor, rather than
   // run on values the reference does not have. Norms and biases stay fp32.
   DType weight_dtype = DType::kF32;
+  // CUDA graphs for decode steps (every sequence one new token and its logits, no attention
+  // plug-in): such a step of n tokens runs padded to graph_tokens(n) tokens (1, 2, 4, 8, then
+  // multiples of 8; the padded tokens write no slot and their rows are dropped) by replaying
+  // a graph captured once per (padded tokens, block-table width, attention partitions), the
+  // last two rounded up to powers of two. 0: every step eager. The emulated flavour captures
+  // and replays too (kernels/simt/runtime.h), so CI runs the graph path.
+  int64_t max_graph_tokens = 64;
 
   Status validate() const;
 };
 
 enum class CudaFlavour { kEmulated, kDevice };
+
+// The padded token count a decode step of n tokens is replayed at: 1, 2, 4, 8, then the next
+// multiple of 8 (vLLM's capture sizes), at most max_graph_tokens; 0 when n is over it.
+int64_t graph_tokens(int64_t n, int64_t max_graph_tokens);
 
 // Whether the kDevice flavour can run here: ok, or "this kvproof was built without CUDA ..."
 // or "no CUDA device: ..." (no GPU, or no driver). The emulated flavour always can.

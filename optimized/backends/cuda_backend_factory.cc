@@ -17,7 +17,21 @@ Status CudaBackendConfig::validate() const {
   if (attention_partition <= 0) return Status::error("attention_partition must be > 0");
   if (weight_dtype != DType::kF32 && weight_dtype != DType::kBF16)
     return Status::error("weight_dtype must be F32 or BF16, got " + std::string(dtype_name(weight_dtype)));
+  if (max_graph_tokens < 0 || max_graph_tokens > 4096)
+    return Status::error("max_graph_tokens must be in [0, 4096], got " + std::to_string(max_graph_tokens));
   return Status::ok();
+}
+
+int64_t graph_tokens(int64_t n, int64_t max_graph_tokens) {
+  if (n <= 0 || n > max_graph_tokens) return 0;
+  int64_t padded = 8;
+  if (n <= 8) {
+    padded = 1;
+    while (padded < n) padded *= 2;
+  } else {
+    padded = (n + 7) / 8 * 8;
+  }
+  return padded < max_graph_tokens ? padded : max_graph_tokens;
 }
 
 Status cuda_device_status() {

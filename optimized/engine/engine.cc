@@ -272,7 +272,9 @@ Status Engine::step() {
   if (plan_observer_) KVP_RETURN_IF_ERROR(plan_observer_(*this, plan));
   if (!plan.empty()) {
     StepOutput out;
+    const int64_t replays = backend_.graph_replays();
     KVP_RETURN_IF_ERROR(backend_.execute(plan, out).with_context("step " + std::to_string(step_)));
+    counters_.graph_steps += backend_.graph_replays() - replays;
     process_outputs(plan, out);
   }
   if (draft_ != nullptr && scheduler_.idle()) {

@@ -24,6 +24,7 @@ struct EngineCounters {
   int64_t prompt_tokens = 0;
   int64_t copy_on_writes = 0;
   int64_t poisoned_blocks = 0;
+  int64_t graph_steps = 0;  // steps the backend replayed from a CUDA graph (Backend::graph_replays)
   // Target forwards that produced tokens (a sequence's row that sampled, or verified drafts),
   // and speculation: verification rows, draft tokens verified, draft tokens accepted.
   int64_t target_forwards = 0;
