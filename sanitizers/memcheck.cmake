@@ -26,7 +26,8 @@ ctest_start(Experimental)
 # The emulated CUDA kernels (the CudaEmu conformance tests) run each CUDA thread on its own
 # fiber stack, switched by hand; Valgrind does not follow those switches and reports every
 # fiber's stack accesses as invalid. ASan (fiber-annotated) and TSan cover them instead; so
-# for CudaWeights (the bf16-weight tests of the CUDA backend, emulated kernels too).
+# for CudaWeights (the bf16-weight tests of the CUDA backend, emulated kernels too) and
+# CudaGraphs (decode graphs, replayed by the emulated kernels).
 # The tests whose point is that the thread count changes no bit (the GEMM over every ISA and
 # thread count, the CPU backend's and the oracle's thread sweeps) cost the most there, because
 # Valgrind runs a process's threads one at a time: the first three took 110 of memcheck's 760
@@ -44,7 +45,7 @@ ctest_start(Experimental)
 # each; the same attention and block-table code runs under memcheck in the other conformance
 # tests). ASan runs all four.
 ctest_memcheck(INCLUDE_LABEL "${LABELS}"
-               EXCLUDE "CudaEmu|CudaWeights|BatchedAgreesWithSequential|Fp32AgreesWithFp64WithinMeasuredBound|Cpu/BackendConformance[.](LongContextAcrossPartitionsMatchesReference|BlockSizeDoesNotChangeLogitsBitwise)|EveryGemmIsaAndThreadCount|ThreadedAttentionGivesTheSameLogitBits|ThreadCountDoesNotChangeLogitsBitwise|ThreadsDoNotChangeABit|LongContextPrefillEqualsDecodesBitwise|ATensorLargerThanAChunkConvertsEveryElement|PayloadSizeLimitAcceptsItsLimit|ArrayLengthLimitAcceptsItsLimit"
+               EXCLUDE "CudaEmu|CudaWeights|CudaGraphs|BatchedAgreesWithSequential|Fp32AgreesWithFp64WithinMeasuredBound|Cpu/BackendConformance[.](LongContextAcrossPartitionsMatchesReference|BlockSizeDoesNotChangeLogitsBitwise)|EveryGemmIsaAndThreadCount|ThreadedAttentionGivesTheSameLogitBits|ThreadCountDoesNotChangeLogitsBitwise|ThreadsDoNotChangeABit|LongContextPrefillEqualsDecodesBitwise|ATensorLargerThanAChunkConvertsEveryElement|PayloadSizeLimitAcceptsItsLimit|ArrayLengthLimitAcceptsItsLimit"
                PARALLEL_LEVEL 2 RETURN_VALUE rv DEFECT_COUNT defects)
 message(STATUS "valgrind memcheck over labels '${LABELS}': ${defects} defects, ctest returned ${rv}")
 if(NOT rv EQUAL 0 OR defects GREATER 0)
