@@ -298,6 +298,48 @@ TEST(SimtRuntime, EventsMeasureElapsedTimeAndStreamsSynchronize) {
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
+// cp.async (__pipeline_memcpy_async): a double-buffered sum gives the exact sums, and each
+// misuse shows: a stage read before its wait reads NaN, a copy never waited for and a
+// misaligned copy fail the launch naming the thread or the copy.
+std::vector<float> expected_pipelined_sums(const std::vector<float>& in) {
+  std::vector<float> sums(32, 0.0f);
+  for (std::size_t i = 0; i < in.size() / 128; ++i)
+    for (std::size_t t = 0; t < 32; ++t) sums[t] += in[i * 128 + (4 * t + 5) % 128];
+  return sums;
+}
+
+TEST(SimtAsyncCopy, DoubleBufferedCopiesGiveTheExactSums) {
+  const std::vector<float> in = ramp(5 * 128);
+  std::vector<float> out;
+  const KernelRun run = pipelined_sum(in, Bug::kNone, &out);
+  ASSERT_TRUE(run.ok) << run.error;
+  EXPECT_EQ(out, expected_pipelined_sums(in));
+}
+
+TEST(SimtAsyncCopy, AStageReadBeforeItsWaitReadsNan) {
+  std::vector<float> out;
+  const KernelRun run = pipelined_sum(ramp(5 * 128), Bug::kReadBeforeAsyncWait, &out);
+  ASSERT_TRUE(run.ok) << run.error;
+  ASSERT_EQ(out.size(), 32u);
+  for (const float x : out) EXPECT_TRUE(std::isnan(x));
+}
+
+TEST(SimtAsyncCopy, ACopyNeverWaitedForFailsTheLaunchNamingTheThread) {
+  std::vector<float> out;
+  const KernelRun run = pipelined_sum(ramp(3 * 128), Bug::kAsyncCopyNeverWaited, &out);
+  ASSERT_FALSE(run.ok);
+  EXPECT_THAT(run.error, HasSubstr("kernel pipelined_sum_kernel, block (0,0,0)"));
+  EXPECT_THAT(run.error, HasSubstr("exited with 1 cp.async copies (__pipeline_memcpy_async) never waited for"));
+}
+
+TEST(SimtAsyncCopy, AMisalignedCopyFailsTheLaunchNamingTheCopy) {
+  std::vector<float> out;
+  const KernelRun run = pipelined_sum(ramp(2 * 128), Bug::kMisalignedAsyncCopy, &out);
+  ASSERT_FALSE(run.ok);
+  EXPECT_THAT(run.error, HasSubstr("__pipeline_memcpy_async of 16 bytes"));
+  EXPECT_THAT(run.error, HasSubstr("aligned to it"));
+}
+
 // Stream capture and graphs (runtime.h): a replay runs what the capture recorded, on the
 // buffers' contents at replay time and with the kernel parameters of capture time.
 TEST(SimtGraphs, ReplayRunsTheCapturedKernelAndCopyOnEachNewInputWithTheCapturedParameters) {

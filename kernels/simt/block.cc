@@ -267,6 +267,12 @@ void finish(Block& b, Thread& t) {
   b.running--;
   b.done++;
   if (b.aborted) return;
+  if (!t.async_copies.empty()) {
+    fail(b, who(t) + format(" exited with %zu cp.async copies (__pipeline_memcpy_async) never waited for: a "
+                            "__pipeline_wait_prior (cp.async.wait_group) that completes them is missing",
+                            t.async_copies.size()));
+    return;
+  }
   if (b.at_barrier > 0) {
     const Thread* waiter = nullptr;
     for (int i = 0; i < b.nthreads && !waiter; ++i)
@@ -439,6 +445,52 @@ void* static_shared(std::size_t bytes, std::size_t align) {
 }
 
 void* dynamic_shared() { return tls_thread->block->dynamic_shared.get(); }
+
+// cp.async: only the issuing thread touches its copies, so no lock; the failures lock as
+// static_shared does.
+void pipeline_memcpy_async(void* dst, const void* src, std::size_t size, std::size_t zfill, const char* file,
+                           int line) {
+  Thread& t = *tls_thread;
+  Block& b = *t.block;
+  const auto misaligned = [size](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % size != 0; };
+  if ((size != 4 && size != 8 && size != 16) || zfill > size || misaligned(dst) || misaligned(src)) {
+    {
+#if defined(KVP_SIMT_THREADS)
+      TsanQuiet quiet;
+      std::lock_guard<std::mutex> lock(b.mu);
+#endif
+      fail(b, who(t) + format(" at %s:%d: __pipeline_memcpy_async of %zu bytes (zero fill %zu) from %p to %p: the size "
+                              "must be 4, 8 or 16 and both addresses aligned to it",
+                              file, line, size, zfill, src, dst));
+    }
+    throw BlockAborted{};
+  }
+  Thread::AsyncCopy c;
+  c.dst = dst;
+  c.size = static_cast<uint8_t>(size);
+  c.group = t.async_groups_committed;
+  std::memcpy(c.bytes, src, size - zfill);  // read now; the zero fill is part of the copy
+  t.async_copies.push_back(c);
+  fill_pattern(dst, size);  // what a read before the wait sees
+}
+
+void pipeline_commit() { ++tls_thread->async_groups_committed; }
+
+void pipeline_wait_prior(std::size_t prior) {
+  Thread& t = *tls_thread;
+  // Every committed group but the newest `prior` completes, in issue order.
+  const uint32_t committed = t.async_groups_committed;
+  const uint32_t done_below = prior >= committed ? 0 : committed - static_cast<uint32_t>(prior);
+  std::size_t kept = 0;
+  for (Thread::AsyncCopy& c : t.async_copies) {
+    if (c.group < done_below) {
+      std::memcpy(c.dst, c.bytes, c.size);
+    } else {
+      t.async_copies[kept++] = c;
+    }
+  }
+  t.async_copies.resize(kept);
+}
 
 }  // namespace detail
 }  // namespace emulated

@@ -107,6 +107,18 @@ struct Thread {
   int width = 32;
   uint64_t result = 0;
   std::size_t shared_decls = 0;
+  // cp.async (__pipeline_memcpy_async) copies issued and not yet completed: each holds the
+  // source bytes read when it was issued (its destination was filled with the uninitialised
+  // pattern then) and the group it belongs to (its index among this thread's commits; copies
+  // issued since the last commit are in group `async_groups_committed`, not yet committed).
+  struct AsyncCopy {
+    void* dst = nullptr;
+    unsigned char bytes[16] = {};
+    uint8_t size = 0;
+    uint32_t group = 0;
+  };
+  std::vector<AsyncCopy> async_copies;
+  uint32_t async_groups_committed = 0;
 #if defined(KVP_SIMT_THREADS)
   std::condition_variable wake;
   unsigned barriers_passed = 0;  // this thread's own count: selects the barrier's sync object

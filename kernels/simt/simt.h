@@ -80,6 +80,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 
 #include <string>
 
@@ -166,6 +167,10 @@ struct KernelBody {
   const void* context;
 };
 void launch(const char* kernel, dim3 grid, dim3 block, std::size_t shmem_bytes, cudaStream_t stream, KernelBody body);
+// cp.async (block.cc): see __pipeline_memcpy_async below.
+void pipeline_memcpy_async(void* dst, const void* src, std::size_t size, std::size_t zfill, const char* file, int line);
+void pipeline_commit();
+void pipeline_wait_prior(std::size_t prior);
 
 // What a launch of `kernel` on `stream` does now (runtime.h, stream capture): run; be
 // recorded into the stream's capture; or be refused (a launch on the legacy stream while a
@@ -262,6 +267,23 @@ inline namespace kvp_simt_emulated {
 inline void __syncthreads(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   kvp::simt::detail::sync_block(file, line);
 }
+// cp.async, as <cuda_pipeline.h> spells it (sm_80+): an asynchronous copy of 4, 8 or 16 bytes
+// (the last `zfill` of them zeros) from global to shared memory, both addresses aligned to
+// the size; __pipeline_commit closes this thread's current group of copies;
+// __pipeline_wait_prior(N) completes every committed group but the newest N. Emulated: the
+// source is read when the copy is issued and the destination filled with the uninitialised
+// pattern (NaN), and the bytes land at the wait that completes the group; so a read of a
+// stage before its wait shows NaN (and under TSan another thread's read without a barrier
+// after the wait is a data race), a misaligned copy fails the launch, and a thread that exits
+// with copies never waited for fails it too, naming the thread.
+inline void __pipeline_memcpy_async(void* dst_shared, const void* src_global, std::size_t size_and_align,
+                                    std::size_t zfill = 0, const char* file = __builtin_FILE(),
+                                    int line = __builtin_LINE()) {
+  kvp::simt::detail::pipeline_memcpy_async(dst_shared, src_global, size_and_align, zfill, file, line);
+}
+inline void __pipeline_commit() { kvp::simt::detail::pipeline_commit(); }
+inline void __pipeline_wait_prior(std::size_t prior) { kvp::simt::detail::pipeline_wait_prior(prior); }
+
 inline void __syncwarp(unsigned mask = 0xffffffffu, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   kvp::simt::detail::warp_collective(kvp::simt::detail::WarpOp::kSyncWarp, mask, 0, 0, warpSize, file, line);
 }

@@ -197,6 +197,35 @@ __global__ void convert_kernel(const float* in, int n, unsigned short* f16, unsi
   bf16_back[i] = __bfloat162float(b);
 }
 
+// pipelined_sum's kernel: two 128-float stages in shared memory, filled by cp.async.
+__global__ void pipelined_sum_kernel(const float* in, int tiles, float* out, int bug) {
+  KVP_SHARED(float, stage, 256);
+  const int t = static_cast<int>(threadIdx.x);
+  const float* src = in + (bug == static_cast<int>(Bug::kMisalignedAsyncCopy) ? 1 : 0);
+  for (int k = 0; k < 8; ++k) stage[8 * t + k] = 0.0f;  // a stale stage reads finite
+  __syncthreads();
+  __pipeline_memcpy_async(stage + 4 * t, src + 4 * t, 16);
+  __pipeline_commit();
+  float sum = 0.0f;
+  for (int i = 0; i < tiles; ++i) {
+    const bool more = i + 1 < tiles;
+    if (more) {
+      __pipeline_memcpy_async(stage + ((i + 1) % 2) * 128 + 4 * t, src + (i + 1) * 128 + 4 * t, 16);
+      __pipeline_commit();
+    }
+    if (bug == static_cast<int>(Bug::kReadBeforeAsyncWait)) {
+      __pipeline_wait_prior(2);  // completes nothing here: tile i is still in flight
+    } else if (!(bug == static_cast<int>(Bug::kAsyncCopyNeverWaited) && !more)) {
+      __pipeline_wait_prior(more ? 1 : 0);
+    }
+    __syncthreads();
+    sum += stage[(i % 2) * 128 + (4 * t + 5) % 128];
+    __syncthreads();  // before the next iteration's copy overwrites this stage
+  }
+  if (bug == static_cast<int>(Bug::kReadBeforeAsyncWait)) __pipeline_wait_prior(0);
+  out[t] = sum;
+}
+
 // y[i] = a * x[i] (graph_replay: `a` is a kernel parameter, captured by value).
 __global__ void scale_kernel(const float* x, float a, float* y, int n) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
@@ -349,6 +378,20 @@ KernelRun grid_count(Shape grid, unsigned threads, Bug bug, unsigned* count) {
   std::vector<unsigned> c;
   KVP_TEST_CHECK(d_count.download(&c));
   *count = c[0];
+  return run;
+}
+
+KernelRun pipelined_sum(const std::vector<float>& in, Bug bug, std::vector<float>* out) {
+  const int tiles = static_cast<int>(in.size() / 128);
+  DeviceArray<float> d_in(in.size() + 4), d_out(32);  // 4 spare: the misaligned copies stay inside
+  KVP_TEST_CHECK(d_in.status());
+  KVP_TEST_CHECK(d_out.status());
+  KVP_TEST_CHECK(d_in.upload(in, in.size()));
+  KVP_LAUNCH(pipelined_sum_kernel, dim3(1), dim3(32), 0, nullptr)
+  (d_in.get(), tiles, d_out.get(), static_cast<int>(bug));
+  KernelRun run = finish_launch("pipelined_sum_kernel");
+  if (!run.ok) return run;
+  KVP_TEST_CHECK(d_out.download(out));
   return run;
 }
 

@@ -30,6 +30,9 @@ enum class Bug {
   kPlainGlobalAdd,         // grid_count: every block adds to the count without an atomic
   kLegacyStreamInCapture,  // graph_replay: the kernel is launched on stream 0 during the capture
   kSyncCopyInCapture,      // graph_replay: a synchronous cudaMemcpy inside the capture
+  kReadBeforeAsyncWait,    // pipelined_sum: each stage is read before the wait that completes it
+  kAsyncCopyNeverWaited,   // pipelined_sum: the last stage is never waited for (read, then exit)
+  kMisalignedAsyncCopy,    // pipelined_sum: the 16-byte copies start 4 bytes into the input
 };
 
 // A kernel run: ok, or the error the launch reported (for the emulation: naming kernel and block).
@@ -77,6 +80,13 @@ KernelRun block_reverse(const std::vector<float>& in, Shape grid, unsigned threa
 // block's thread count with a plain read-modify-write instead: a race between blocks only,
 // as no two threads of one block touch the word. 1-D blocks.
 KernelRun grid_count(Shape grid, unsigned threads, Bug bug, unsigned* count);
+
+// cp.async double buffering: one block of 32 threads sums `in` (a multiple of 128 floats)
+// in tiles of 128, each thread copying 16 bytes of the next tile into shared memory
+// (__pipeline_memcpy_async) while the block reads the current one; thread t adds element
+// (4t + 5) mod 128 of every tile, which another thread copied. out[t] is its sum. The stages
+// start as zeros, so only the copies' own pattern makes a premature read show.
+KernelRun pipelined_sum(const std::vector<float>& in, Bug bug, std::vector<float>* out);
 
 // Stream capture and graph replay: captures y = a * x (scale_kernel) and an async copy of y
 // into z on a stream, instantiates the graph, and then for each input uploads it into x
