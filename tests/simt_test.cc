@@ -369,5 +369,43 @@ TEST(SimtGraphs, ASynchronousCopyDuringACaptureInvalidatesItNamingTheCall) {
   EXPECT_THAT(run.error, HasSubstr("invalidated by cudaMemcpy"));
 }
 
+// A capture in thread-local mode ignores other threads' unsafe calls, but work on the legacy
+// stream from any thread still conflicts with a capture of a blocking stream (the legacy
+// stream synchronises with every blocking stream): a backend capturing while another thread
+// uploads must capture on a non-blocking stream (kernels/cuda/model_kernels.cu).
+TEST(SimtGraphs, AnotherThreadsLegacyStreamCopyInvalidatesACaptureOfABlockingStreamOnly) {
+  for (const bool non_blocking : {true, false}) {
+    SCOPED_TRACE(non_blocking ? "non-blocking stream" : "blocking stream");
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, non_blocking ? cudaStreamNonBlocking : cudaStreamDefault),
+              cudaSuccess);
+    void* a = nullptr;
+    void* b = nullptr;
+    ASSERT_EQ(cudaMalloc(&a, 64), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&b, 64), cudaSuccess);
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(a, 0, 64, stream), cudaSuccess);
+    cudaError_t other = cudaSuccess;
+    std::thread([&] {
+      const std::vector<char> host(64, 1);
+      other = cudaMemcpy(b, host.data(), 64, cudaMemcpyHostToDevice);
+    }).join();
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    if (non_blocking) {
+      EXPECT_EQ(other, cudaSuccess);
+      EXPECT_EQ(ended, cudaSuccess);
+    } else {
+      EXPECT_EQ(other, cudaErrorStreamCaptureImplicit);
+      EXPECT_EQ(ended, cudaErrorStreamCaptureInvalidated);
+      EXPECT_THAT(last_error_message(), HasSubstr("invalidated by cudaMemcpy"));
+    }
+    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+    EXPECT_EQ(cudaFree(a), cudaSuccess);
+    EXPECT_EQ(cudaFree(b), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  }
+}
+
 }  // namespace
 }  // namespace kvp::simt::test

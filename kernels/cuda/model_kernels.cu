@@ -627,11 +627,15 @@ bool set_project_lanes(int lanes) {
 }
 int project_lanes() { return g_project_lanes; }
 
+// Non-blocking: the legacy stream, which every other launch and copy uses (this backend's
+// eager steps, other backends' on other threads), does not synchronise with it, so their work
+// does not conflict with a capture on it (cudaErrorStreamCaptureImplicit); graph_replay orders
+// the two explicitly.
 std::string stream_create(void** stream) {
   cudaStream_t s = nullptr;
-  const cudaError_t e = cudaStreamCreate(&s);
+  const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   *stream = s;
-  return e == cudaSuccess ? std::string() : fail("cudaStreamCreate", e);
+  return e == cudaSuccess ? std::string() : fail("cudaStreamCreateWithFlags", e);
 }
 void stream_destroy(void* stream) {
   if (stream != nullptr) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream));
@@ -659,7 +663,11 @@ std::string end_capture(void* stream, void** graph_exec) {
   return {};
 }
 std::string graph_replay(void* graph_exec, void* stream) {
-  cudaError_t e = cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_exec), static_cast<cudaStream_t>(stream));
+  // The step's uploads and block operations ran on the legacy stream (a pageable upload may
+  // return before its DMA lands): wait for them, as nothing orders a non-blocking stream after.
+  cudaError_t e = cudaStreamSynchronize(nullptr);
+  if (e != cudaSuccess) return fail("cudaStreamSynchronize of the legacy stream before cudaGraphLaunch", e);
+  e = cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_exec), static_cast<cudaStream_t>(stream));
   if (e != cudaSuccess) return fail("cudaGraphLaunch", e);
   e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
   return e == cudaSuccess ? std::string() : fail("cudaStreamSynchronize after cudaGraphLaunch", e);

@@ -94,8 +94,10 @@ int project_lanes();
 // frozen as given: later contents of the buffers are read at each replay); no allocation or
 // copy may happen on this thread in between (CUDA refuses it and invalidates the capture;
 // other threads are free: thread-local capture mode). end_capture
-// instantiates the graph (*exec; null on an error), graph_replay runs it on the stream and
-// waits. The stream is a plain CUDA stream (stream_create).
+// instantiates the graph (*exec; null on an error), graph_replay waits for the legacy stream
+// (where uploads and every eager launch go), runs the graph on the stream and waits for it.
+// stream_create makes a non-blocking stream: legacy-stream work on other threads does not
+// conflict with its captures.
 std::string stream_create(void** stream);
 void stream_destroy(void* stream);
 std::string begin_capture(void* stream);

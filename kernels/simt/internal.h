@@ -43,9 +43,11 @@ void fill_pattern(void* p, std::size_t bytes);
 
 std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
-// Stream capture (runtime.h). A synchronising call while a capture forbids it: refused
-// (`code` set as the thread's error, naming `call`) and every such capture invalidated.
-bool refused_during_capture(const char* call, cudaError_t code);
+// Stream capture (runtime.h). A potentially unsafe call (`legacy`: one that is also work on
+// the legacy stream) while a capture it conflicts with is active: refused, the error set as
+// the thread's naming `call` and returned, and every such capture invalidated; else
+// cudaSuccess.
+cudaError_t refused_during_capture(const char* call, bool legacy);
 // Where an operation on `stream` (a launch, an async copy; `what` names it) goes now.
 LaunchMode operation_mode(const std::string& what, cudaStream_t stream);
 

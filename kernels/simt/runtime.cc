@@ -25,6 +25,7 @@ inline namespace kvp_simt_emulated {
 // A stream, and what it records while it captures (runtime.h, stream capture). Capture state
 // changes only under kvp::simt::detail's capture mutex.
 struct kvp_simt_stream {
+  bool blocking = true;  // synchronises with the legacy stream (not cudaStreamNonBlocking)
   bool capturing = false;
   bool invalidated = false;
   cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
@@ -64,21 +65,27 @@ std::mutex g_capture_mu;
 std::vector<kvp_simt_stream*> g_capturing;
 std::atomic<int> g_num_capturing{0};
 
-// Whether a capture that forbids a synchronising call from this thread is active (global
-// mode: any thread's; thread-local mode: this thread's). If so, every such capture is
-// invalidated by `call`. REQUIRES: g_capture_mu held.
-bool forbidding_capture_locked(const std::string& call) {
-  bool forbidden = false;
+// The captures `call` conflicts with, each invalidated by it; returns cudaSuccess when none.
+// A potentially unsafe call (every one this is asked about) conflicts with a capture in
+// global mode (any thread's) or thread-local mode (this thread's); work on the legacy stream
+// (`legacy`) also conflicts with any capture of a blocking stream, whatever its mode or
+// thread, since the legacy stream synchronises with every blocking stream
+// (cudaErrorStreamCaptureImplicit). REQUIRES: g_capture_mu held.
+cudaError_t capture_conflict_locked(const std::string& call, bool legacy) {
+  cudaError_t code = cudaSuccess;
   for (kvp_simt_stream* s : g_capturing) {
-    if (s->mode == cudaStreamCaptureModeRelaxed) continue;
-    if (s->mode == cudaStreamCaptureModeThreadLocal && s->owner != std::this_thread::get_id()) continue;
-    forbidden = true;
+    const bool implicit = legacy && s->blocking;
+    const bool unsafe = s->mode == cudaStreamCaptureModeGlobal ||
+                        (s->mode == cudaStreamCaptureModeThreadLocal && s->owner == std::this_thread::get_id());
+    if (!implicit && !unsafe) continue;
+    if (code != cudaErrorStreamCaptureImplicit)
+      code = implicit ? cudaErrorStreamCaptureImplicit : cudaErrorStreamCaptureUnsupported;
     if (!s->invalidated) {
       s->invalidated = true;
       s->invalidated_by = call;
     }
   }
-  return forbidden;
+  return code;
 }
 
 #if !defined(KVP_SIMT_THREADS)
@@ -225,15 +232,14 @@ void launch(const char* kernel, dim3 grid, dim3 block, std::size_t shmem_bytes, 
   }
 }
 
-// A synchronising call (cudaMalloc, cudaMemcpy, ...) while a capture forbids it: refused
-// (`code` set as the thread's error, naming the call) and the capture invalidated.
-bool refused_during_capture(const char* call, cudaError_t code) {
-  if (g_num_capturing.load() == 0) return false;
+cudaError_t refused_during_capture(const char* call, bool legacy) {
+  if (g_num_capturing.load() == 0) return cudaSuccess;
   std::lock_guard<std::mutex> lock(g_capture_mu);
-  if (!forbidding_capture_locked(call)) return false;
+  const cudaError_t code = capture_conflict_locked(call, legacy);
+  if (code == cudaSuccess) return code;
   set_error(code, format("%s while a stream is being captured: refused, and the capture is invalidated (%s)", call,
                          cudaGetErrorName(code)));
-  return true;
+  return code;
 }
 
 // Where an operation on `stream` goes now (launches and async copies).
@@ -241,11 +247,11 @@ LaunchMode operation_mode(const std::string& what, cudaStream_t stream) {
   if (g_num_capturing.load() == 0) return LaunchMode::kRun;
   std::lock_guard<std::mutex> lock(g_capture_mu);
   if (stream == nullptr) {
-    if (!forbidding_capture_locked(what + " on the legacy stream")) return LaunchMode::kRun;
-    set_error(cudaErrorStreamCaptureImplicit,
-              format("%s on the legacy stream while a stream is being captured: refused, and the capture is "
-                     "invalidated (cudaErrorStreamCaptureImplicit)",
-                     what.c_str()));
+    const cudaError_t code = capture_conflict_locked(what + " on the legacy stream", true);
+    if (code == cudaSuccess) return LaunchMode::kRun;
+    set_error(code, format("%s on the legacy stream while a stream is being captured: refused, and the capture is "
+                           "invalidated (%s)",
+                           what.c_str(), cudaGetErrorName(code)));
     return LaunchMode::kRefused;
   }
   if (!stream->capturing) return LaunchMode::kRun;
@@ -291,8 +297,7 @@ struct kvp_simt_event {
 
 cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
   if (ptr == nullptr) return cudaErrorInvalidValue;
-  if (kvp::simt::detail::refused_during_capture("cudaMalloc", cudaErrorStreamCaptureUnsupported))
-    return cudaErrorStreamCaptureUnsupported;
+  if (const cudaError_t e = kvp::simt::detail::refused_during_capture("cudaMalloc", false); e != cudaSuccess) return e;
   void* p = std::malloc(bytes == 0 ? 1 : bytes);
   if (p == nullptr) return cudaErrorMemoryAllocation;
   kvp::simt::detail::fill_pattern(p, bytes);
@@ -305,8 +310,7 @@ cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
 // NaN in builds without ASan too; ASan reports the use after free itself. No table of sizes:
 // a mutex around one would be held across kernel-check's forks.
 cudaError_t cudaFree(void* ptr) {
-  if (kvp::simt::detail::refused_during_capture("cudaFree", cudaErrorStreamCaptureUnsupported))
-    return cudaErrorStreamCaptureUnsupported;
+  if (const cudaError_t e = kvp::simt::detail::refused_during_capture("cudaFree", false); e != cudaSuccess) return e;
   if (ptr == nullptr) return cudaSuccess;
   kvp::simt::detail::fill_pattern(ptr, malloc_usable_size(ptr));
   std::free(ptr);
@@ -314,21 +318,20 @@ cudaError_t cudaFree(void* ptr) {
 }
 cudaError_t cudaMallocHost(void** ptr, std::size_t bytes) {
   if (ptr == nullptr) return cudaErrorInvalidValue;
-  if (kvp::simt::detail::refused_during_capture("cudaMallocHost", cudaErrorStreamCaptureUnsupported))
-    return cudaErrorStreamCaptureUnsupported;
+  if (const cudaError_t e = kvp::simt::detail::refused_during_capture("cudaMallocHost", false); e != cudaSuccess)
+    return e;
   *ptr = new (std::nothrow) unsigned char[bytes];
   return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFreeHost(void* ptr) {
-  if (kvp::simt::detail::refused_during_capture("cudaFreeHost", cudaErrorStreamCaptureUnsupported))
-    return cudaErrorStreamCaptureUnsupported;
+  if (const cudaError_t e = kvp::simt::detail::refused_during_capture("cudaFreeHost", false); e != cudaSuccess)
+    return e;
   delete[] static_cast<unsigned char*>(ptr);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
   if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return cudaErrorInvalidValue;
-  if (kvp::simt::detail::refused_during_capture("cudaMemcpy", cudaErrorStreamCaptureUnsupported))
-    return cudaErrorStreamCaptureUnsupported;
+  if (const cudaError_t e = kvp::simt::detail::refused_during_capture("cudaMemcpy", true); e != cudaSuccess) return e;
   if (bytes == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return cudaErrorInvalidValue;
   std::memmove(dst, src, bytes);
@@ -351,8 +354,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaM
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* dst, int value, std::size_t bytes) {
-  if (kvp::simt::detail::refused_during_capture("cudaMemset", cudaErrorStreamCaptureUnsupported))
-    return cudaErrorStreamCaptureUnsupported;
+  if (const cudaError_t e = kvp::simt::detail::refused_during_capture("cudaMemset", true); e != cudaSuccess) return e;
   if (bytes == 0) return cudaSuccess;
   if (dst == nullptr) return cudaErrorInvalidValue;
   std::memset(dst, value, bytes);
@@ -373,9 +375,11 @@ cudaError_t cudaMemsetAsync(void* dst, int value, std::size_t bytes, cudaStream_
   if (bytes != 0) std::memset(dst, value, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaStreamCreate(cudaStream_t* stream) {
-  if (stream == nullptr) return cudaErrorInvalidValue;
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  if (stream == nullptr || (flags & ~cudaStreamNonBlocking) != 0) return cudaErrorInvalidValue;
   *stream = new kvp_simt_stream;
+  (*stream)->blocking = (flags & cudaStreamNonBlocking) == 0;
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
@@ -387,10 +391,16 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   delete stream;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
-  if (kvp::simt::detail::refused_during_capture("cudaStreamSynchronize", cudaErrorStreamCaptureUnsupported))
-    return cudaErrorStreamCaptureUnsupported;
-  return cudaSuccess;
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (stream != nullptr) {
+    std::lock_guard<std::mutex> lock(kvp::simt::detail::g_capture_mu);
+    if (stream->capturing) {  // a capturing stream has nothing to wait for: CUDA refuses
+      kvp::simt::detail::set_error(cudaErrorStreamCaptureUnsupported,
+                                   "cudaStreamSynchronize of a stream being captured");
+      return cudaErrorStreamCaptureUnsupported;
+    }
+  }
+  return kvp::simt::detail::refused_during_capture("cudaStreamSynchronize", stream == nullptr);
 }
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
   if (event == nullptr) return cudaErrorInvalidValue;
@@ -407,8 +417,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  if (kvp::simt::detail::refused_during_capture("cudaEventSynchronize", cudaErrorStreamCaptureUnsupported))
-    return cudaErrorStreamCaptureUnsupported;
+  if (const cudaError_t e = kvp::simt::detail::refused_during_capture("cudaEventSynchronize", false); e != cudaSuccess)
+    return e;
   return event == nullptr ? cudaErrorInvalidResourceHandle : cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -418,8 +428,8 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
-  if (kvp::simt::detail::refused_during_capture("cudaDeviceSynchronize", cudaErrorStreamCaptureUnsupported))
-    return cudaErrorStreamCaptureUnsupported;
+  if (const cudaError_t e = kvp::simt::detail::refused_during_capture("cudaDeviceSynchronize", true); e != cudaSuccess)
+    return e;
   return cudaSuccess;
 }
 

@@ -111,7 +111,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaM
 cudaError_t cudaMemset(void* dst, int value, std::size_t bytes);
 cudaError_t cudaMemsetAsync(void* dst, int value, std::size_t bytes, cudaStream_t stream = nullptr);
 
+inline constexpr unsigned int cudaStreamDefault = 0x00;
+inline constexpr unsigned int cudaStreamNonBlocking = 0x01;  // no implicit synchronisation with the legacy stream
 cudaError_t cudaStreamCreate(cudaStream_t* stream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaEventCreate(cudaEvent_t* event);
@@ -126,14 +129,16 @@ cudaError_t cudaDeviceSynchronize();
 // cudaStreamEndCapture a launch, cudaMemcpyAsync or cudaMemsetAsync on the capturing stream
 // is recorded, not run: a launch's arguments are converted and copied then (as CUDA copies a
 // kernel node's parameters), a copy's pointers are kept (it reads and writes them at each
-// replay). cudaGraphLaunch runs the recorded work in order. As on a GPU, in the global and
-// thread-local modes a call that would synchronise with the capturing stream (cudaMalloc,
-// cudaFree, cudaMemcpy, cudaMemset, cudaDeviceSynchronize, cudaStreamSynchronize or
-// cudaEventSynchronize, or a launch or async copy on the legacy stream 0) is refused with
-// cudaErrorStreamCaptureUnsupported (cudaErrorStreamCaptureImplicit for stream 0) and
-// invalidates the capture: cudaStreamEndCapture then fails with
+// replay). cudaGraphLaunch runs the recorded work in order. As on a GPU, a potentially
+// unsafe call (cudaMalloc, cudaFree, cudaMemcpy, cudaMemset, the synchronise calls, or a
+// launch or async copy on the legacy stream 0) is refused with
+// cudaErrorStreamCaptureUnsupported while a capture in global mode (any thread's) or
+// thread-local mode (this thread's) is active, and work on the legacy stream (stream 0
+// launches and copies, cudaMemcpy, cudaMemset, cudaDeviceSynchronize) with
+// cudaErrorStreamCaptureImplicit while any thread captures a blocking stream (one not created
+// cudaStreamNonBlocking); each invalidates the capture: cudaStreamEndCapture then fails with
 // cudaErrorStreamCaptureInvalidated, and kvp::simt::last_error_message() names the call.
-// (Relaxed mode refuses nothing.) The legacy stream cannot capture.
+// The legacy stream cannot capture.
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
