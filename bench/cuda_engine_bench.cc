@@ -2,7 +2,9 @@
 // GPU (nvcc flavour) against the CPU backend, in one run: batch 1, 8, 32; 128-token prompts;
 // no preemption while timing. The CUDA benchmarks skip without a device. BM_EngineDecodeBf16
 // runs the CUDA engine with bf16 weights (the model's matrices rounded to bf16 for both; the
-// same arithmetic on half the weight bytes) beside the fp32 one.
+// same arithmetic on half the weight bytes) beside the fp32 one. <kCuda> replays decode steps
+// from CUDA graphs (the backend's default); <kCudaEager> launches every kernel of every step
+// (--max-graph-tokens 0): their ratio is what the graphs save per step.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -32,7 +34,7 @@ const Model& small_model_bf16() {
   return m;
 }
 
-enum class Kind { kCpu, kCuda, kCudaBf16 };
+enum class Kind { kCpu, kCuda, kCudaEager, kCudaBf16 };
 
 template <Kind kind>
 void BM_EngineDecode(benchmark::State& state) {
@@ -54,6 +56,7 @@ void BM_EngineDecode(benchmark::State& state) {
     CudaBackendConfig bc;
     bc.pool = c.kv.pool;
     bc.weight_dtype = kind == Kind::kCudaBf16 ? DType::kBF16 : DType::kF32;
+    if (kind == Kind::kCudaEager) bc.max_graph_tokens = 0;
     auto made = make_cuda_backend(CudaFlavour::kDevice, model, bc);
     if (!made) {
       state.SkipWithError(made.status().message().c_str());
@@ -79,6 +82,7 @@ void BM_EngineDecode(benchmark::State& state) {
 }
 BENCHMARK(BM_EngineDecode<Kind::kCpu>)->Arg(1)->Arg(8)->Arg(32)->Iterations(100)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EngineDecode<Kind::kCuda>)->Arg(1)->Arg(8)->Arg(32)->Iterations(100)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EngineDecode<Kind::kCudaEager>)->Arg(1)->Arg(8)->Arg(32)->Iterations(100)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EngineDecode<Kind::kCudaBf16>)->Arg(1)->Arg(8)->Arg(32)->Iterations(100)->Unit(benchmark::kMillisecond);
 
 }  // namespace
