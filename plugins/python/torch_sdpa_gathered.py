@@ -3,13 +3,16 @@ non-paged baseline for kernel-check on a GPU (device only; torch). The backend i
 KVPROOF_SDPA_BACKEND (math, efficient, cudnn; default efficient), e.g.
   KVPROOF_SDPA_BACKEND=math kvproof kernel-check --plugin python:plugins/python/torch_sdpa_gathered.py:paged_attention
 
-NOT YET RUN: written on 2026-12-06 in a session without a GPU; the first device run is its
-first test. FlashAttention's backend takes no explicit mask, and a chunk's causal mask here is
+NOT YET RUN: written on 2026-12-06 in a session without a GPU (the sliding window on
+2026-12-07, also without one); the first device run is its first test. No soft-cap: SDPA has
+none, so the plug-in does not declare one (kernel-check then gives it no soft-capped case). FlashAttention's backend takes no explicit mask, and a chunk's causal mask here is
 aligned to the end of the context (bottom-right), so it is not offered.
 
-Per sequence: K/V of positions 0..context-1 gathered through the block table (the kvproof
-layout), queries of its new tokens, a boolean mask letting token i see positions 0..positions[i],
-grouped-query heads expanded; the result written into `out`.
+Per sequence: K/V of positions first..context-1 gathered through the block table (the kvproof
+layout; first is the window's first position for the sequence's first new token, args.window >
+0, else 0: no block before the window is read), queries of its new tokens, a boolean mask
+letting token i see positions max(0, positions[i] - W + 1)..positions[i] (0..positions[i]
+without a window), grouped-query heads expanded; the result written into `out`.
 """
 import os
 
@@ -21,6 +24,7 @@ KVPROOF_PLUGIN = {
     "device": "cuda",
     "kv_dtypes": ["f32", "f16", "bf16"],
     "kv_layouts": ["kvproof"],
+    "sliding_window": True,
 }
 
 _BACKENDS = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
@@ -46,17 +50,23 @@ def paged_attention(args):
         context = _tensor(args.context_lens).cpu().tolist()
         tables = _tensor(args.block_tables).long()
         group = args.num_heads // args.num_kv_heads
+        window = args.window
         for s in range(args.num_seqs):
             n = context[s]
-            j = torch.arange(n, device="cuda")
+            rows = slice(starts[s], starts[s + 1])
+            first = 0
+            if window > 0:
+                first = max(0, int(positions[rows].min().item()) - window + 1)
+            j = torch.arange(first, n, device="cuda")
             blocks = tables[s, j // args.block_size]
             k = k_cache[blocks, j % args.block_size].float()  # [n][G][D]
             v = v_cache[blocks, j % args.block_size].float()
             k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [H][n][D]
             v = v.repeat_interleave(group, dim=1).transpose(0, 1)
-            rows = slice(starts[s], starts[s + 1])
             q = query[rows].transpose(0, 1)  # [H][T_s][D]
-            mask = j[None, :] <= positions[rows][:, None]  # [T_s][n]
+            mask = j[None, :] <= positions[rows][:, None]  # [T_s][n - first]
+            if window > 0:
+                mask &= j[None, :] > positions[rows][:, None] - window
             o = torch.nn.functional.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask,
                                                                  scale=args.scale)
             out[rows] = o[0].transpose(0, 1)
