@@ -399,6 +399,7 @@ TEST(SimtGraphs, AnotherThreadsLegacyStreamCopyInvalidatesACaptureOfABlockingStr
       EXPECT_EQ(other, cudaErrorStreamCaptureImplicit);
       EXPECT_EQ(ended, cudaErrorStreamCaptureInvalidated);
       EXPECT_THAT(last_error_message(), HasSubstr("invalidated by cudaMemcpy"));
+      EXPECT_EQ(cudaGetLastError(), cudaErrorStreamCaptureInvalidated);  // read: the next test starts clean
     }
     EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
     EXPECT_EQ(cudaFree(a), cudaSuccess);

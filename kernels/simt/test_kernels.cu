@@ -262,8 +262,12 @@ class DeviceArray {
   cudaError_t status_;
 };
 
+// A failed call's error stays the thread's last error until read (CUDA's rule too): read it
+// here, so that the next run on this thread does not report it as its own.
 KernelRun failed(const char* what, cudaError_t e) {
-  return KernelRun{false, std::string(what) + ": " + error_message(e)};
+  KernelRun run{false, std::string(what) + ": " + error_message(e)};
+  (void)cudaGetLastError();
+  return run;
 }
 
 // The launch's error, if any: configuration errors at once, execution errors at the sync.
