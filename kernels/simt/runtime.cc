@@ -337,21 +337,26 @@ cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpy
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+namespace {
+// An async copy or set on `stream` (`what` names it): run now, recorded into the stream's
+// capture (a graph node: these pointers, read and written at each replay), or refused.
+cudaError_t async_operation(const char* what, cudaStream_t stream, const std::function<void()>& operation) {
   using kvp::simt::detail::LaunchMode;
-  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return cudaErrorInvalidValue;
-  if (bytes != 0 && (dst == nullptr || src == nullptr)) return cudaErrorInvalidValue;
-  switch (kvp::simt::detail::operation_mode("cudaMemcpyAsync", stream)) {
+  switch (kvp::simt::detail::operation_mode(what, stream)) {
     case LaunchMode::kRefused: return cudaGetLastError();
-    case LaunchMode::kRecord:  // a memcpy node: these pointers, read and written at each replay
-      kvp::simt::detail::record(stream, [=] {
-        if (bytes != 0) std::memmove(dst, src, bytes);
-      });
-      return cudaSuccess;
+    case LaunchMode::kRecord: kvp::simt::detail::record(stream, operation); return cudaSuccess;
     case LaunchMode::kRun: break;
   }
-  if (bytes != 0) std::memmove(dst, src, bytes);
+  operation();
   return cudaSuccess;
+}
+}  // namespace
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return cudaErrorInvalidValue;
+  if (bytes != 0 && (dst == nullptr || src == nullptr)) return cudaErrorInvalidValue;
+  return async_operation("cudaMemcpyAsync", stream, [=] {
+    if (bytes != 0) std::memmove(dst, src, bytes);
+  });
 }
 cudaError_t cudaMemset(void* dst, int value, std::size_t bytes) {
   if (const cudaError_t e = kvp::simt::detail::refused_during_capture("cudaMemset", true); e != cudaSuccess) return e;
@@ -361,19 +366,10 @@ cudaError_t cudaMemset(void* dst, int value, std::size_t bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, std::size_t bytes, cudaStream_t stream) {
-  using kvp::simt::detail::LaunchMode;
   if (bytes != 0 && dst == nullptr) return cudaErrorInvalidValue;
-  switch (kvp::simt::detail::operation_mode("cudaMemsetAsync", stream)) {
-    case LaunchMode::kRefused: return cudaGetLastError();
-    case LaunchMode::kRecord:
-      kvp::simt::detail::record(stream, [=] {
-        if (bytes != 0) std::memset(dst, value, bytes);
-      });
-      return cudaSuccess;
-    case LaunchMode::kRun: break;
-  }
-  if (bytes != 0) std::memset(dst, value, bytes);
-  return cudaSuccess;
+  return async_operation("cudaMemsetAsync", stream, [=] {
+    if (bytes != 0) std::memset(dst, value, bytes);
+  });
 }
 cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {

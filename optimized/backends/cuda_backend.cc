@@ -83,6 +83,9 @@ class CudaBackend final : public Backend {
   Status run_model(const BatchPlan& plan, StepOutput& out);
   // A decode step through a CUDA graph (CudaBackendConfig::max_graph_tokens).
   bool graph_eligible(const BatchPlan& plan) const;
+  // Attention partitions of the plan's longest context; each token's own count is fixed by
+  // its position, so the batch only sizes the grid, never a token's split points.
+  int64_t partitions_for(const BatchPlan& plan) const;
   Status run_decode_graph(const BatchPlan& plan, StepOutput& out);
   // The step buffers sized for `shape` (allocations happen here, never inside a capture).
   Status prepare_buffers(const StepShape& shape);
@@ -467,12 +470,7 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   if (n == 0) return Status::ok();
   if (graph_eligible(plan)) return run_decode_graph(plan, out);
 
-  // Partitions of the longest context in this plan; each token's own count is fixed by its
-  // position, so the batch only sizes the grid, never a token's split points.
-  int32_t max_position = 0;
-  for (const int32_t p : plan.positions) max_position = std::max(max_position, p);
-  const StepShape shape{n, static_cast<int64_t>(logit_tokens.size()), plan.max_blocks_per_seq,
-                        ck::attention_partitions(max_position, config_.attention_partition)};
+  const StepShape shape{n, static_cast<int64_t>(logit_tokens.size()), plan.max_blocks_per_seq, partitions_for(plan)};
   KVP_RETURN_IF_ERROR(prepare_buffers(shape));
   KVP_RETURN_IF_ERROR(d.upload_vector(d.token_ids, plan.token_ids));
   KVP_RETURN_IF_ERROR(d.upload_vector(d.positions, plan.positions));
@@ -486,6 +484,12 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   KVP_RETURN_IF_ERROR(cuda_status(ck::copy_to_host(out.logits.data(), d.logits.ptr, logit_floats * sizeof(float))));
   apply_final_softcap(c, out.logits.data(), shape.rows * c.vocab_size);
   return Status::ok();
+}
+
+int64_t CudaBackend::partitions_for(const BatchPlan& plan) const {
+  const int32_t max_position =
+      plan.positions.empty() ? 0 : *std::max_element(plan.positions.begin(), plan.positions.end());
+  return ck::attention_partitions(max_position, config_.attention_partition);
 }
 
 bool CudaBackend::graph_eligible(const BatchPlan& plan) const {
@@ -512,10 +516,7 @@ Status CudaBackend::run_decode_graph(const BatchPlan& plan, StepOutput& out) {
     while (p < x) p *= 2;
     return p;
   };
-  int32_t max_position = 0;
-  for (const int32_t p : plan.positions) max_position = std::max(max_position, p);
-  const StepShape shape{b, b, pow2(std::max<int64_t>(plan.max_blocks_per_seq, 1)),
-                        pow2(ck::attention_partitions(max_position, config_.attention_partition))};
+  const StepShape shape{b, b, pow2(std::max<int64_t>(plan.max_blocks_per_seq, 1)), pow2(partitions_for(plan))};
   const auto un = static_cast<std::size_t>(n);
   const auto ub = static_cast<std::size_t>(b);
   std::vector<int32_t> token_ids = plan.token_ids, positions = plan.positions, rows(ub);
