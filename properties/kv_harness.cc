@@ -24,7 +24,7 @@ KvHarness::Snapshot KvHarness::snapshot() const {
     s.refcounts.push_back(m_.host_allocator().refcount(b));
   }
   for (const auto& [id, seq] : m_.sequences()) {
-    s.tables[id] = seq.table.blocks();
+    s.tables[id] = seq.table().blocks();
     s.slots[id] = seq.num_slots;
     s.tokens[id] = seq.tokens;
   }
@@ -227,7 +227,7 @@ Status KvHarness::truncate(int a, int b) {
   const auto len = static_cast<int64_t>(ms.tokens.size());
   const int64_t new_len = len - (b % (len + 1));
   const SequenceState* st = m_.sequence(s);
-  if (m_.window_dead_blocks(std::min(st->num_final, new_len)) < st->num_window_released) {
+  if (m_.window_dead_blocks(std::min(st->num_final, new_len)) < st->group(0).num_window_released) {
     // The positions the window released cannot come back: refused, nothing changed.
     const Snapshot before = snapshot();
     if (m_.truncate(s, new_len).is_ok()) return Status::error("a truncate into the released window succeeded");
@@ -330,8 +330,8 @@ Status KvHarness::check_sequence(SeqId id) {
   }
   const std::vector<Cell>& pool = ms.swapped ? host_pool_ : device_pool_;
   // Every position from the first block the sliding window kept (all of them without one).
-  for (int64_t p = s->num_window_released * bs; p < ms.num_slots; ++p) {
-    const int64_t slot = kernels::slot_of(s->table.data(), p, bs);
+  for (int64_t p = s->group(0).num_window_released * bs; p < ms.num_slots; ++p) {
+    const int64_t slot = kernels::slot_of(s->table().data(), p, bs);
     const Cell want{scope_of(ms), p, ms.tokens[static_cast<size_t>(p)]};
     const Cell& got = pool[static_cast<size_t>(slot)];
     if (!(got == want)) {

@@ -48,7 +48,7 @@ void check_against_model(int hash_bits) {
     std::vector<int64_t> slots;
     RC_ASSERT(m.allocate_slots(s, static_cast<int64_t>(prompt.size()) - expect, slots).is_ok());
     RC_ASSERT(m.mark_final(s, static_cast<int64_t>(prompt.size())).is_ok());
-    const std::vector<int32_t>& table = m.sequence(s)->table.blocks();
+    const std::vector<int32_t>& table = m.sequence(s)->table().blocks();
     for (size_t i = 0; i < expected_blocks.size(); ++i) RC_ASSERT(table[i] == expected_blocks[i]);
     for (int64_t i = 0; i < static_cast<int64_t>(prompt.size()) / bs; ++i) {
       model.emplace(std::make_pair(salt, std::vector<int32_t>(prompt.begin(), prompt.begin() + (i + 1) * bs)),

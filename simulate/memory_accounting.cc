@@ -46,19 +46,19 @@ Status check_paged(const MemoryAccountingState& st, const MemorySlots& reported)
 
   std::vector<uint8_t> use(static_cast<size_t>(device.num_blocks()) * static_cast<size_t>(bs), kNotNamed);
   const auto slot = [&](const SequenceState& s, int64_t p) {
-    return static_cast<size_t>(s.table[p / bs]) * static_cast<size_t>(bs) + static_cast<size_t>(p % bs);
+    return static_cast<size_t>(s.table()[p / bs]) * static_cast<size_t>(bs) + static_cast<size_t>(p % bs);
   };
   int64_t named_blocks = 0;
   for (const auto& [id, s] : kv.sequences()) {
     if (s.swapped) continue;  // its table names host blocks
     if (final_len.count(id) == 0)
       return Status::error("sequence " + str(id) + " holds device blocks but the simulator has no final length for it");
-    if (s.table.size() * bs < s.num_slots)
+    if (s.table().size() * bs < s.num_slots)
       return Status::error("sequence " + str(id) + " has " + str(s.num_slots) + " slots in a table of " +
-                           str(s.table.size()) + " blocks of " + str(bs));
-    for (int64_t j = 0; j < s.table.size(); ++j) {
-      const int32_t b = s.table[j];
-      if (b == kNoBlock && j < s.num_window_released) continue;  // released behind the window
+                           str(s.table().size()) + " blocks of " + str(bs));
+    for (int64_t j = 0; j < s.table().size(); ++j) {
+      const int32_t b = s.table()[j];
+      if (b == kNoBlock && j < s.group(0).num_window_released) continue;  // released behind the window
       if (b < 0 || b >= device.num_blocks() || device.state(b) != BlockState::kInUse)
         return Status::error("sequence " + str(id) + " names device block " + str(b) + ", which is not in use");
       uint8_t* first = &use[static_cast<size_t>(b) * static_cast<size_t>(bs)];
@@ -66,13 +66,13 @@ Status check_paged(const MemoryAccountingState& st, const MemorySlots& reported)
       std::fill(first, first + bs, kNamed);
       ++named_blocks;
     }
-    for (int64_t p = s.num_window_released * bs; p < s.num_slots; ++p) use[slot(s, p)] = kTokenState;
+    for (int64_t p = s.group(0).num_window_released * bs; p < s.num_slots; ++p) use[slot(s, p)] = kTokenState;
   }
   // Reserved after every token state is marked: a slot one holder will fill and another
   // has filled holds a token.
   for (const auto& [id, s] : kv.sequences()) {
     if (s.swapped) continue;
-    const int64_t end = std::min(final_len.at(id), s.table.size() * bs);
+    const int64_t end = std::min(final_len.at(id), s.table().size() * bs);
     for (int64_t p = s.num_slots; p < end; ++p) {
       uint8_t& u = use[slot(s, p)];
       if (u == kNamed) u = kReserved;

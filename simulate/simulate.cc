@@ -283,8 +283,8 @@ MemorySlots Driver::paged_sample() {
     if (s.swapped) continue;
     auto it = live_.find(sid);
     const int64_t final_len = it != live_.end() ? it->second.final_len : s.num_slots;
-    for (int64_t j = s.num_window_released; j < s.table.size(); ++j) {  // past the released entries
-      const auto b = static_cast<std::size_t>(s.table[j]);
+    for (int64_t j = s.group(0).num_window_released; j < s.table().size(); ++j) {  // past the released entries
+      const auto b = static_cast<std::size_t>(s.table()[j]);
       const auto fill = static_cast<int32_t>(std::clamp<int64_t>(s.num_slots - j * bs, 0, bs));
       const auto will_fill = static_cast<int32_t>(std::clamp<int64_t>(final_len - j * bs, fill, bs));
       if (block_will_fill_[b] == 0 && will_fill > 0) touched_.push_back(static_cast<int32_t>(b));

@@ -34,7 +34,7 @@ V iota(int n, int start = 100) {
   return v;
 }
 
-const V& table(const KvCacheManager& m, SeqId s) { return m.sequence(s)->table.blocks(); }
+const V& table(const KvCacheManager& m, SeqId s) { return m.sequence(s)->table().blocks(); }
 
 // Adds a sequence and computes its whole prompt (minus the cached prefix); marks it final.
 Slots prefill(KvCacheManager& m, SeqId s, const V& prompt, int64_t tenant = 0) {
@@ -309,7 +309,7 @@ TEST(KvCacheManager, AllocateSlotsActsOnTheHitFindPrefixReturned) {
   ASSERT_TRUE(m.free(1).is_ok());
   ASSERT_TRUE(m.add_sequence(2, 0, iota(10)).is_ok());
   const PrefixHit hit = m.find_prefix(2);
-  EXPECT_EQ(hit.blocks, (V{0, 1}));
+  EXPECT_EQ(hit.blocks, (std::vector<V>{{0, 1}}));
   EXPECT_EQ(hit.num_tokens, 8);
   EXPECT_EQ(hit.num_evictable, 2);
   EXPECT_EQ(hit.num_looked_up, 2);
@@ -358,7 +358,7 @@ TEST(KvCacheManagerDeathTest, AHitFromBeforeAStateChangeIsRefused) {
   prefill(m, 1, iota(10));
   ASSERT_TRUE(m.add_sequence(2, 0, iota(10)).is_ok());
   const PrefixHit hit = m.find_prefix(2);
-  ASSERT_EQ(hit.blocks.size(), 2u);
+  ASSERT_EQ(hit.blocks[0].size(), 2u);
   ASSERT_TRUE(m.free(1).is_ok());  // the hit's blocks became evictable: its count is stale
   Slots slots;
   EXPECT_FALSE(m.is_current(hit, 2));

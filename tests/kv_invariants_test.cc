@@ -71,14 +71,14 @@ TEST(Invariants, RefcountCheckerSeesAnOrphanBlock) {
 TEST(Invariants, MappingCheckerSeesATableTooLong) {
   KvCacheManager m(config());
   setup(m);
-  Peer::seq(m, 1).table.push_back(5);
+  Peer::seq(m, 1).table().push_back(5);
   expect_error(check_mapping(m), "sequence 1 has 3 blocks for 6 slots (expected 2)");
 }
 
 TEST(Invariants, MappingCheckerSeesABlockNamedTwice) {
   KvCacheManager m(config());
   setup(m);
-  Peer::seq(m, 1).table.set(1, 0);
+  Peer::seq(m, 1).table().set(1, 0);
   expect_error(check_mapping(m), "sequence 1 names block 0 twice");
 }
 
@@ -277,15 +277,15 @@ BatchPlan plan_for(const KvCacheManager& m, SeqId seq, int64_t n) {
   plan.seq_ids = {seq};
   plan.query_start = {0, static_cast<int32_t>(n)};
   plan.context_lens = {static_cast<int32_t>(s.num_slots)};
-  plan.max_blocks_per_seq = static_cast<int32_t>(s.table.size()) + 1;  // one entry of padding
-  plan.block_tables = s.table.blocks();
+  plan.max_blocks_per_seq = static_cast<int32_t>(s.table().size()) + 1;  // one entry of padding
+  plan.block_tables = s.table().blocks();
   plan.block_tables.push_back(-1);
   plan.needs_logits = {1};
   plan.logits_all = {0};
   for (int64_t p = s.num_slots - n; p < s.num_slots; ++p) {
     plan.token_ids.push_back(s.tokens[static_cast<size_t>(p)]);
     plan.positions.push_back(static_cast<int32_t>(p));
-    plan.slot_mapping.push_back(kernels::slot_of(s.table.data(), p, m.block_size()));
+    plan.slot_mapping.push_back(kernels::slot_of(s.table().data(), p, m.block_size()));
   }
   return plan;
 }
@@ -324,7 +324,7 @@ TEST(PlanChecker, SeesATableRowThatIsNotTheSequencesTable) {
   KvCacheManager m(config());
   two_tenants(m);
   BatchPlan plan = plan_for(m, 1, 1);
-  plan.block_tables[1] = m.sequence(3)->table[1];
+  plan.block_tables[1] = m.sequence(3)->table()[1];
   expect_error(check_plan(m, plan, kLoose), "I5: block-table entry 1");
 }
 
@@ -340,7 +340,7 @@ TEST(PlanChecker, SeesAReadOfABlockAnotherTenantHolds) {
   KvCacheManager m(config());
   two_tenants(m);
   // Tenant 8's sequence comes to hold tenant 7's first block (a mapping bug).
-  Peer::seq(m, 3).table.set(0, m.sequence(1)->table[0]);
+  Peer::seq(m, 3).table().set(0, m.sequence(1)->table()[0]);
   expect_error(check_plan(m, plan_for(m, 1, 1), kLoose), "I4: reads block");
 }
 

@@ -38,14 +38,14 @@ V prompt(int n, int32_t first = 1) {
 void expect_released(const KvCacheManager& m, SeqId s, int64_t n) {
   const SequenceState* st = m.sequence(s);
   ASSERT_NE(st, nullptr);
-  for (int64_t j = 0; j < st->table.size(); ++j) {
+  for (int64_t j = 0; j < st->table().size(); ++j) {
     if (j < n) {
-      EXPECT_EQ(st->table[j], kNoBlock) << "entry " << j;
+      EXPECT_EQ(st->table()[j], kNoBlock) << "entry " << j;
     } else {
-      EXPECT_NE(st->table[j], kNoBlock) << "entry " << j;
+      EXPECT_NE(st->table()[j], kNoBlock) << "entry " << j;
     }
   }
-  EXPECT_EQ(st->num_window_released, n);
+  EXPECT_EQ(st->group(0).num_window_released, n);
 }
 
 TEST(KvWindow, EntriesWhollyBeforeTheNextTokensWindowAreReleasedAsPositionsTurnFinal) {
@@ -114,9 +114,9 @@ TEST(KvWindow, CheckWindowBlocksAndCheckPlanSeeABlockReleasedEarly) {
   BlockAllocator& device = KvCacheManagerTestPeer::device(m);
 
   // Released one block early: entry 3 (positions 12..15), which position 20 reads (15).
-  const int32_t b3 = s.table[3];
-  s.table.set(3, kNoBlock);
-  s.num_window_released = 4;
+  const int32_t b3 = s.table()[3];
+  s.table().set(3, kNoBlock);
+  s.group(0).num_window_released = 4;
   ASSERT_TRUE(device.release(b3));
   const Status early = check_window_blocks(m);
   EXPECT_FALSE(early.is_ok());
@@ -128,15 +128,15 @@ TEST(KvWindow, CheckWindowBlocksAndCheckPlanSeeABlockReleasedEarly) {
   plan.query_start = {0, 1};
   plan.context_lens = {21};
   plan.max_blocks_per_seq = 6;
-  for (int64_t j = 0; j < 6; ++j) plan.block_tables.push_back(j < s.table.size() ? s.table[j] : -1);
+  for (int64_t j = 0; j < 6; ++j) plan.block_tables.push_back(j < s.table().size() ? s.table()[j] : -1);
   plan.token_ids = {7};
   plan.positions = {20};
   plan.needs_logits = {1};
   plan.logits_all = {0};
   s.num_slots = 21;  // as if its slot were reserved
-  s.table.push_back(device.allocate().block);
-  plan.block_tables[5] = s.table[5];
-  plan.slot_mapping = {int64_t{s.table[5]} * 4};  // position 20: block 5, offset 0
+  s.table().push_back(device.allocate().block);
+  plan.block_tables[5] = s.table()[5];
+  plan.slot_mapping = {int64_t{s.table()[5]} * 4};  // position 20: block 5, offset 0
   const Status read = check_plan(m, plan, PlanBounds{64, 8, 64, 1});
   EXPECT_FALSE(read.is_ok());
   EXPECT_NE(read.message().find("attends to block-table entry 3, which the sliding window released"), std::string::npos)
@@ -152,7 +152,7 @@ TEST(KvWindow, CheckWindowBlocksSeesABlockNoTokenReadsStillHeld) {
   SequenceState& s = KvCacheManagerTestPeer::seq(m, 1);
   // Entry 2 (positions 8..11) held again: no token the sequence will run reads it.
   const int32_t b = KvCacheManagerTestPeer::device(m).allocate().block;
-  s.table.set(2, b);
+  s.table().set(2, b);
   const Status kept = check_window_blocks(m);
   EXPECT_FALSE(kept.is_ok());
   EXPECT_NE(kept.message().find("still holds block " + std::to_string(b) + " at index 2"), std::string::npos)
@@ -174,7 +174,7 @@ TEST(KvWindow, NoBlockIsChainedOntoAReleasedParentAnotherSequenceRewrote) {
   ASSERT_TRUE(m.add_sequence(1, 0, prompt(5)).is_ok());
   ASSERT_TRUE(m.allocate_slots(1, 5, slots).is_ok());
   ASSERT_TRUE(m.mark_final(1, 5).is_ok());
-  const int32_t b0 = m.sequence(1)->table[0];
+  const int32_t b0 = m.sequence(1)->table()[0];
   ASSERT_TRUE(m.device_allocator().is_cached(b0));
   // Sequence 2 shares it; sequence 1 truncates into it (its entry leaves the cache).
   ASSERT_TRUE(m.fork(1, 2).is_ok());
@@ -188,14 +188,14 @@ TEST(KvWindow, NoBlockIsChainedOntoAReleasedParentAnotherSequenceRewrote) {
   // Sequence 1, now the sole holder, writes 9, 9 into block 0 in place and caches it.
   ASSERT_TRUE(m.append_tokens(1, V{9, 9}).is_ok());
   ASSERT_TRUE(m.allocate_slots(1, 2, slots).is_ok());
-  ASSERT_EQ(m.sequence(1)->table[0], b0);
+  ASSERT_EQ(m.sequence(1)->table()[0], b0);
   ASSERT_TRUE(m.mark_final(1, 4).is_ok());
   ASSERT_TRUE(m.device_allocator().is_cached(b0));
   // Sequence 2 fills block 1 (5..8): its parent was block 0 holding 1..4, no longer there.
   ASSERT_TRUE(m.append_tokens(2, V{7, 8}).is_ok());
   ASSERT_TRUE(m.allocate_slots(2, 2, slots).is_ok());
   ASSERT_TRUE(m.mark_final(2, 8).is_ok());
-  EXPECT_FALSE(m.device_allocator().is_cached(m.sequence(2)->table[1]));
+  EXPECT_FALSE(m.device_allocator().is_cached(m.sequence(2)->table()[1]));
   EXPECT_TRUE(check_all(m).is_ok()) << check_all(m).message();
 
   // Control: with nobody rewriting the released block, the next block is chained onto it.
@@ -206,7 +206,7 @@ TEST(KvWindow, NoBlockIsChainedOntoAReleasedParentAnotherSequenceRewrote) {
   ASSERT_TRUE(m.append_tokens(3, V{26, 27}).is_ok());
   ASSERT_TRUE(m.allocate_slots(3, 2, slots).is_ok());
   ASSERT_TRUE(m.mark_final(3, 8).is_ok());
-  EXPECT_TRUE(m.device_allocator().is_cached(m.sequence(3)->table[1]));
+  EXPECT_TRUE(m.device_allocator().is_cached(m.sequence(3)->table()[1]));
   EXPECT_TRUE(check_all(m).is_ok()) << check_all(m).message();
 }
 

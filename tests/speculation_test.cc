@@ -98,7 +98,7 @@ TEST(AcceptedOnlyCache, CheckerReportsACachedBlockThatWasRolledBack) {
   ASSERT_TRUE(m.allocate_slots(1, 9, slots).is_ok());
   ASSERT_TRUE(m.mark_final(1, 9).is_ok());
   ASSERT_TRUE(check_accepted_only_cache(m).is_ok());
-  KvCacheManagerTestPeer::mark_rolled_back(m, m.sequence(1)->table[1]);
+  KvCacheManagerTestPeer::mark_rolled_back(m, m.sequence(1)->table()[1]);
   const Status st = check_accepted_only_cache(m);
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("I9"), std::string::npos) << st.message();
@@ -137,7 +137,7 @@ TEST(AcceptedOnlyCache, TruncateDropsEntriesChainedOntoAnUnregisteredBlock) {
   ASSERT_TRUE(m.append_tokens(2, V{9, 10, 11, 12}).is_ok());
   ASSERT_TRUE(m.allocate_slots(2, 4, slots).is_ok());
   ASSERT_TRUE(m.mark_final(2, 12).is_ok());
-  const int32_t child = m.sequence(2)->table[2];
+  const int32_t child = m.sequence(2)->table()[2];
   ASSERT_TRUE(m.free(2).is_ok());
   EXPECT_TRUE(m.prefix_cache().contains(child));
   ASSERT_TRUE(m.truncate(1, 6).is_ok());

@@ -86,8 +86,10 @@ std::vector<int32_t> count_owners(const KvCacheManager& m, bool host) {
   std::vector<int32_t> owners(static_cast<size_t>(n), 0);
   for (const auto& [id, s] : m.sequences()) {
     if (s.swapped != host) continue;
-    for (int32_t b : s.table.blocks()) {
-      if (b >= 0 && b < n) ++owners[static_cast<size_t>(b)];
+    for (const GroupTable& gt : s.groups) {
+      for (int32_t b : gt.table.blocks()) {
+        if (b >= 0 && b < n) ++owners[static_cast<size_t>(b)];
+      }
     }
   }
   return owners;
@@ -101,8 +103,9 @@ Status check_pool_refcounts(const KvCacheManager& m, bool host) {
     if (a.refcount(b) != owners[static_cast<size_t>(b)]) {
       std::string who;
       for (const auto& [id, s] : m.sequences()) {
-        if (s.swapped == host &&
-            std::find(s.table.blocks().begin(), s.table.blocks().end(), b) != s.table.blocks().end()) {
+        if (s.swapped == host && std::any_of(s.groups.begin(), s.groups.end(), [b](const GroupTable& gt) {
+              return std::find(gt.table.blocks().begin(), gt.table.blocks().end(), b) != gt.table.blocks().end();
+            })) {
           who += (who.empty() ? "" : ", ") + str(id);
         }
       }
@@ -132,12 +135,16 @@ Status check_refcounts(const KvCacheManager& m) {
   return check_pool_refcounts(m, /*host=*/true);
 }
 
-Status check_exclusive_write(const KvCacheManager& m, SeqId seq, std::span<const int64_t> slot_mapping) {
+Status check_exclusive_write(const KvCacheManager& m, SeqId seq, std::span<const int64_t> slot_mapping, int64_t group) {
   const SequenceState* s = m.sequence(seq);
   if (s == nullptr) return Status::error("I3: unknown sequence " + str(seq));
   if (s->swapped && !slot_mapping.empty()) {
     return Status::error("I3: sequence " + str(seq) + " is swapped out but has slots to write");
   }
+  if (group < 0 || group >= s->num_groups()) {
+    return Status::error("I3: sequence " + str(seq) + " has no KV-cache group " + str(group));
+  }
+  const BlockTable& table = s->group(group).table;
   const BlockAllocator& a = m.device_allocator();
   for (int64_t slot : slot_mapping) {
     if (slot == kernels::kSkipSlot) continue;
@@ -146,9 +153,9 @@ Status check_exclusive_write(const KvCacheManager& m, SeqId seq, std::span<const
       return Status::error("I3: sequence " + str(seq) + " writes slot " + str(slot) + " outside the device pool");
     }
     const auto block = static_cast<int32_t>(b);
-    if (std::find(s->table.blocks().begin(), s->table.blocks().end(), block) == s->table.blocks().end()) {
+    if (std::find(table.blocks().begin(), table.blocks().end(), block) == table.blocks().end()) {
       return Status::error("I3: sequence " + str(seq) + " writes slot " + str(slot) + " in block " + str(b) +
-                           ", which is not in its table");
+                           ", which is not in its table" + (s->num_groups() > 1 ? " of group " + str(group) : ""));
     }
     if (a.refcount(block) != 1 || a.is_cached(block)) {
       return Status::error("I3: sequence " + str(seq) + " writes slot " + str(slot) + " in block " + str(b) +
@@ -166,19 +173,23 @@ Status check_isolation(const KvCacheManager& m) {
   struct Holder {
     int32_t block;
     const SequenceState* s;
+    int64_t group;
     int64_t index;
   };
   // By block, then by sequence id (deterministic: the first violation reported is stable).
   std::vector<Holder> holders;
   for (const SequenceState* s : ordered_sequences(m)) {
     if (s->swapped) continue;
-    for (int64_t i = 0; i < s->table.size(); ++i) {
-      const int32_t b = s->table[i];
-      if (b == kNoBlock && i < s->num_window_released) continue;  // check_window_blocks says where it may be
-      if (b < 0 || b >= a.num_blocks()) {
-        return Status::error("I4: sequence " + str(s->id) + " names out-of-range block " + str(b));
+    for (int64_t g = 0; g < s->num_groups(); ++g) {
+      const GroupTable& gt = s->group(g);
+      for (int64_t i = 0; i < gt.table.size(); ++i) {
+        const int32_t b = gt.table[i];
+        if (b == kNoBlock && i < gt.num_window_released) continue;  // check_window_blocks says where it may be
+        if (b < 0 || b >= a.num_blocks()) {
+          return Status::error("I4: sequence " + str(s->id) + " names out-of-range block " + str(b));
+        }
+        holders.push_back({b, s, g, i});
       }
-      holders.push_back({b, s, i});
     }
   }
   std::stable_sort(holders.begin(), holders.end(), [](const Holder& x, const Holder& y) { return x.block < y.block; });
@@ -192,6 +203,10 @@ Status check_isolation(const KvCacheManager& m) {
       const auto pair = [&] {
         return "block " + str(b) + " shared by sequences " + str(first.s->id) + " and " + str(h.s->id);
       };
+      if (h.group != first.group) {
+        return Status::error("I12: " + pair() + " in the tables of different KV-cache groups " + str(first.group) +
+                             " and " + str(h.group));
+      }
       if (h.index != first.index) {
         return Status::error("I4: " + pair() + " at different table indices " + str(first.index) + " and " +
                              str(h.index));
@@ -213,6 +228,10 @@ Status check_isolation(const KvCacheManager& m) {
       for (size_t k = lo; k < hi; ++k) {
         const Holder& h = holders[k];
         const auto who = [&] { return "I4: cached block " + str(b) + " held by sequence " + str(h.s->id); };
+        if (e.group != h.group) {
+          return Status::error("I12: cached block " + str(b) + " is in group " + str(e.group) +
+                               "'s cache but in group " + str(h.group) + "'s table of sequence " + str(h.s->id));
+        }
         if (e.salt != (m.config().global_prefix_sharing ? 0 : h.s->tenant)) {
           return Status::error(who() + " has salt " + str(e.salt) + ", the sequence " +
                                str(m.config().global_prefix_sharing ? 0 : h.s->tenant));
@@ -226,9 +245,10 @@ Status check_isolation(const KvCacheManager& m) {
                                  str(h.s->tokens[static_cast<size_t>(base + o)]) + ")");
           }
         }
-        const int32_t prev = h.index == 0 ? kNoBlock : h.s->table[h.index - 1];
+        const GroupTable& gt = h.s->group(h.group);
+        const int32_t prev = h.index == 0 ? kNoBlock : gt.table[h.index - 1];
         const BlockHandle want = h.index == 0       ? BlockHandle{}
-                                 : prev == kNoBlock ? h.s->window_parent  // the handle it had
+                                 : prev == kNoBlock ? gt.window_parent  // the handle it had
                                                     : a.handle(prev);
         if (!(e.parent == want)) {
           return Status::error(who() + " at index " + str(h.index) + " names parent block " + str(e.parent.block) +
@@ -258,54 +278,66 @@ Status check_mapping(const KvCacheManager& m) {
                            ", tokens " + str(ntok) + " (expected num_final <= num_slots <= tokens)");
     }
     const int64_t want = kernels::blocks_for_tokens(s->num_slots, bs);
-    if (s->table.size() != want) {
-      return Status::error(who() + " has " + str(s->table.size()) + " blocks for " + str(s->num_slots) +
+    if (s->table().size() != want) {
+      return Status::error(who() + " has " + str(s->table().size()) + " blocks for " + str(s->num_slots) +
                            " slots (expected " + str(want) + ")");
     }
     const int32_t pool = s->swapped ? m.host_allocator().num_blocks() : m.device_allocator().num_blocks();
     Status found = Status::ok();
-    for (int64_t i = 0; i < s->table.size() && found.is_ok(); ++i) {
-      const int32_t b = s->table[i];
-      if (b == kNoBlock && i < s->num_window_released) continue;  // released by the window (I11)
-      if (b < 0 || b >= pool) {
-        found = Status::error(who() + " table[" + str(i) + "] = " + str(b) + " is outside the " +
-                              (s->swapped ? "host" : "device") + " pool");
-      } else if (block_seen[static_cast<size_t>(b)]++) {
-        found = Status::error(who() + " names block " + str(b) + " twice");
+    // Every group's blocks are distinct from every other's (a block belongs to one table),
+    // and each group maps its positions to distinct slots.
+    for (const GroupTable& gt : s->groups) {
+      for (int64_t i = 0; i < gt.table.size() && found.is_ok(); ++i) {
+        const int32_t b = gt.table[i];
+        if (b == kNoBlock && i < gt.num_window_released) continue;  // released by the window (I11)
+        if (b < 0 || b >= pool) {
+          found = Status::error(who() + " table[" + str(i) + "] = " + str(b) + " is outside the " +
+                                (s->swapped ? "host" : "device") + " pool");
+        } else if (block_seen[static_cast<size_t>(b)]++) {
+          found = Status::error(who() + " names block " + str(b) + " twice");
+        }
+      }
+      const int64_t end = std::min(s->num_slots, gt.table.size() * bs);  // I12 reports a short table
+      for (int64_t p = gt.num_window_released * bs; p < end && found.is_ok(); ++p) {
+        const int64_t slot = kernels::slot_of(gt.table.data(), p, bs);
+        if (slot_seen[static_cast<size_t>(slot)]++) {
+          found = Status::error(who() + " maps two positions to slot " + str(slot) + " (second at position " + str(p) +
+                                ")");
+        }
       }
     }
-    for (int64_t p = s->num_window_released * bs; p < s->num_slots && found.is_ok(); ++p) {
-      const int64_t slot = kernels::slot_of(s->table.data(), p, bs);
-      if (slot_seen[static_cast<size_t>(slot)]++) {
-        found =
-            Status::error(who() + " maps two positions to slot " + str(slot) + " (second at position " + str(p) + ")");
+    for (const GroupTable& gt : s->groups) {
+      for (int32_t b : gt.table.blocks()) {
+        if (b < 0 || b >= max_blocks) continue;
+        block_seen[static_cast<size_t>(b)] = 0;
+        std::fill_n(slot_seen.begin() + static_cast<std::ptrdiff_t>(b * bs), bs, uint8_t{0});
       }
-    }
-    for (int32_t b : s->table.blocks()) {
-      if (b < 0 || b >= max_blocks) continue;
-      block_seen[static_cast<size_t>(b)] = 0;
-      std::fill_n(slot_seen.begin() + static_cast<std::ptrdiff_t>(b * bs), bs, uint8_t{0});
     }
     KVP_RETURN_IF_ERROR(found);
   }
   return Status::ok();
 }
 
-Status check_slot_mapping(const KvCacheManager& m, SeqId seq, int64_t start, std::span<const int64_t> slot_mapping) {
+Status check_slot_mapping(const KvCacheManager& m, SeqId seq, int64_t start, std::span<const int64_t> slot_mapping,
+                          int64_t group) {
   const SequenceState* s = m.sequence(seq);
   if (s == nullptr) return Status::error("I5: unknown sequence " + str(seq));
+  if (group < 0 || group >= s->num_groups()) {
+    return Status::error("I5: sequence " + str(seq) + " has no KV-cache group " + str(group));
+  }
+  const GroupTable& gt = s->group(group);
   const int64_t bs = m.block_size();
   const auto n = static_cast<int64_t>(slot_mapping.size());
   if (start < 0 || start + n > s->num_slots) {
     return Status::error("I5: sequence " + str(seq) + " slot mapping covers positions [" + str(start) + ", " +
                          str(start + n) + ") beyond its " + str(s->num_slots) + " slots");
   }
-  if (start / bs < s->num_window_released) {
+  if (start / bs < gt.num_window_released) {
     return Status::error("I5: sequence " + str(seq) + " slot mapping starts at position " + str(start) +
                          ", in a block the sliding window released");
   }
   for (int64_t k = 0; k < n; ++k) {
-    const int64_t want = kernels::slot_of(s->table.data(), start + k, bs);
+    const int64_t want = kernels::slot_of(gt.table.data(), start + k, bs);
     if (slot_mapping[static_cast<size_t>(k)] != want) {
       return Status::error("I5: sequence " + str(seq) + " position " + str(start + k) + " mapped to slot " +
                            str(slot_mapping[static_cast<size_t>(k)]) + ", the table gives " + str(want));
@@ -346,9 +378,18 @@ Status check_prefix_cache(const KvCacheManager& m, ChainHashMemo* memo) {
       return Status::error("prefix cache: block " + str(b) + " entry holds " +
                            str(static_cast<int64_t>(e.tokens.size())) + " tokens, not a full block");
     }
+    if (e.group < 0 || e.group >= m.config().num_groups()) {
+      return Status::error("prefix cache: block " + str(b) + " entry names KV-cache group " + str(e.group) + " of " +
+                           str(m.config().num_groups()));
+    }
     const BlockHash* parent = nullptr;
     if (e.parent.block >= 0) {
       if (!a.is_current(e.parent) || !cache.contains(e.parent.block)) continue;  // stale chain
+      if (cache.entry(e.parent.block).group != e.group) {
+        return Status::error("I12: prefix cache: block " + str(b) + " of group " + str(e.group) +
+                             " is chained onto block " + str(e.parent.block) + " of group " +
+                             str(cache.entry(e.parent.block).group));
+      }
       parent = &cache.entry(e.parent.block).hash;
     }
     ChainHashMemo::Verified* seen = nullptr;
@@ -440,28 +481,58 @@ Status check_cache_reachable(const KvCacheManager& m) {
   return Status::ok();
 }
 
-Status check_window_blocks(const KvCacheManager& m) {
-  const int64_t w = m.config().sliding_window;
-  for (const SequenceState* s : ordered_sequences(m)) {
-    // Stated from the window's definition, not the manager's helper: the first position the
-    // next token (at num_final, or any later one) attends to, and the whole blocks before it.
-    const int64_t dead = w > 0 ? kernels::window_first(s->num_final, w) / m.block_size() : 0;
-    const auto who = [&] {
-      return "I11: sequence " + str(s->id) + " (" + str(s->num_final) + " final positions, window " + str(w) + ", " +
-             str(dead) + " leading entries released)";
-    };
-    if (s->num_window_released != dead) {
-      return Status::error(who() + " counts " + str(s->num_window_released) + " released entries");
+namespace {
+// I11 for group g of one sequence.
+Status check_group_window(const KvCacheManager& m, const SequenceState& s, int64_t g) {
+  const int64_t w = m.config().window_of(g);
+  const GroupTable& gt = s.group(g);
+  // Stated from the window's definition, not the manager's helper: the first position the
+  // next token (at num_final, or any later one) attends to, and the whole blocks before it.
+  const int64_t dead = w > 0 ? kernels::window_first(s.num_final, w) / m.block_size() : 0;
+  const auto who = [&] {
+    return "I11: sequence " + str(s.id) + (m.config().num_groups() > 1 ? " group " + str(g) : std::string()) + " (" +
+           str(s.num_final) + " final positions, window " + str(w) + ", " + str(dead) + " leading entries released)";
+  };
+  if (gt.num_window_released != dead) {
+    return Status::error(who() + " counts " + str(gt.num_window_released) + " released entries");
+  }
+  for (int64_t j = 0; j < gt.table.size(); ++j) {
+    const int32_t b = gt.table[j];
+    if (j < dead && b != kNoBlock) {
+      return Status::error(who() + " still holds block " + str(b) + " at index " + str(j) +
+                           ", which no token it will run attends to");
     }
-    for (int64_t j = 0; j < s->table.size(); ++j) {
-      const int32_t b = s->table[j];
-      if (j < dead && b != kNoBlock) {
-        return Status::error(who() + " still holds block " + str(b) + " at index " + str(j) +
-                             ", which no token it will run attends to");
-      }
-      if (j >= dead && b == kNoBlock) {
-        return Status::error(who() + " released index " + str(j) + ", which position " + str(s->num_final) +
-                             " still attends to");
+    if (j >= dead && b == kNoBlock) {
+      return Status::error(who() + " released index " + str(j) + ", which position " + str(s.num_final) +
+                           " still attends to");
+    }
+  }
+  return Status::ok();
+}
+}  // namespace
+
+Status check_window_blocks(const KvCacheManager& m) {
+  for (const SequenceState* s : ordered_sequences(m)) {
+    for (int64_t g = 0; g < std::min(s->num_groups(), m.config().num_groups()); ++g) {
+      KVP_RETURN_IF_ERROR(check_group_window(m, *s, g));
+    }
+  }
+  return Status::ok();
+}
+
+Status check_group_tables(const KvCacheManager& m) {
+  const int64_t groups = m.config().num_groups();
+  for (const SequenceState* s : ordered_sequences(m)) {
+    if (s->num_groups() != groups) {
+      return Status::error("I12: sequence " + str(s->id) + " has " + str(s->num_groups()) + " block tables for " +
+                           str(groups) + " KV-cache groups");
+    }
+    const int64_t want = kernels::blocks_for_tokens(s->num_slots, m.block_size());
+    for (int64_t g = 0; g < groups; ++g) {
+      if (s->group(g).table.size() != want) {
+        return Status::error("I12: sequence " + str(s->id) + "'s table in KV-cache group " + str(g) + " has " +
+                             str(s->group(g).table.size()) + " entries for its " + str(s->num_slots) +
+                             " positions (every group's table has " + str(want) + ")");
       }
     }
   }
@@ -471,6 +542,7 @@ Status check_window_blocks(const KvCacheManager& m) {
 Status check_all(const KvCacheManager& m, ChainHashMemo* memo) {
   KVP_RETURN_IF_ERROR(check_conservation(m));
   KVP_RETURN_IF_ERROR(check_refcounts(m));
+  KVP_RETURN_IF_ERROR(check_group_tables(m));
   KVP_RETURN_IF_ERROR(check_mapping(m));
   KVP_RETURN_IF_ERROR(check_window_blocks(m));
   KVP_RETURN_IF_ERROR(check_isolation(m));
@@ -482,6 +554,10 @@ Status check_all(const KvCacheManager& m, ChainHashMemo* memo) {
 
 Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBounds& bounds, PlanReadStats* stats) {
   const std::string at = "step " + str(plan.step) + ": ";
+  if (m.config().num_groups() != 1) {
+    return Status::error(at + "a plan carries one block table per sequence; the manager has " +
+                         str(m.config().num_groups()) + " KV-cache groups");
+  }
   if (plan.num_tokens() > bounds.max_num_batched_tokens)
     return Status::error(at + "I8: " + str(plan.num_tokens()) + " tokens scheduled, budget " +
                          str(bounds.max_num_batched_tokens));
@@ -491,7 +567,7 @@ Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBoun
   std::unordered_map<int32_t, std::vector<const SequenceState*>> holders;
   for (const auto& [id, s] : m.sequences())
     if (!s.swapped)
-      for (int32_t b : s.table.blocks())
+      for (int32_t b : s.table().blocks())
         if (b != kNoBlock) holders[b].push_back(&s);
   const auto width = static_cast<std::size_t>(plan.max_blocks_per_seq);
   for (int64_t i = 0; i < plan.num_seqs(); ++i) {
@@ -512,7 +588,7 @@ Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBoun
                            " slots reserved");
     const int32_t* row = plan.block_tables.data() + ui * width;
     for (std::size_t j = 0; j < width; ++j) {
-      const int32_t want = static_cast<int64_t>(j) < s->table.size() ? s->table[static_cast<int64_t>(j)] : -1;
+      const int32_t want = static_cast<int64_t>(j) < s->table().size() ? s->table()[static_cast<int64_t>(j)] : -1;
       if (row[j] != want)
         return Status::error(where + ": I5: block-table entry " + str(static_cast<int64_t>(j)) + " is " + str(row[j]) +
                              ", the manager's table has " + str(want));
@@ -552,6 +628,76 @@ Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBoun
         stats->blocks.push_back(b);
       }
     }
+  }
+  return Status::ok();
+}
+
+}  // namespace kvp
+
+namespace kvp {
+
+Status check_prefix_hit(const KvCacheManager& m, const PrefixHit& hit) {
+  const SequenceState* s = m.sequence(hit.seq);
+  const auto who = [&] { return "I13: prefix hit of sequence " + str(hit.seq); };
+  if (s == nullptr) return Status::error(who() + ": unknown sequence");
+  if (!m.is_current(hit, hit.seq)) return Status::error(who() + ": stale (the manager changed since it was found)");
+  const int64_t bs = m.block_size();
+  const int64_t groups = m.config().num_groups();
+  if (!(hit.blocks.empty() && hit.num_tokens == 0) && static_cast<int64_t>(hit.blocks.size()) != groups) {
+    return Status::error(who() + " has " + str(static_cast<int64_t>(hit.blocks.size())) + " chains for " + str(groups) +
+                         " KV-cache groups");
+  }
+  const bool may_hit =
+      m.config().enable_prefix_caching && !s->swapped && s->table().empty() && s->num_slots == 0 && !s->tokens.empty();
+  // At least the last token is recomputed.
+  const int64_t max_blocks = may_hit ? (static_cast<int64_t>(s->tokens.size()) - 1) / bs : 0;
+  const int64_t k = hit.num_tokens / bs;
+  if (hit.num_tokens % bs != 0 || k < 0 || k > max_blocks) {
+    return Status::error(who() + " skips " + str(hit.num_tokens) + " tokens; at most " + str(max_blocks) +
+                         " whole blocks of " + str(bs) + " may be skipped");
+  }
+  const PrefixCache& cache = m.prefix_cache();
+  const BlockAllocator& a = m.device_allocator();
+  // Whether cached block b serves group g's block i of the sequence after `parent`.
+  const auto serves = [&](int32_t b, int64_t g, int64_t i, BlockHandle parent) {
+    if (b < 0 || b >= a.num_blocks() || !cache.contains(b)) return false;
+    const PrefixCacheEntry& e = cache.entry(b);
+    return e.group == g && e.parent == parent && m.same_block_content(e, *s, i);
+  };
+  int64_t evictable = 0;
+  bool every_group_extends = k < max_blocks;
+  for (int64_t g = 0; g < groups; ++g) {
+    static const std::vector<int32_t> kNone;
+    const std::vector<int32_t>& chain = hit.blocks.empty() ? kNone : hit.blocks[static_cast<size_t>(g)];
+    if (static_cast<int64_t>(chain.size()) != k) {
+      return Status::error(who() + ": group " + str(g) + "'s chain has " + str(static_cast<int64_t>(chain.size())) +
+                           " blocks for " + str(hit.num_tokens) + " tokens (every group serves the whole hit)");
+    }
+    BlockHandle parent;
+    for (int64_t i = 0; i < k; ++i) {
+      const int32_t b = chain[static_cast<size_t>(i)];
+      if (!serves(b, g, i, parent)) {
+        return Status::error(who() + ": group " + str(g) + "'s block " + str(b) + " at index " + str(i) +
+                             " is not a cached block of that group holding the sequence's tokens after its chain");
+      }
+      parent = a.handle(b);
+      if (i >= m.window_dead_blocks(hit.num_tokens, g) && a.refcount(b) == 0) ++evictable;
+    }
+    // The hit is as long as every group can serve: some group has no next block (scanned
+    // over the whole cache, not through its index).
+    if (every_group_extends) {
+      const std::vector<int32_t> cached = cache.blocks();
+      every_group_extends =
+          std::any_of(cached.begin(), cached.end(), [&](int32_t b) { return serves(b, g, k, parent); });
+    }
+  }
+  if (every_group_extends) {
+    return Status::error(who() + " stops at " + str(k) + " blocks, but every group caches the sequence's block " +
+                         str(k) + " (of at most " + str(max_blocks) + ")");
+  }
+  if (hit.num_evictable != evictable) {
+    return Status::error(who() + " counts " + str(int64_t{hit.num_evictable}) + " evictable blocks it keeps; " +
+                         str(evictable) + " have refcount 0");
   }
   return Status::ok();
 }

@@ -26,7 +26,9 @@ Status check_refcounts(const KvCacheManager& m);
 
 // I3 exclusive write: every slot in `slot_mapping` (just returned by allocate_slots for
 // `seq`) lies in a device block of seq's table with refcount 1 that is not cached.
-Status check_exclusive_write(const KvCacheManager& m, SeqId seq, std::span<const int64_t> slot_mapping);
+// With KV-cache groups, `slot_mapping` is group `group`'s and the block is in its table.
+Status check_exclusive_write(const KvCacheManager& m, SeqId seq, std::span<const int64_t> slot_mapping,
+                             int64_t group = 0);
 
 // I4 isolation: all holders of a device block hold it at the same table index, in the same
 // tenant scope, and agree on every token before the block's end (up to their slots); a
@@ -35,7 +37,8 @@ Status check_isolation(const KvCacheManager& m);
 
 // I5 mapping: per sequence, num_final <= num_slots <= tokens; the table holds exactly
 // ceil(num_slots / block_size) distinct in-range blocks of its pool; positions map to
-// distinct slots.
+// distinct slots. With KV-cache groups: no block is in two of a sequence's tables, and each
+// group maps positions to distinct slots.
 Status check_mapping(const KvCacheManager& m);
 
 // I11 sliding window (KvCacheConfig::sliding_window W > 0): a sequence's leading
@@ -44,11 +47,33 @@ Status check_mapping(const KvCacheManager& m);
 // token reads is kept (a windowed sequence holds what its window and its unfinished tokens
 // need, no more). With W = 0 no entry is ever released. check_plan adds the step's half: no
 // new token attends to a released entry.
+// With KV-cache groups, per group with the group's window (KvCacheConfig::window_of): no
+// block a token the sequence will still run attends to is released in any group, and a
+// windowed group keeps only what its window and the unfinished tokens need.
 Status check_window_blocks(const KvCacheManager& m);
+
+// I12 group agreement (KV-cache groups): every sequence has one table per group, and every
+// group's table covers exactly the sequence's positions (ceil(num_slots / block_size)
+// entries, released ones included): the groups agree on its length. check_isolation adds
+// that a block is held, and cached, in one group only (all holders and its cache entry name
+// the same group) and check_prefix_cache that a chain never crosses groups.
+Status check_group_tables(const KvCacheManager& m);
+
+// I13 prefix-hit rule, for a PrefixHit just found (KvCacheManager::find_prefix): a sequence
+// that may take a hit (no slots, prefix caching on) skips k whole blocks, k <= (tokens-1)/bs;
+// every group's chain has exactly k blocks, block i of group g being a cached block of group
+// g holding the sequence's block i chained onto the chain's block i-1; and k is maximal: not
+// every group caches the sequence's block k after its chain (found by scanning the cache,
+// not its index). A windowed group's chain, too, reaches back to block 0 (this manager's rule:
+// a chain is matched from its root), and the blocks before the window of position k*bs go
+// back to the cache when taken (I11). num_evictable counts the kept hit blocks of refcount 0.
+Status check_prefix_hit(const KvCacheManager& m, const PrefixHit& hit);
 
 // I5 for a plan: `slot_mapping` holds the slots of positions start, start+1, ... of `seq`
 // as the table formula (kernels/kv_index.h) gives them.
-Status check_slot_mapping(const KvCacheManager& m, SeqId seq, int64_t start, std::span<const int64_t> slot_mapping);
+// With KV-cache groups: group `group`'s table.
+Status check_slot_mapping(const KvCacheManager& m, SeqId seq, int64_t start, std::span<const int64_t> slot_mapping,
+                          int64_t group = 0);
 
 // Prefix-cache consistency: a device block is marked cached iff the cache has an entry for
 // it; each entry is indexed once under its hash; the hash is the chain hash of its parent's
@@ -124,7 +149,7 @@ struct PlanReadStats {
 Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBounds& bounds,
                   PlanReadStats* stats = nullptr);
 
-// All of the above that hold at any time (I1, I2, I4, I5, I11, prefix cache, hygiene, I9, I6).
+// All of the above that hold at any time (I1, I2, I12, I4, I5, I11, prefix cache, hygiene, I9, I6).
 Status check_all(const KvCacheManager& m, ChainHashMemo* memo = nullptr);
 
 }  // namespace kvp

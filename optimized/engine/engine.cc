@@ -285,8 +285,10 @@ Status Engine::step() {
   int64_t used = 0, allocated = 0;
   for (const auto& [id, s] : kv_.sequences()) {
     if (s.swapped) continue;
-    used += s.num_slots - s.num_window_released * kv_.block_size();            // released positions hold nothing
-    allocated += (s.table.size() - s.num_window_released) * kv_.block_size();  // the released entries hold none
+    for (const GroupTable& gt : s.groups) {
+      used += s.num_slots - gt.num_window_released * kv_.block_size();             // released positions hold nothing
+      allocated += (gt.table.size() - gt.num_window_released) * kv_.block_size();  // the released entries hold none
+    }
   }
   counters_.kv_used_slots_sum += static_cast<double>(used);
   counters_.kv_allocated_slots_sum += static_cast<double>(allocated);
@@ -442,12 +444,14 @@ void Engine::fill_audit_arrays(BatchPlan& plan) const {
   plan.block_tenants.assign(static_cast<std::size_t>(config_.kv.pool.num_device_blocks), -1);
   for (const auto& [id, s] : kv_.sequences()) {
     if (s.swapped) continue;
-    for (int32_t b : s.table.blocks()) {
-      if (b == kNoBlock) continue;  // released by the sliding window
-      int64_t& t = plan.block_tenants[static_cast<std::size_t>(b)];
-      // A block held across tenants (an I4 violation the checkers report) is marked -2,
-      // which no reader's tenant matches.
-      t = (t == -1 || t == s.tenant) ? s.tenant : -2;
+    for (const GroupTable& gt : s.groups) {
+      for (int32_t b : gt.table.blocks()) {
+        if (b == kNoBlock) continue;  // released by the sliding window
+        int64_t& t = plan.block_tenants[static_cast<std::size_t>(b)];
+        // A block held across tenants (an I4 violation the checkers report) is marked -2,
+        // which no reader's tenant matches.
+        t = (t == -1 || t == s.tenant) ? s.tenant : -2;
+      }
     }
   }
   plan.seq_tenants.clear();

@@ -250,11 +250,11 @@ void add_plan_row(BatchPlan& plan, SeqId seq, std::span<const int32_t> tokens, i
 void finish_plan(KvCacheManager& kv, BatchPlan& plan) {
   int32_t max_blocks = 0;
   for (int64_t id : plan.seq_ids)
-    max_blocks = std::max(max_blocks, static_cast<int32_t>(kv.sequence(id)->table.size()));
+    max_blocks = std::max(max_blocks, static_cast<int32_t>(kv.sequence(id)->table().size()));
   plan.max_blocks_per_seq = max_blocks;
   plan.block_tables.assign(plan.seq_ids.size() * static_cast<std::size_t>(max_blocks), -1);
   for (std::size_t i = 0; i < plan.seq_ids.size(); ++i) {
-    const BlockTable& t = kv.sequence(plan.seq_ids[i])->table;
+    const BlockTable& t = kv.sequence(plan.seq_ids[i])->table();
     std::copy(t.blocks().begin(), t.blocks().end(),
               plan.block_tables.begin() + static_cast<std::ptrdiff_t>(i * static_cast<std::size_t>(max_blocks)));
   }

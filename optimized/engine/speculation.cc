@@ -78,7 +78,7 @@ bool DraftModelProposer::sync(const ProposalRequest& r, int64_t& reserved_blocks
   // Room for the catch-up forward and the k - 1 single-token forwards after it.
   const int64_t final_len = len + r.k - 1;
   const int64_t blocks_needed =
-      kernels::blocks_for_tokens(final_len, kv_.block_size()) - kv_.sequence(r.id)->table.size();
+      kernels::blocks_for_tokens(final_len, kv_.block_size()) - kv_.sequence(r.id)->table().size();
   if (blocks_needed > kv_.device_allocator().num_available() - reserved_blocks) return false;
   reserved_blocks += std::max<int64_t>(0, blocks_needed);
   return true;

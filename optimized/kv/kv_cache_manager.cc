@@ -15,7 +15,22 @@ Status validate(const KvCacheConfig& c) {
   }
   if (c.hash_bits < 1 || c.hash_bits > 256) return Status::error("hash_bits must be in [1, 256]");
   if (c.sliding_window < 0) return Status::error("sliding_window must be >= 0 (0: none)");
+  if (!c.group_windows.empty() && c.sliding_window != 0) {
+    return Status::error("sliding_window must be 0 when group_windows is set (each group has its own window)");
+  }
+  for (size_t g = 0; g < c.group_windows.size(); ++g) {
+    if (c.group_windows[g] < 0) {
+      return Status::error("group_windows[" + std::to_string(g) + "] must be >= 0 (0: full attention)");
+    }
+  }
   return Status::ok();
+}
+
+bool KvCacheConfig::any_window() const {
+  for (int64_t g = 0; g < num_groups(); ++g) {
+    if (window_of(g) > 0) return true;
+  }
+  return false;
 }
 
 const char* to_string(AllocStatus s) {
@@ -45,6 +60,7 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config)
 void KvCacheManager::set_event_log(EventLog* event_log) {
   log_ = event_log;
   if (log_ == nullptr) return;
+  KVP_CHECK(config_.num_groups() == 1);  // the events name no group yet
   // The replayer starts from an empty state, so a log must start from one.
   KVP_CHECK(seqs_.empty() && device_.num_free() == device_.num_blocks() && host_.num_free() == host_.num_blocks());
   log(kv_event::Init{config_.pool.num_device_blocks, config_.pool.num_host_blocks, config_.pool.block_size,
@@ -90,6 +106,7 @@ Status KvCacheManager::add_sequence(SeqId seq, int64_t tenant, std::vector<int32
   s.id = seq;
   s.tenant = tenant;
   s.tokens = std::move(tokens);
+  s.groups.resize(static_cast<size_t>(config_.num_groups()));
   seqs_.emplace(seq, std::move(s));
   if (logging()) log(kv_event::Add{seq, tenant});
   changed();
@@ -124,36 +141,49 @@ Status KvCacheManager::mark_final(SeqId seq, int64_t num_final) {
   return Status::ok();
 }
 
-int64_t KvCacheManager::window_dead_blocks(int64_t num_final) const {
-  const int64_t w = config_.sliding_window;
+int64_t KvCacheManager::window_dead_blocks(int64_t num_final, int64_t group) const {
+  const int64_t w = config_.window_of(group);
   if (w <= 0) return 0;
   return std::max<int64_t>(0, (num_final - w + 1) / config_.pool.block_size);
 }
 
 void KvCacheManager::release_window_blocks(SequenceState& s) {
-  const int64_t dead = std::min(window_dead_blocks(s.num_final), s.table.size());
-  for (int64_t j = s.num_window_released; j < dead; ++j) {
-    const int32_t b = s.table[j];
-    s.window_parent = device_.handle(b);
-    s.table.set(j, kNoBlock);
-    if (logging()) log(kv_event::WindowRelease{s.id, j, b});
-    release_device_block(b);
+  for (int64_t g = 0; g < s.num_groups(); ++g) {
+    GroupTable& gt = s.group(g);
+    const int64_t dead = std::min(window_dead_blocks(s.num_final, g), gt.table.size());
+    for (int64_t j = gt.num_window_released; j < dead; ++j) {
+      const int32_t b = gt.table[j];
+      gt.window_parent = device_.handle(b);
+      gt.table.set(j, kNoBlock);
+      if (logging()) log(kv_event::WindowRelease{s.id, j, b});
+      release_device_block(b);
+    }
+    gt.num_window_released = std::max(gt.num_window_released, dead);
   }
-  s.num_window_released = std::max(s.num_window_released, dead);
 }
 
 void KvCacheManager::register_final_blocks(SequenceState& s) {
   if (!config_.enable_prefix_caching || s.swapped) return;
   const int64_t bs = config_.pool.block_size;
   const int64_t full = s.num_final / bs;
-  for (int64_t i = std::max(s.num_registered_blocks, s.num_window_released); i < full; ++i) {
-    const int32_t b = s.table[i];
+  for (int64_t g = 0; g < s.num_groups(); ++g) {
+    GroupTable& gt = s.group(g);
+    register_final_blocks(s, g, full);
+    gt.num_registered_blocks = std::max(gt.num_registered_blocks, full);
+  }
+}
+
+void KvCacheManager::register_final_blocks(SequenceState& s, int64_t g, int64_t full) {
+  const int64_t bs = config_.pool.block_size;
+  const GroupTable& gt = s.group(g);
+  for (int64_t i = std::max(gt.num_registered_blocks, gt.num_window_released); i < full; ++i) {
+    const int32_t b = gt.table[i];
     if (device_.is_cached(b)) continue;
     BlockHandle parent;
     if (i > 0) {
       // The parent's handle; the window may have released the entry (then it is the handle
       // it had, current only while that block was not evicted since).
-      parent = s.table[i - 1] == kNoBlock ? s.window_parent : device_.handle(s.table[i - 1]);
+      parent = gt.table[i - 1] == kNoBlock ? gt.window_parent : device_.handle(gt.table[i - 1]);
       // A chain is only as good as its parent: an uncached parent cannot be matched.
       if (!device_.is_current(parent) || !device_.is_cached(parent.block)) continue;
       // A released block keeps its generation while another sequence holds it, and that
@@ -162,18 +192,18 @@ void KvCacheManager::register_final_blocks(SequenceState& s) {
       // may then cache the block with other tokens. Chain onto the block only while its entry
       // still holds this sequence's block i - 1 (found by the kv_ops fuzzer: a next block
       // registered under a parent whose tokens had changed).
-      if (s.table[i - 1] == kNoBlock && !same_block_content(cache_.entry(parent.block), s, i - 1)) continue;
+      if (gt.table[i - 1] == kNoBlock && !same_block_content(cache_.entry(parent.block), s, i - 1)) continue;
     }
     const BlockHash& h = block_hash(s, i);
     auto block_tokens = std::span<const int32_t>(s.tokens).subspan(i * bs, bs);
-    if (cache_.find(h, salt_of(s), block_tokens, parent) >= 0) continue;  // a duplicate
+    const auto group = static_cast<int32_t>(g);
+    if (cache_.find(h, salt_of(s), block_tokens, parent, group) >= 0) continue;  // a duplicate
     device_.mark_cached(b);
     rolled_back_generation_[static_cast<size_t>(b)] = -1;  // registered again, with final tokens
-    cache_.insert(
-        b, PrefixCacheEntry{h, salt_of(s), std::vector<int32_t>(block_tokens.begin(), block_tokens.end()), parent});
+    cache_.insert(b, PrefixCacheEntry{h, salt_of(s), std::vector<int32_t>(block_tokens.begin(), block_tokens.end()),
+                                      parent, group});
     if (logging()) log(kv_event::Cache{b});
   }
-  s.num_registered_blocks = std::max(s.num_registered_blocks, full);
 }
 
 bool KvCacheManager::same_block_content(const PrefixCacheEntry& e, const SequenceState& s, int64_t i) const {
@@ -189,28 +219,47 @@ PrefixHit KvCacheManager::find_prefix(const SequenceState& s) const {
   PrefixHit hit;
   hit.seq = s.id;
   hit.version = version_;
-  if (!config_.enable_prefix_caching || s.swapped || !s.table.empty() || s.num_slots != 0 || s.tokens.empty()) {
-    return hit;
+  if (!config_.enable_prefix_caching || s.swapped || !s.table().empty() || s.num_slots != 0 || s.tokens.empty()) {
+    return hit;  // no chains: every decode step asks, and allocates nothing
   }
+  const int64_t num_groups = config_.num_groups();
+  hit.blocks.resize(static_cast<size_t>(num_groups));
   const int64_t bs = config_.pool.block_size;
   // At least the last token is recomputed, so that its logits exist.
-  const int64_t max_blocks = (static_cast<int64_t>(s.tokens.size()) - 1) / bs;
-  BlockHandle parent;
-  for (int64_t i = 0; i < max_blocks; ++i) {
-    const int32_t b =
-        cache_.find(block_hash(s, i), salt_of(s), std::span<const int32_t>(s.tokens).subspan(i * bs, bs), parent);
-    if (b < 0) break;
-    hit.blocks.push_back(b);
-    parent = device_.handle(b);
+  int64_t num_blocks = (static_cast<int64_t>(s.tokens.size()) - 1) / bs;
+  hit.num_looked_up = num_blocks * num_groups;
+  // The hit is what every group can serve: each group's chain, cut to the shortest. (A
+  // windowed group's chain must reach back to the first block too, although the sequence
+  // keeps only its window's: a chain is matched from its root.)
+  for (int64_t g = 0; g < num_groups && num_blocks > 0; ++g) {
+    hit.blocks[static_cast<size_t>(g)] = cached_chain(s, g, num_blocks);
+    num_blocks = std::min(num_blocks, static_cast<int64_t>(hit.blocks[static_cast<size_t>(g)].size()));
   }
-  hit.num_looked_up = max_blocks;
-  hit.num_tokens = static_cast<int64_t>(hit.blocks.size()) * bs;
-  // The blocks the sequence keeps leave the available pool: not those the window releases
-  // as soon as it takes them (take_prefix_hit), which stay cached.
-  for (auto j = static_cast<size_t>(window_dead_blocks(hit.num_tokens)); j < hit.blocks.size(); ++j) {
-    if (device_.refcount(hit.blocks[j]) == 0) ++hit.num_evictable;
+  for (auto& chain : hit.blocks) chain.resize(static_cast<size_t>(num_blocks));
+  hit.num_tokens = num_blocks * bs;
+  // The blocks the sequence keeps leave the available pool: not those a window releases as
+  // soon as it takes them (take_prefix_hit), which stay cached.
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const std::vector<int32_t>& chain = hit.blocks[static_cast<size_t>(g)];
+    for (auto j = static_cast<size_t>(window_dead_blocks(hit.num_tokens, g)); j < chain.size(); ++j) {
+      if (device_.refcount(chain[j]) == 0) ++hit.num_evictable;
+    }
   }
   return hit;
+}
+
+std::vector<int32_t> KvCacheManager::cached_chain(const SequenceState& s, int64_t group, int64_t max_blocks) const {
+  const int64_t bs = config_.pool.block_size;
+  std::vector<int32_t> chain;
+  BlockHandle parent;
+  for (int64_t i = 0; i < max_blocks; ++i) {
+    const int32_t b = cache_.find(block_hash(s, i), salt_of(s), std::span<const int32_t>(s.tokens).subspan(i * bs, bs),
+                                  parent, static_cast<int32_t>(group));
+    if (b < 0) break;
+    chain.push_back(b);
+    parent = device_.handle(b);
+  }
+  return chain;
 }
 
 PrefixHit KvCacheManager::find_prefix(SeqId seq) const {
@@ -222,9 +271,9 @@ PrefixHit KvCacheManager::find_prefix(SeqId seq) const {
   return none;
 }
 
-bool KvCacheManager::needs_copy_on_write(const SequenceState& s, int64_t n_new_tokens) const {
+bool KvCacheManager::needs_copy_on_write(const SequenceState& s, int64_t group, int64_t n_new_tokens) const {
   if (n_new_tokens <= 0 || s.num_slots % config_.pool.block_size == 0) return false;
-  const int32_t last = s.table.back();
+  const int32_t last = s.group(group).table.back();
   return device_.refcount(last) > 1 || device_.is_cached(last);
 }
 
@@ -232,18 +281,22 @@ AllocStatus KvCacheManager::can_allocate(const SequenceState& s, int64_t n_new_t
                                          int64_t num_lookahead) const {
   if (s.swapped || n_new_tokens < 0 || num_lookahead < 0) return AllocStatus::kNever;
   const int64_t bs = config_.pool.block_size;
-  const auto num_hit = static_cast<int64_t>(hit.blocks.size());
+  const int64_t num_hit = hit.num_tokens / bs;
   const int64_t start = s.num_slots + hit.num_tokens;
   const int64_t end = start + n_new_tokens + num_lookahead;
   if (end > static_cast<int64_t>(s.tokens.size()) + num_lookahead) return AllocStatus::kNever;
-  const bool admitting = s.table.empty();
+  const bool admitting = s.table().empty();
   const int64_t watermark = admitting ? config_.watermark_blocks : 0;
   const int64_t total = blocks_for_tokens(end, bs);
-  // The entries the window has released by then hold no block (admitting: those of the hit).
-  const int64_t released = admitting ? window_dead_blocks(hit.num_tokens) : s.num_window_released;
-  if (total - released > config_.pool.num_device_blocks - watermark) return AllocStatus::kNever;
-  const int64_t need =
-      total - (s.table.size() + num_hit) + (needs_copy_on_write(s, n_new_tokens + num_lookahead) ? 1 : 0);
+  int64_t held = 0;  // blocks every group's table holds after the allocation
+  int64_t need = 0;  // blocks it takes from the pool
+  for (int64_t g = 0; g < s.num_groups(); ++g) {
+    const GroupTable& gt = s.group(g);
+    // The entries the window has released by then hold no block (admitting: those of the hit).
+    held += total - (admitting ? window_dead_blocks(hit.num_tokens, g) : gt.num_window_released);
+    need += total - (gt.table.size() + num_hit) + (needs_copy_on_write(s, g, n_new_tokens + num_lookahead) ? 1 : 0);
+  }
+  if (held > config_.pool.num_device_blocks - watermark) return AllocStatus::kNever;
   if (need <= 0) return AllocStatus::kOk;
   const int64_t available = device_.num_available() - hit.num_evictable;
   return available - need >= watermark ? AllocStatus::kOk : AllocStatus::kLater;
@@ -262,15 +315,20 @@ AllocStatus KvCacheManager::can_allocate(SeqId seq, int64_t n_new_tokens) const 
 }
 
 void KvCacheManager::take_prefix_hit(SequenceState& s, const PrefixHit& hit) {
-  for (int32_t b : hit.blocks) {
-    device_.retain(b);
-    s.table.push_back(b);
-    if (logging()) log(kv_event::Share{s.id, b, kv_event::ShareReason::kPrefixHit});
+  int64_t num_hits = 0;
+  for (int64_t g = 0; g < static_cast<int64_t>(hit.blocks.size()); ++g) {
+    GroupTable& gt = s.group(g);
+    for (int32_t b : hit.blocks[static_cast<size_t>(g)]) {
+      device_.retain(b);
+      gt.table.push_back(b);
+      if (logging()) log(kv_event::Share{s.id, b, kv_event::ShareReason::kPrefixHit});
+      ++num_hits;
+    }
   }
+  for (GroupTable& gt : s.groups) gt.num_registered_blocks = hit.num_tokens / config_.pool.block_size;
   s.num_slots = s.num_final = hit.num_tokens;
-  s.num_registered_blocks = static_cast<int64_t>(hit.blocks.size());
-  cache_.stats().hits += static_cast<int64_t>(hit.blocks.size());
-  cache_.stats().misses += hit.num_looked_up - static_cast<int64_t>(hit.blocks.size());
+  cache_.stats().hits += num_hits;
+  cache_.stats().misses += hit.num_looked_up - num_hits;
   // The hit's blocks wholly before the window of its first new position go straight back
   // (still cached): the sequence keeps what the window needs. The log states the hit's
   // length first, which the replayer bounds a window release by.
@@ -280,44 +338,56 @@ void KvCacheManager::take_prefix_hit(SequenceState& s, const PrefixHit& hit) {
 
 AllocStatus KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens, const PrefixHit& hit,
                                            std::vector<int64_t>& slot_mapping, std::span<const int32_t> lookahead) {
+  KVP_CHECK(config_.num_groups() == 1);  // one slot mapping: one group
+  return allocate_slots(seq, n_new_tokens, hit, std::span<std::vector<int64_t>>(&slot_mapping, 1), lookahead);
+}
+
+AllocStatus KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens, const PrefixHit& hit,
+                                           std::span<std::vector<int64_t>> slot_mappings,
+                                           std::span<const int32_t> lookahead) {
   KVP_CHECK(is_current(hit, seq));  // a hit is used before the state changes
+  KVP_CHECK(static_cast<int64_t>(slot_mappings.size()) == config_.num_groups());
   SequenceState* s = find(seq);
   if (s == nullptr) return AllocStatus::kNever;
-  return allocate_slots(s, n_new_tokens, hit, slot_mapping, lookahead);
+  return allocate_slots(s, n_new_tokens, hit, slot_mappings, lookahead);
 }
 
 AllocStatus KvCacheManager::allocate_slots(SequenceState* s, int64_t n_new_tokens, const PrefixHit& hit,
-                                           std::vector<int64_t>& slot_mapping, std::span<const int32_t> lookahead) {
+                                           std::span<std::vector<int64_t>> slot_mappings,
+                                           std::span<const int32_t> lookahead) {
   const SeqId seq = s->id;
   const auto num_lookahead = static_cast<int64_t>(lookahead.size());
   if (const AllocStatus st = can_allocate(*s, n_new_tokens, hit, num_lookahead); st != AllocStatus::kOk) return st;
   const int64_t bs = config_.pool.block_size;
-  if (config_.enable_prefix_caching && s->table.empty() && s->num_slots == 0) take_prefix_hit(*s, hit);
+  if (config_.enable_prefix_caching && s->table().empty() && s->num_slots == 0) take_prefix_hit(*s, hit);
   if (num_lookahead > 0) s->tokens.insert(s->tokens.end(), lookahead.begin(), lookahead.end());
   const int64_t n = n_new_tokens + num_lookahead;
-
-  if (needs_copy_on_write(*s, n)) {
-    const int64_t i = s->table.size() - 1;
-    const int32_t src = s->table[i];
-    const int32_t dst = take_device_block(/*is_copy_dst=*/true);
-    ops_.block_copies.push_back({src, dst});
-    s->table.set(i, dst);
-    if (logging()) {
-      log(kv_event::Cow{seq, i, src, dst});
-    }
-    release_device_block(src);
-  }
-
   const int64_t start = s->num_slots;
   const int64_t end = start + n;
   const int64_t blocks_needed = blocks_for_tokens(end, bs);
-  while (s->table.size() < blocks_needed) {
-    const int32_t b = take_device_block(/*is_copy_dst=*/false);
-    s->table.push_back(b);
-    if (logging()) log(kv_event::Alloc{seq, b});
-  }
-  for (int64_t p = start; p < end; ++p) {
-    slot_mapping.push_back(kernels::slot_of(s->table.data(), p, bs));
+
+  for (int64_t g = 0; g < s->num_groups(); ++g) {
+    BlockTable& table = s->group(g).table;
+    if (needs_copy_on_write(*s, g, n)) {
+      const int64_t i = table.size() - 1;
+      const int32_t src = table[i];
+      const int32_t dst = take_device_block(/*is_copy_dst=*/true);
+      ops_.block_copies.push_back({src, dst});
+      table.set(i, dst);
+      if (logging()) {
+        log(kv_event::Cow{seq, i, src, dst});
+      }
+      release_device_block(src);
+    }
+    while (table.size() < blocks_needed) {
+      const int32_t b = take_device_block(/*is_copy_dst=*/false);
+      table.push_back(b);
+      if (logging()) log(kv_event::Alloc{seq, b});
+    }
+    std::vector<int64_t>& slot_mapping = slot_mappings[static_cast<size_t>(g)];
+    for (int64_t p = start; p < end; ++p) {
+      slot_mapping.push_back(kernels::slot_of(table.data(), p, bs));
+    }
   }
   s->num_slots = end;
   if (logging()) log(kv_event::Slots{seq, end});
@@ -328,7 +398,9 @@ AllocStatus KvCacheManager::allocate_slots(SequenceState* s, int64_t n_new_token
 Status KvCacheManager::allocate_slots(SeqId seq, int64_t n_new_tokens, std::vector<int64_t>& slot_mapping) {
   SequenceState* s = find(seq);
   if (s == nullptr) return Status::error(seq_error("allocate_slots", seq, "unknown sequence"));
-  const AllocStatus st = allocate_slots(s, n_new_tokens, find_prefix(*s), slot_mapping, {});
+  KVP_CHECK(config_.num_groups() == 1);  // one slot mapping: one group
+  const AllocStatus st =
+      allocate_slots(s, n_new_tokens, find_prefix(*s), std::span<std::vector<int64_t>>(&slot_mapping, 1), {});
   if (st == AllocStatus::kOk) return Status::ok();
   return Status::error(
       seq_error("allocate_slots", seq, std::to_string(n_new_tokens) + " new tokens: " + to_string(st)));
@@ -361,18 +433,21 @@ void KvCacheManager::release_device_block(int32_t block) {
 }
 
 void KvCacheManager::release_tail_to(SequenceState& s, int64_t num_blocks) {
-  while (s.table.size() > num_blocks) {
-    const int32_t b = s.table.back();
-    s.table.pop_back();
-    if (logging()) log(kv_event::Release{s.id, b});
-    if (b == kNoBlock) {
-      s.num_window_released = std::min(s.num_window_released, s.table.size());
-      continue;  // the window released its block already
-    }
-    if (s.swapped) {
-      host_.release(b);
-    } else {
-      release_device_block(b);
+  for (int64_t g = 0; g < s.num_groups(); ++g) {
+    GroupTable& gt = s.group(g);
+    while (gt.table.size() > num_blocks) {
+      const int32_t b = gt.table.back();
+      gt.table.pop_back();
+      if (logging()) log(kv_event::Release{s.id, b});
+      if (b == kNoBlock) {
+        gt.num_window_released = std::min(gt.num_window_released, gt.table.size());
+        continue;  // the window released its block already
+      }
+      if (s.swapped) {
+        host_.release(b);
+      } else {
+        release_device_block(b);
+      }
     }
   }
 }
@@ -398,14 +473,14 @@ Status KvCacheManager::fork(SeqId parent, SeqId child) {
   }
   SequenceState c = *p;
   c.id = child;
-  c.table.clear();
   if (logging()) log(kv_event::Fork{parent, child});
-  for (int32_t b : p->table.blocks()) {
-    c.table.push_back(b);
-    if (b == kNoBlock) continue;  // the child starts with the parent's released entries
-    device_.retain(b);
-    if (logging()) {
-      log(kv_event::Share{child, b, kv_event::ShareReason::kFork});
+  for (int64_t g = 0; g < c.num_groups(); ++g) {
+    for (int32_t b : c.group(g).table.blocks()) {
+      if (b == kNoBlock) continue;  // the child starts with the parent's released entries
+      device_.retain(b);
+      if (logging()) {
+        log(kv_event::Share{child, b, kv_event::ShareReason::kFork});
+      }
     }
   }
   if (logging()) log(kv_event::Slots{child, c.num_slots});
@@ -423,21 +498,27 @@ Status KvCacheManager::truncate(SeqId seq, int64_t new_len) {
                   "new_len " + std::to_string(new_len) + " outside [0, " + std::to_string(s->tokens.size()) + "]"));
   }
   const int64_t bs = config_.pool.block_size;
-  if (window_dead_blocks(std::min(s->num_final, new_len)) < s->num_window_released) {
-    return Status::error(seq_error("truncate", seq,
-                                   "new_len " + std::to_string(new_len) +
-                                       " would need positions the sliding window already released (" +
-                                       std::to_string(s->num_window_released) + " blocks)"));
+  for (int64_t g = 0; g < s->num_groups(); ++g) {
+    const int64_t released = s->group(g).num_window_released;
+    if (window_dead_blocks(std::min(s->num_final, new_len), g) < released) {
+      return Status::error(seq_error("truncate", seq,
+                                     "new_len " + std::to_string(new_len) +
+                                         " would need positions the sliding window already released (" +
+                                         std::to_string(released) + " blocks" +
+                                         (s->num_groups() > 1 ? " of group " + std::to_string(g) : "") + ")"));
+    }
   }
   if (!s->swapped && new_len < static_cast<int64_t>(s->tokens.size())) {
     // I9: cached blocks holding a dropped position leave the prefix cache.
     std::vector<BlockHandle> dropped;
-    for (int64_t i = new_len / bs; i < s->table.size(); ++i) {
-      const int32_t b = s->table[i];
-      if (b == kNoBlock || !device_.is_cached(b)) continue;
-      rolled_back_generation_[static_cast<size_t>(b)] = device_.generation(b);
-      dropped.push_back(device_.handle(b));
-      drop_cache_entry(b);
+    for (const GroupTable& gt : s->groups) {
+      for (int64_t i = new_len / bs; i < gt.table.size(); ++i) {
+        const int32_t b = gt.table[i];
+        if (b == kNoBlock || !device_.is_cached(b)) continue;
+        rolled_back_generation_[static_cast<size_t>(b)] = device_.generation(b);
+        dropped.push_back(device_.handle(b));
+        drop_cache_entry(b);
+      }
     }
     // Entries chained onto a dropped block go too: the block may now be rewritten in place
     // (same generation), and a chain must never vouch for a parent whose tokens changed.
@@ -455,7 +536,7 @@ Status KvCacheManager::truncate(SeqId seq, int64_t new_len) {
   if (static_cast<int64_t>(s->block_hashes.size()) > new_len / bs) {
     s->block_hashes.resize(static_cast<size_t>(new_len / bs));
   }
-  s->num_registered_blocks = std::min(s->num_registered_blocks, s->num_final / bs);
+  for (GroupTable& gt : s->groups) gt.num_registered_blocks = std::min(gt.num_registered_blocks, s->num_final / bs);
   release_tail_to(*s, blocks_for_tokens(s->num_slots, bs));
   if (logging()) log(kv_event::Slots{seq, s->num_slots});
   changed();
@@ -467,8 +548,8 @@ Status KvCacheManager::swap_out(SeqId seq) {
   if (s == nullptr) return Status::error(seq_error("swap_out", seq, "unknown sequence"));
   if (s->swapped) return Status::error(seq_error("swap_out", seq, "already swapped out"));
   // The live entries move; the ones the window released stay kNoBlock.
-  const int64_t first = s->num_window_released;
-  const int64_t k = s->table.size() - first;
+  const std::vector<LiveEntry> live = live_entries(*s);
+  const auto k = static_cast<int64_t>(live.size());
   if (host_.num_available() < k) {
     return Status::error(
         seq_error("swap_out", seq,
@@ -476,11 +557,12 @@ Status KvCacheManager::swap_out(SeqId seq) {
   }
   std::vector<BlockCopy> pairs;
   pairs.reserve(static_cast<size_t>(k));
-  for (int64_t i = 0; i < k; ++i) pairs.push_back({s->table[first + i], host_.allocate().block});
+  for (const LiveEntry& e : live) pairs.push_back({s->group(e.group).table[e.index], host_.allocate().block});
   if (logging()) log(kv_event::SwapOut{seq, pairs});
   for (int64_t i = k - 1; i >= 0; --i) {
+    const LiveEntry& e = live[static_cast<size_t>(i)];
     release_device_block(pairs[static_cast<size_t>(i)].src);
-    s->table.set(first + i, pairs[static_cast<size_t>(i)].dst);
+    s->group(e.group).table.set(e.index, pairs[static_cast<size_t>(i)].dst);
   }
   ops_.swap_out.insert(ops_.swap_out.end(), pairs.begin(), pairs.end());
   s->swapped = true;
@@ -490,15 +572,15 @@ Status KvCacheManager::swap_out(SeqId seq) {
 
 bool KvCacheManager::can_swap_in(SeqId seq) const {
   const SequenceState* s = sequence(seq);
-  return s != nullptr && s->swapped && device_.num_available() >= s->table.size() - s->num_window_released;
+  return s != nullptr && s->swapped && device_.num_available() >= static_cast<int64_t>(live_entries(*s).size());
 }
 
 Status KvCacheManager::swap_in(SeqId seq) {
   SequenceState* s = find(seq);
   if (s == nullptr) return Status::error(seq_error("swap_in", seq, "unknown sequence"));
   if (!s->swapped) return Status::error(seq_error("swap_in", seq, "not swapped out"));
-  const int64_t first = s->num_window_released;
-  const int64_t k = s->table.size() - first;
+  const std::vector<LiveEntry> live = live_entries(*s);
+  const auto k = static_cast<int64_t>(live.size());
   if (device_.num_available() < k) {
     return Status::error(seq_error(
         "swap_in", seq,
@@ -506,20 +588,30 @@ Status KvCacheManager::swap_in(SeqId seq) {
   }
   std::vector<BlockCopy> pairs;
   pairs.reserve(static_cast<size_t>(k));
-  for (int64_t i = 0; i < k; ++i) {
-    pairs.push_back({s->table[first + i], take_device_block(/*is_copy_dst=*/false)});
+  for (const LiveEntry& e : live) {
+    pairs.push_back({s->group(e.group).table[e.index], take_device_block(/*is_copy_dst=*/false)});
   }
   if (logging()) log(kv_event::SwapIn{seq, pairs});
   for (int64_t i = k - 1; i >= 0; --i) {
+    const LiveEntry& e = live[static_cast<size_t>(i)];
     host_.release(pairs[static_cast<size_t>(i)].src);
-    s->table.set(first + i, pairs[static_cast<size_t>(i)].dst);
+    s->group(e.group).table.set(e.index, pairs[static_cast<size_t>(i)].dst);
   }
   ops_.swap_in.insert(ops_.swap_in.end(), pairs.begin(), pairs.end());
   s->swapped = false;
-  s->num_registered_blocks = 0;  // the new blocks may be offered to the cache again
+  for (GroupTable& gt : s->groups) gt.num_registered_blocks = 0;  // the new blocks may be offered to the cache again
   register_final_blocks(*s);
   changed();
   return Status::ok();
+}
+
+std::vector<KvCacheManager::LiveEntry> KvCacheManager::live_entries(const SequenceState& s) {
+  std::vector<LiveEntry> live;
+  for (int64_t g = 0; g < s.num_groups(); ++g) {
+    const GroupTable& gt = s.group(g);
+    for (int64_t i = gt.num_window_released; i < gt.table.size(); ++i) live.push_back({g, i});
+  }
+  return live;
 }
 
 // ---------------------------------------------------------------- prefix cache
@@ -539,7 +631,7 @@ void KvCacheManager::drop_orphans(int32_t block) {
   // children. A sliding window releases a sequence's oldest blocks first: the parent can go
   // first, and its cached descendants could never be matched again (check_cache_reachable).
   // They leave the cache with it. Without a window nothing is orphaned this way; skip the scan.
-  if (config_.sliding_window <= 0) return;
+  if (!config_.any_window()) return;
   std::vector<int32_t> gone{block};
   for (size_t d = 0; d < gone.size(); ++d) {
     for (int32_t c : cache_.blocks()) {

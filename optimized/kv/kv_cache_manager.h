@@ -62,6 +62,20 @@ struct KvCacheConfig {
   // F - W + 1, so its table entries wholly before that are released (kNoBlock): the leading
   // window_dead_blocks(F) entries, exactly (I11). The backend refuses a plan that reads one.
   int64_t sliding_window = 0;
+  // KV-cache groups (vLLM's hybrid allocator): one entry per group, its layers' sliding
+  // window (0: full attention). Every sequence has one block table per group, all over the
+  // one device pool: a block belongs to one group's table at a time, and a group's window
+  // releases its table's leading entries as sliding_window does for the single group (I11,
+  // per group). Empty: one group whose window is sliding_window. REQUIRES (validate):
+  // sliding_window == 0 when set, every window >= 0. kv_groups.h derives them from a model.
+  std::vector<int64_t> group_windows;
+
+  int64_t num_groups() const { return group_windows.empty() ? 1 : static_cast<int64_t>(group_windows.size()); }
+  int64_t window_of(int64_t group) const {
+    return group_windows.empty() ? sliding_window : group_windows[static_cast<size_t>(group)];
+  }
+  // Whether any group has a window (a block may be released before its sequence ends).
+  bool any_window() const;
 };
 
 // Returns an error naming the first bad field.
@@ -75,22 +89,37 @@ enum class AllocStatus {
 };
 const char* to_string(AllocStatus s);
 
+// One sequence's table in one KV-cache group, and the group's bookkeeping of it.
+struct GroupTable {
+  BlockTable table;  // device blocks, or host blocks while swapped
+  // Leading full final blocks already offered to the prefix cache.
+  int64_t num_registered_blocks = 0;
+  // Leading table entries the group's sliding window released (kNoBlock), and the handle the
+  // last of them had: the parent a later block is registered in the prefix cache under.
+  int64_t num_window_released = 0;
+  BlockHandle window_parent;
+};
+
 struct SequenceState {
   SeqId id = 0;
   int64_t tenant = 0;
   std::vector<int32_t> tokens;
   int64_t num_slots = 0;
   int64_t num_final = 0;
-  BlockTable table;      // device blocks, or host blocks while swapped
-  bool swapped = false;  // the table names host-pool blocks
-  // Leading full final blocks already offered to the prefix cache.
-  int64_t num_registered_blocks = 0;
+  // One table per KV-cache group (KvCacheConfig::num_groups()), every one covering
+  // positions [0, num_slots): the groups differ in their blocks and in what their windows
+  // released, never in length.
+  std::vector<GroupTable> groups = std::vector<GroupTable>(1);
+  bool swapped = false;  // the tables name host-pool blocks
   // Memo: chain hashes of the leading full blocks of `tokens` (pure function of tokens).
   mutable std::vector<BlockHash> block_hashes;
-  // Leading table entries the sliding window released (kNoBlock), and the handle the last of
-  // them had: the parent a later block is registered in the prefix cache under.
-  int64_t num_window_released = 0;
-  BlockHandle window_parent;
+
+  // Group 0's table and bookkeeping: the only group of a model without hybrid layers.
+  BlockTable& table() { return groups[0].table; }
+  const BlockTable& table() const { return groups[0].table; }
+  GroupTable& group(int64_t g) { return groups[static_cast<size_t>(g)]; }
+  const GroupTable& group(int64_t g) const { return groups[static_cast<size_t>(g)]; }
+  int64_t num_groups() const { return static_cast<int64_t>(groups.size()); }
 };
 
 // One prefix-cache lookup (vLLM v1's get_computed_blocks): the cached blocks a sequence with
@@ -101,11 +130,14 @@ struct SequenceState {
 // set_event_log): it names blocks and counts refcounts that a change may alter.
 struct PrefixHit {
   SeqId seq = -1;
-  std::vector<int32_t> blocks;  // the cached chain, first block first
-  int64_t num_tokens = 0;       // blocks.size() * block_size: the positions the sequence skips
-  int32_t num_evictable = 0;    // hit blocks with refcount 0 (they leave the available pool)
-  int64_t num_looked_up = 0;    // blocks that were looked up (hits plus misses, for the stats)
-  uint64_t version = 0;         // KvCacheManager::version() when it was found
+  // Per KV-cache group, the cached chain, first block first; every group's chain is as long
+  // (the hit is what every group can serve: the shortest group's chain). Empty (no chains at
+  // all) where no lookup was made: a sequence that holds slots, or prefix caching off.
+  std::vector<std::vector<int32_t>> blocks;
+  int64_t num_tokens = 0;     // blocks[g].size() * block_size: the positions the sequence skips
+  int32_t num_evictable = 0;  // hit blocks kept with refcount 0 (they leave the available pool)
+  int64_t num_looked_up = 0;  // blocks that were looked up (hits plus misses, for the stats)
+  uint64_t version = 0;       // KvCacheManager::version() when it was found
 };
 
 class KvCacheManager {
@@ -160,8 +192,13 @@ class KvCacheManager {
   // having changed nothing at all (not the tokens, not `slot_mapping`), so the fit of
   // drafts is decided before anything changes.
   // REQUIRES: `hit` is find_prefix(seq) with no state change since (checked).
+  // REQUIRES: one KV-cache group (config().num_groups() == 1).
   AllocStatus allocate_slots(SeqId seq, int64_t n_new_tokens, const PrefixHit& hit, std::vector<int64_t>& slot_mapping,
                              std::span<const int32_t> lookahead = {});
+  // The same for any number of groups: group g's slots (its table's blocks) are appended to
+  // slot_mappings[g]. REQUIRES: slot_mappings.size() == config().num_groups().
+  AllocStatus allocate_slots(SeqId seq, int64_t n_new_tokens, const PrefixHit& hit,
+                             std::span<std::vector<int64_t>> slot_mappings, std::span<const int32_t> lookahead = {});
   // allocate_slots(seq, n_new_tokens, find_prefix(seq), slot_mapping), as a Status naming
   // the sequence and the refusal: for callers with no hit in hand (tests, benchmarks).
   Status allocate_slots(SeqId seq, int64_t n_new_tokens, std::vector<int64_t>& slot_mapping);
@@ -208,9 +245,9 @@ class KvCacheManager {
 
   // Table entries wholly before the window of position `num_final` (the first position a
   // sequence with num_final final positions may still run): max(0, (num_final - W + 1) / bs)
-  // with W = config().sliding_window > 0, else 0. I11: a sequence's leading entries, exactly
-  // these, are kNoBlock.
-  int64_t window_dead_blocks(int64_t num_final) const;
+  // with W = config().window_of(group) > 0, else 0. I11: a sequence's leading entries in
+  // that group's table, exactly these, are kNoBlock.
+  int64_t window_dead_blocks(int64_t num_final, int64_t group = 0) const;
 
   // --- plan ops and audit ---
 
@@ -218,6 +255,7 @@ class KvCacheManager {
   KvPlanOps take_plan_ops();
   const KvPlanOps& pending_plan_ops() const { return ops_; }
   // Records every later state change in `log` (nullptr: stop). The log must outlive its use.
+  // REQUIRES: one KV-cache group (the log's events do not name a group yet).
   void set_event_log(EventLog* log);
 
   // --- observers ---
@@ -233,7 +271,8 @@ class KvCacheManager {
   int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }
   // The salt a sequence's blocks are hashed with (0 with global sharing).
   int64_t salt_of(const SequenceState& s) const { return config_.global_prefix_sharing ? 0 : s.tenant; }
-  // Whether prefix-cache entry e holds s's full block i: its salt, its tokens and its chain hash.
+  // Whether prefix-cache entry e holds s's full block i: its salt, its tokens and its chain
+  // hash (any group: the caller compares e.group).
   bool same_block_content(const PrefixCacheEntry& e, const SequenceState& s, int64_t i) const;
   // Chain hash of full block i of the sequence's tokens. REQUIRES: (i+1)*block_size <= tokens.
   const BlockHash& block_hash(const SequenceState& s, int64_t i) const;
@@ -249,25 +288,36 @@ class KvCacheManager {
   friend class KvCacheManagerTestPeer;  // tests corrupt state to prove the checkers see it
 
   PrefixHit find_prefix(const SequenceState& s) const;
-  bool needs_copy_on_write(const SequenceState& s, int64_t n_new_tokens) const;
+  bool needs_copy_on_write(const SequenceState& s, int64_t group, int64_t n_new_tokens) const;
+  // Group g's longest chain of cached blocks matching s's leading full blocks, at most
+  // max_blocks long.
+  std::vector<int32_t> cached_chain(const SequenceState& s, int64_t group, int64_t max_blocks) const;
   // The public can_allocate and allocate_slots past the lookup of the sequence and the
   // check of the hit's stamp.
   AllocStatus can_allocate(const SequenceState& s, int64_t n_new_tokens, const PrefixHit& hit,
                            int64_t num_lookahead) const;
   AllocStatus allocate_slots(SequenceState* s, int64_t n_new_tokens, const PrefixHit& hit,
-                             std::vector<int64_t>& slot_mapping, std::span<const int32_t> lookahead);
+                             std::span<std::vector<int64_t>> slot_mappings, std::span<const int32_t> lookahead);
   void take_prefix_hit(SequenceState& s, const PrefixHit& hit);
   void changed() { ++version_; }
   int32_t take_device_block(bool is_copy_dst);
   void release_device_block(int32_t block);
   void release_tail_to(SequenceState& s, int64_t num_blocks);
-  // Releases the entries the window has left behind (window_dead_blocks(s.num_final)).
+  // Releases the entries each group's window has left behind (window_dead_blocks(s.num_final, g)).
   void release_window_blocks(SequenceState& s);
   void register_final_blocks(SequenceState& s);
+  void register_final_blocks(SequenceState& s, int64_t group, int64_t num_full_final_blocks);
   void drop_cache_entry(int32_t block);
   // Drops the cache entries chained onto `block` (just evicted), and theirs, transitively.
   void drop_orphans(int32_t block);
   SequenceState* find(SeqId seq);
+  // The table entries that hold a block (those no window released), group by group: what
+  // a swap moves.
+  struct LiveEntry {
+    int64_t group = 0;
+    int64_t index = 0;
+  };
+  static std::vector<LiveEntry> live_entries(const SequenceState& s);
 
   void log(const KvEvent& event);
   bool logging() const { return log_ != nullptr; }

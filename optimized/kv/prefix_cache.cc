@@ -12,12 +12,12 @@ PrefixCache::PrefixCache(int32_t num_blocks) {
   present_.assign(static_cast<size_t>(num_blocks), false);
 }
 
-int32_t PrefixCache::find(const BlockHash& hash, int64_t salt, std::span<const int32_t> tokens,
-                          BlockHandle parent) const {
+int32_t PrefixCache::find(const BlockHash& hash, int64_t salt, std::span<const int32_t> tokens, BlockHandle parent,
+                          int32_t group) const {
   auto [lo, hi] = index_.equal_range(hash);
   for (auto it = lo; it != hi; ++it) {
     const PrefixCacheEntry& e = entries_[static_cast<size_t>(it->second)];
-    if (e.salt == salt && e.parent == parent &&
+    if (e.salt == salt && e.parent == parent && e.group == group &&
         std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin(), tokens.end())) {
       return it->second;
     }

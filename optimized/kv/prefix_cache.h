@@ -27,6 +27,7 @@ struct PrefixCacheEntry {
   int64_t salt = 0;
   std::vector<int32_t> tokens;
   BlockHandle parent;  // block -1: a sequence's first block
+  int32_t group = 0;   // the KV-cache group whose table registered it (its chain's group)
 };
 
 struct PrefixCacheStats {
@@ -40,8 +41,9 @@ class PrefixCache {
   // REQUIRES: num_blocks >= 0.
   explicit PrefixCache(int32_t num_blocks);
 
-  // The cached block whose entry equals (hash, salt, tokens, parent), or -1.
-  int32_t find(const BlockHash& hash, int64_t salt, std::span<const int32_t> tokens, BlockHandle parent) const;
+  // The cached block whose entry equals (hash, salt, tokens, parent, group), or -1.
+  int32_t find(const BlockHash& hash, int64_t salt, std::span<const int32_t> tokens, BlockHandle parent,
+               int32_t group = 0) const;
 
   // Names `block` in the cache. REQUIRES: !contains(block).
   void insert(int32_t block, PrefixCacheEntry entry);
