@@ -40,6 +40,13 @@ KvCacheConfig gen_config(bool tiny_pools) {
   // A sliding window in one config of three: blocks released behind it as positions turn
   // final, every command checked by check_window_blocks (I11) and the read-back.
   c.sliding_window = *rc::gen::element(0, 0, 1, 3, 5, 9);
+  // KV-cache groups in one config of three (a hybrid model's full and sliding layers): one
+  // to three groups, each full or windowed, all over the one pool.
+  if (*rc::gen::element(0, 0, 1) == 1) {
+    c.sliding_window = 0;
+    c.group_windows =
+        *rc::gen::container<std::vector<int64_t>>(*rc::gen::inRange(1, 4), rc::gen::element<int64_t>(0, 0, 1, 3, 5, 9));
+  }
   return c;
 }
 

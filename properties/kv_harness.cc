@@ -1,5 +1,7 @@
 #include "properties/kv_harness.h"
 
+#include <algorithm>
+
 #include "common/text.h"
 #include "kernels/kv_index.h"
 #include "optimized/checkers/invariants.h"
@@ -24,7 +26,7 @@ KvHarness::Snapshot KvHarness::snapshot() const {
     s.refcounts.push_back(m_.host_allocator().refcount(b));
   }
   for (const auto& [id, seq] : m_.sequences()) {
-    s.tables[id] = seq.table().blocks();
+    for (const GroupTable& gt : seq.groups) s.tables[id].push_back(gt.table.blocks());
     s.slots[id] = seq.num_slots;
     s.tokens[id] = seq.tokens;
   }
@@ -72,6 +74,7 @@ void KvHarness::apply_plan_ops() {
 
 Status KvHarness::allocate(SeqId s, int64_t n, std::span<const int32_t> lookahead) {
   const PrefixHit hit = m_.find_prefix(s);
+  KVP_RETURN_IF_ERROR(check_prefix_hit(m_, hit));  // I13, before it is acted on
   const int64_t skip = hit.num_tokens;
   const auto k = static_cast<int64_t>(lookahead.size());
   const AllocStatus predicted = m_.can_allocate(s, n, hit, k);
@@ -79,14 +82,16 @@ Status KvHarness::allocate(SeqId s, int64_t n, std::span<const int32_t> lookahea
   // change nothing); a wrong prediction is an error either way.
   std::optional<Snapshot> before;
   if (predicted != AllocStatus::kOk) before = snapshot();
-  std::vector<int64_t> slots;
-  const AllocStatus st = m_.allocate_slots(s, n, hit, slots, lookahead);
+  // One slot mapping per KV-cache group: each group's table is written as its layers would.
+  std::vector<std::vector<int64_t>> slots(static_cast<size_t>(config_.num_groups()));
+  const AllocStatus st = m_.allocate_slots(s, n, hit, std::span<std::vector<int64_t>>(slots), lookahead);
   if (st != predicted) {
     return Status::error("can_allocate said " + std::string(to_string(predicted)) + " but allocate_slots returned " +
                          to_string(st));
   }
   if (st != AllocStatus::kOk) {
-    if (!before || !(snapshot() == *before) || !slots.empty()) {
+    if (!before || !(snapshot() == *before) ||
+        std::any_of(slots.begin(), slots.end(), [](const std::vector<int64_t>& g) { return !g.empty(); })) {
       return Status::error("failed allocate_slots(seq " + str(s) + ", " + str(n) + ", " + str(k) +
                            " lookahead) changed the state");
     }
@@ -99,14 +104,19 @@ Status KvHarness::allocate(SeqId s, int64_t n, std::span<const int32_t> lookahea
     return Status::error("seq " + str(s) + ": bad cached prefix " + str(skip));
   }
   ms.tokens.insert(ms.tokens.end(), lookahead.begin(), lookahead.end());
-  KVP_RETURN_IF_ERROR(check_slot_mapping(m_, s, start, slots));
-  KVP_RETURN_IF_ERROR(check_exclusive_write(m_, s, slots));
+  for (int64_t g = 0; g < config_.num_groups(); ++g) {
+    const std::vector<int64_t>& group_slots = slots[static_cast<size_t>(g)];
+    KVP_RETURN_IF_ERROR(check_slot_mapping(m_, s, start, group_slots, g));
+    KVP_RETURN_IF_ERROR(check_exclusive_write(m_, s, group_slots, g));
+  }
   ms.num_slots = start + n + k;
   apply_plan_ops();  // copies before the writes, as a backend would
-  for (int64_t i = 0; i < n + k; ++i) {
-    const int64_t p = start + i;
-    device_pool_[static_cast<size_t>(slots[static_cast<size_t>(i)])] =
-        Cell{scope_of(ms), p, ms.tokens[static_cast<size_t>(p)]};
+  for (const std::vector<int64_t>& group_slots : slots) {
+    for (int64_t i = 0; i < n + k; ++i) {
+      const int64_t p = start + i;
+      device_pool_[static_cast<size_t>(group_slots[static_cast<size_t>(i)])] =
+          Cell{scope_of(ms), p, ms.tokens[static_cast<size_t>(p)]};
+    }
   }
   return Status::ok();
 }
@@ -227,7 +237,11 @@ Status KvHarness::truncate(int a, int b) {
   const auto len = static_cast<int64_t>(ms.tokens.size());
   const int64_t new_len = len - (b % (len + 1));
   const SequenceState* st = m_.sequence(s);
-  if (m_.window_dead_blocks(std::min(st->num_final, new_len)) < st->group(0).num_window_released) {
+  bool into_window = false;
+  for (int64_t g = 0; g < st->num_groups(); ++g) {
+    into_window |= m_.window_dead_blocks(std::min(st->num_final, new_len), g) < st->group(g).num_window_released;
+  }
+  if (into_window) {
     // The positions the window released cannot come back: refused, nothing changed.
     const Snapshot before = snapshot();
     if (m_.truncate(s, new_len).is_ok()) return Status::error("a truncate into the released window succeeded");
@@ -329,15 +343,20 @@ Status KvHarness::check_sequence(SeqId id) {
                          str(ms.num_slots) + ")");
   }
   const std::vector<Cell>& pool = ms.swapped ? host_pool_ : device_pool_;
-  // Every position from the first block the sliding window kept (all of them without one).
-  for (int64_t p = s->group(0).num_window_released * bs; p < ms.num_slots; ++p) {
-    const int64_t slot = kernels::slot_of(s->table().data(), p, bs);
-    const Cell want{scope_of(ms), p, ms.tokens[static_cast<size_t>(p)]};
-    const Cell& got = pool[static_cast<size_t>(slot)];
-    if (!(got == want)) {
-      return Status::error("sequence " + str(id) + " position " + str(p) + " reads slot " + str(slot) +
-                           (ms.swapped ? " (host)" : "") + " holding tenant " + str(got.tenant) + " position " +
-                           str(got.position) + " token " + str(got.token) + ", expected token " + str(want.token));
+  // Through every group's table, every position from the first block its window kept (all
+  // of them without one).
+  for (int64_t g = 0; g < s->num_groups(); ++g) {
+    const GroupTable& gt = s->group(g);
+    for (int64_t p = gt.num_window_released * bs; p < ms.num_slots; ++p) {
+      const int64_t slot = kernels::slot_of(gt.table.data(), p, bs);
+      const Cell want{scope_of(ms), p, ms.tokens[static_cast<size_t>(p)]};
+      const Cell& got = pool[static_cast<size_t>(slot)];
+      if (!(got == want)) {
+        return Status::error("sequence " + str(id) + (s->num_groups() > 1 ? " group " + str(g) : std::string()) +
+                             " position " + str(p) + " reads slot " + str(slot) + (ms.swapped ? " (host)" : "") +
+                             " holding tenant " + str(got.tenant) + " position " + str(got.position) + " token " +
+                             str(got.token) + ", expected token " + str(want.token));
+      }
     }
   }
   return Status::ok();

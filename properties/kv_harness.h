@@ -100,7 +100,7 @@ class KvHarness {
   struct Snapshot {
     std::vector<int32_t> free_list, evictable_list, host_free_list;
     std::vector<int32_t> refcounts;
-    std::map<SeqId, std::vector<int32_t>> tables;
+    std::map<SeqId, std::vector<std::vector<int32_t>>> tables;  // per KV-cache group
     std::map<SeqId, int64_t> slots;
     std::map<SeqId, std::vector<int32_t>> tokens;
     uint64_t version = 0;

@@ -63,9 +63,9 @@ void expect_released(const KvCacheManager& m, SeqId s, int64_t g, int64_t releas
   EXPECT_EQ(gt.num_window_released, released) << "group " << g;
 }
 
-#define EXPECT_OK(st)                     \
-  do {                                    \
-    const Status st_ = (st);              \
+#define EXPECT_OK(st)                          \
+  do {                                         \
+    const Status st_ = (st);                   \
     EXPECT_TRUE(st_.is_ok()) << st_.message(); \
   } while (0)
 
