@@ -33,8 +33,9 @@ struct Schedule {
   PreemptionMode mode;
   AdmissionRule admission;
   bool prefix_caching;
-  SpeculationParams speculation = {};  // every request's (off: plain decoding)
-  int64_t window = 0;                  // KvCacheConfig::sliding_window (the fake backend's only)
+  SpeculationParams speculation = {};       // every request's (off: plain decoding)
+  int64_t window = 0;                       // KvCacheConfig::sliding_window (the fake backend's only)
+  std::vector<int64_t> group_windows = {};  // KvCacheConfig::group_windows (the fake backend's only)
 };
 
 // Draw functions (called inside a property, where *gen draws a value).
@@ -78,6 +79,7 @@ EngineConfig engine_config(const Schedule& s, int64_t vocab, const ModelConfig* 
   c.kv.enable_prefix_caching = s.prefix_caching;
   c.kv.poison_on_free = true;
   c.kv.sliding_window = s.window;
+  c.kv.group_windows = s.group_windows;
   c.scheduler.max_num_batched_tokens = s.budget;
   c.scheduler.max_num_seqs = s.max_seqs;
   c.scheduler.max_model_len = kMaxLen;
@@ -248,11 +250,17 @@ RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmal
     const int64_t step = std::max<int64_t>(std::min(s.budget, s.chunk), 1 + s.speculation.k);
     const auto windowed = static_cast<int32_t>((s.window - 1 + step) / s.block_size + 3);
     s.num_blocks = std::min(s.num_blocks, windowed + *rc::gen::inRange(0, 6));
+  } else if (*rc::gen::element(0, 0, 1) == 1) {
+    // KV-cache groups in a third of the rest (a hybrid model: full and sliding layers, each
+    // group its own table over the one pool). The pool holds one request in every group.
+    s.group_windows = *rc::gen::element(std::vector<int64_t>{0, 3}, std::vector<int64_t>{0, 9, 9},
+                                        std::vector<int64_t>{1, 0}, std::vector<int64_t>{5, 5});
+    s.num_blocks *= static_cast<int32_t>(s.group_windows.size());
   }
   const auto prefix = draw_prefix();
   const auto requests = draw_requests(prefix, 1, 40);
   const EngineConfig config = engine_config(s, 64);
-  testing::FakeBackend backend(config.kv.pool, 64, s.window);
+  testing::FakeBackend backend(config.kv.pool, 64, s.window, s.group_windows);
   Engine engine(config, backend);
   // The draft model runs on a fake backend of its own (its own pool).
   KvCacheConfig draft_kv;
@@ -294,6 +302,7 @@ RC_GTEST_PROP(EngineProperty, SchedulerKeepsItsContractUnderRandomTrafficOnASmal
   RC_ASSERT(engine.flush_prefix_cache_when_idle().is_ok());
   RC_ASSERT(check_all_free(engine.kv()).is_ok());
   RC_CLASSIFY(s.window > 0, "windowed");
+  RC_CLASSIFY(!s.group_windows.empty(), "KV-cache groups");
   RC_CLASSIFY(engine.metrics().counters.preemptions > 0, "preempted");
   RC_CLASSIFY(engine.metrics().counters.copy_on_writes > 0, "copy-on-write");
   RC_CLASSIFY(engine.metrics().counters.spec_accepted > 0, "drafts accepted");

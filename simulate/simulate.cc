@@ -430,8 +430,8 @@ Result<EngineConfig> Driver::build_engine(const Pool& pool) {
   ec.scheduler.prefill_chunk_size = o_.prefill_chunk_size;
   ec.scheduler.admission = o_.admission;
   ec.scheduler.preemption = o_.preemption;
-  backend_ = std::make_unique<CostModelBackend>(cost_, ec.kv.pool,
-                                                PlanLimits{ec.vocab_size, max_model_len_, ec.kv.sliding_window});
+  backend_ = std::make_unique<CostModelBackend>(
+      cost_, ec.kv.pool, PlanLimits{ec.vocab_size, max_model_len_, ec.kv.sliding_window, ec.kv.group_windows});
   auto engine = Engine::create(ec, *backend_);
   if (!engine) return engine.status();
   engine_ = std::move(*engine);

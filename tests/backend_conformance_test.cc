@@ -605,10 +605,11 @@ TEST_P(BackendConformance, RejectsMalformedPlansWithoutChangingAnything) {
        "block table entry 0: block -1 is outside the device pool"},
       {"slot past the pool", [](BatchPlan& p) { p.slot_mapping[2] = 32; }, "slot_mapping[2] = 32 is outside"},
       {"slot below -1", [](BatchPlan& p) { p.slot_mapping[2] = -2; }, "slot_mapping[2] = -2 is outside"},
-      {"positions shorter than tokens", [](BatchPlan& p) { p.positions.pop_back(); },
-       "positions and slot_mapping must each have num_tokens"},
+      {"positions shorter than tokens", [](BatchPlan& p) { p.positions.pop_back(); }, "positions must have num_tokens"},
       {"slot_mapping longer than tokens", [](BatchPlan& p) { p.slot_mapping.push_back(0); },
-       "positions and slot_mapping must each have num_tokens"},
+       "slot_mapping must have num_groups * num_tokens"},
+      {"KV-cache groups the backend does not have", [](BatchPlan& p) { p.num_groups = 2; },
+       "num_groups is 2, the backend's KV cache has 1 group"},
       {"query_start too short", [](BatchPlan& p) { p.query_start.pop_back(); }, "query_start has 1 entries"},
       {"query_start not starting at 0", [](BatchPlan& p) { p.query_start[0] = 1; }, "query_start[0] must be 0"},
       {"query_start not ending at num_tokens", [](BatchPlan& p) { p.query_start[1] = 5; },
@@ -720,7 +721,7 @@ TEST_P(BackendConformance, RejectsMalformedPlansWithoutChangingAnything) {
 // that is not fp8; a cuda-emu backend refuses such a pool at construction.
 TEST(PlanValidation, Fp8PoolScalesAreCheckedAtEveryPlan) {
   const int32_t bs = 4;
-  const PlanLimits limits{tiny().config.vocab_size, tiny().config.max_position_embeddings};
+  const PlanLimits limits{tiny().config.vocab_size, tiny().config.max_position_embeddings, 0, {}};
   const BatchPlan good = make_plan({{{3, 6}, tokens_for(6, tiny().config.vocab_size, 80), 0}}, bs);
   KvPoolShape pool = pool_shape_for(tiny().config, bs, 8, 2, DType::kF8E4M3);
   const auto cells = static_cast<std::size_t>(pool.num_layers * pool.num_kv_heads);
@@ -775,7 +776,7 @@ TEST(PlanValidation, ReleasedEntriesOnlyBeforeTheFirstNewTokensWindow) {
   p.token_ids = {5};
   p.positions = {19};
   p.slot_mapping = {4 * 4 + 3};
-  PlanLimits limits{tiny().config.vocab_size, tiny().config.max_position_embeddings, /*window=*/6};
+  PlanLimits limits{tiny().config.vocab_size, tiny().config.max_position_embeddings, /*window=*/6, {}};
   EXPECT_TRUE(validate_plan(p, pool, limits).is_ok()) << validate_plan(p, pool, limits).message();
   // Without the window every entry is read.
   limits.window = 0;
@@ -793,7 +794,7 @@ TEST(PlanValidation, ReleasedEntriesOnlyBeforeTheFirstNewTokensWindow) {
 TEST(PlanValidation, EachLimitAcceptsItsLastValueAndRefusesOnePast) {
   const int32_t bs = 4;
   const KvPoolShape pool = pool_shape_for(tiny().config, bs, /*num_device_blocks=*/8, /*num_host_blocks=*/2);
-  const PlanLimits limits{tiny().config.vocab_size, tiny().config.max_position_embeddings};
+  const PlanLimits limits{tiny().config.vocab_size, tiny().config.max_position_embeddings, 0, {}};
   const BatchPlan good = make_plan({{{3, 6}, tokens_for(6, tiny().config.vocab_size, 80), 0}}, bs);
   ASSERT_TRUE(validate_plan(good, pool, limits).is_ok());
   struct Side {

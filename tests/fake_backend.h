@@ -17,12 +17,14 @@ class FakeBackend final : public Backend {
   // `pool`: the engine's KV pool shape (config.kv.pool); token ids must be < vocab; `window`:
   // the engine's sliding window (config.kv.sliding_window; 0: none): the plan validator then
   // accepts released entries before it and refuses reads of them.
-  FakeBackend(const KvPoolShape& pool, int64_t vocab, int64_t window = 0)
-      : pool_(pool), vocab_(vocab), window_(window) {}
+  // `group_windows`: the engine's KV-cache groups (config.kv.group_windows; empty: one).
+  FakeBackend(const KvPoolShape& pool, int64_t vocab, int64_t window = 0, std::vector<int64_t> group_windows = {})
+      : pool_(pool), vocab_(vocab), window_(window), group_windows_(std::move(group_windows)) {}
 
   Status execute(const BatchPlan& plan, StepOutput& out) override {
-    KVP_RETURN_IF_ERROR(validate_plan(plan, pool_, {vocab_, std::numeric_limits<int32_t>::max(), window_}));
-    auto reads = check_plan_read_scope(plan, pool_, window_);
+    const PlanLimits limits{vocab_, std::numeric_limits<int32_t>::max(), window_, group_windows_};
+    KVP_RETURN_IF_ERROR(validate_plan(plan, pool_, limits));
+    auto reads = check_plan_read_scope(plan, pool_, limits);
     if (!reads) return reads.status();
     audited_ += *reads;
     const auto n = static_cast<std::size_t>(plan.num_seqs());
@@ -54,6 +56,7 @@ class FakeBackend final : public Backend {
   KvPoolShape pool_;
   int64_t vocab_;
   int64_t window_;
+  std::vector<int64_t> group_windows_;
   int64_t steps_ = 0;
   int64_t audited_ = 0;
 };

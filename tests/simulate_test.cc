@@ -143,7 +143,7 @@ TEST(CostModelBackend, ValidatesThenAdvancesClockAndReturnsOneWideRows) {
   pool.head_dim = 128;
   pool.block_size = 16;
   pool.num_device_blocks = 1000;
-  CostModelBackend backend(c, pool, {32000, 4096});
+  CostModelBackend backend(c, pool, {32000, 4096, 0, {}});
   StepOutput out;
   ASSERT_TRUE(backend.execute(plan_of({{100, 100}, {1, 40}}), out).is_ok());
   EXPECT_NEAR(backend.clock_s(), step_cost(c, plan_of({{100, 100}, {1, 40}}), 16).total_s, 1e-15);
@@ -166,7 +166,7 @@ TEST(CostModelBackend, EngineRunsOnItAndForgetsOnlyFinishedRequests) {
   ec.kv.pool.num_kv_heads = 32;
   ec.kv.pool.head_dim = 128;
   ec.kv.pool.num_device_blocks = 64;
-  CostModelBackend backend(c, ec.kv.pool, {32000, 4096});
+  CostModelBackend backend(c, ec.kv.pool, {32000, 4096, 0, {}});
   auto engine = Engine::create(ec, backend);
   ASSERT_TRUE(engine.is_ok()) << engine.status().message();
   RequestSpec spec;

@@ -13,6 +13,10 @@
 //   logits          every new token's row when logits_all[i], else only the last token's
 //                   (none when needs_logits[i] is 0: a prefill chunk that is not the last)
 // Per new token t: token_ids[t], positions[t], slot_mapping[t] (kernels::kSkipSlot = skip).
+// KV-cache groups (num_groups > 1; KvCacheConfig::group_windows): block_tables and
+// slot_mapping hold one section per group, group-major: group g's row of sequence i starts
+// at block_tables[(g * num_seqs + i) * max_blocks_per_seq] (table_row), its slot of token t
+// is slot_mapping[g * num_tokens + t] (group_slots). A layer reads and writes its group's.
 //
 // Execution order: ops (swap_out, block_copies, poison, swap_in; see plan_ops.h), then per
 // layer: write every new token's K/V into its slot, then attention reads the whole context
@@ -33,13 +37,14 @@ struct BatchPlan {
   std::vector<int32_t> query_start;  // num_seqs + 1 entries
   std::vector<int32_t> context_lens;
   int32_t max_blocks_per_seq = 0;
-  std::vector<int32_t> block_tables;  // num_seqs * max_blocks_per_seq
+  int32_t num_groups = 1;             // KV-cache groups: sections of block_tables, slot_mapping
+  std::vector<int32_t> block_tables;  // num_groups * num_seqs * max_blocks_per_seq
   std::vector<uint8_t> needs_logits;  // per sequence
   std::vector<uint8_t> logits_all;    // per sequence
 
   std::vector<int32_t> token_ids;
   std::vector<int32_t> positions;
-  std::vector<int64_t> slot_mapping;
+  std::vector<int64_t> slot_mapping;  // num_groups * num_tokens
 
   KvPlanOps ops;
 
@@ -52,6 +57,11 @@ struct BatchPlan {
 
   int64_t num_seqs() const { return static_cast<int64_t>(seq_ids.size()); }
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+  // Group g's block-table row of sequence i, and group g's slots (one per new token).
+  const int32_t* table_row(int64_t g, int64_t i) const {
+    return block_tables.data() + (g * num_seqs() + i) * static_cast<int64_t>(max_blocks_per_seq);
+  }
+  const int64_t* group_slots(int64_t g) const { return slot_mapping.data() + g * num_tokens(); }
   bool empty() const { return seq_ids.empty() && ops.empty(); }
 };
 

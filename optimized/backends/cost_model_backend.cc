@@ -10,7 +10,7 @@ CostModelBackend::CostModelBackend(const CostModelConfig& cost, const KvPoolShap
 
 Status CostModelBackend::execute(const BatchPlan& plan, StepOutput& out) {
   KVP_RETURN_IF_ERROR(validate_plan(plan, pool_, limits_));
-  auto reads = check_plan_read_scope(plan, pool_, limits_.window);
+  auto reads = check_plan_read_scope(plan, pool_, limits_);
   if (!reads) return reads.status();
   audited_block_reads_ += *reads;
 

@@ -284,9 +284,9 @@ Status CpuBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std::
 }
 
 Status CpuBackend::execute(const BatchPlan& plan, StepOutput& out) {
-  auto reads =
-      preflight_plan(plan, config_.pool,
-                     {model_->config.vocab_size, model_->config.max_position_embeddings, model_->config.kv_window()});
+  auto reads = preflight_plan(
+      plan, config_.pool,
+      {model_->config.vocab_size, model_->config.max_position_embeddings, model_->config.kv_window(), {}});
   if (!reads) return reads.status();
   audited_block_reads_ += *reads;
   run_ops(plan.ops);

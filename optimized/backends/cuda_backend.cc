@@ -413,8 +413,9 @@ Status CudaBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std:
 }
 
 Status CudaBackend::execute(const BatchPlan& plan, StepOutput& out) {
-  auto reads = preflight_plan(
-      plan, config_.pool, {model_config_.vocab_size, model_config_.max_position_embeddings, model_config_.kv_window()});
+  auto reads =
+      preflight_plan(plan, config_.pool,
+                     {model_config_.vocab_size, model_config_.max_position_embeddings, model_config_.kv_window(), {}});
   if (!reads) return reads.status();
   audited_block_reads_ += *reads;
   KVP_RETURN_IF_ERROR(run_ops(plan.ops).with_context(KVP_CUDA_FLAVOUR_NAME));

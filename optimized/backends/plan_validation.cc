@@ -85,12 +85,19 @@ Status validate_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanL
     return Status::error("plan: context_lens, needs_logits and logits_all must each have num_seqs = " + str(num_seqs) +
                          " entries");
   if (plan.max_blocks_per_seq < 0) return Status::error("plan: max_blocks_per_seq must be >= 0");
-  if (plan.block_tables.size() != n_seqs * static_cast<std::size_t>(plan.max_blocks_per_seq))
-    return Status::error(
-        "plan: block_tables has " + str(static_cast<int64_t>(plan.block_tables.size())) +
-        " entries, expected num_seqs * max_blocks_per_seq = " + str(num_seqs * plan.max_blocks_per_seq));
-  if (plan.positions.size() != n_tokens || plan.slot_mapping.size() != n_tokens)
-    return Status::error("plan: positions and slot_mapping must each have num_tokens = " + str(num_tokens) +
+  const int64_t groups = limits.num_groups();
+  if (plan.num_groups != groups)
+    return Status::error("plan: num_groups is " + str(plan.num_groups) + ", the backend's KV cache has " + str(groups) +
+                         " group" + (groups == 1 ? "" : "s"));
+  const auto n_groups = static_cast<std::size_t>(groups);
+  if (plan.block_tables.size() != n_groups * n_seqs * static_cast<std::size_t>(plan.max_blocks_per_seq))
+    return Status::error("plan: block_tables has " + str(static_cast<int64_t>(plan.block_tables.size())) +
+                         " entries, expected num_groups * num_seqs * max_blocks_per_seq = " +
+                         str(groups * num_seqs * plan.max_blocks_per_seq));
+  if (plan.positions.size() != n_tokens)
+    return Status::error("plan: positions must have num_tokens = " + str(num_tokens) + " entries");
+  if (plan.slot_mapping.size() != n_groups * n_tokens)
+    return Status::error("plan: slot_mapping must have num_groups * num_tokens = " + str(groups * num_tokens) +
                          " entries");
   if (no_query_start && num_tokens != 0) return Status::error("plan: tokens without sequences");
   const bool audit = !plan.seq_tenants.empty() || !plan.block_tenants.empty();
@@ -106,6 +113,8 @@ Status validate_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanL
     if (plan.token_ids[t] < 0 || plan.token_ids[t] >= limits.vocab_size)
       return Status::error("plan: token_ids[" + str(static_cast<int64_t>(t)) + "] = " + str(plan.token_ids[t]) +
                            " is outside the vocabulary [0, " + str(limits.vocab_size) + ")");
+  }
+  for (std::size_t t = 0; t < n_groups * n_tokens; ++t) {
     const int64_t slot = plan.slot_mapping[t];
     if (slot != kernels::kSkipSlot && (slot < 0 || slot >= device_slots))
       return Status::error("plan: slot_mapping[" + str(static_cast<int64_t>(t)) + "] = " + str(slot) +
@@ -135,16 +144,19 @@ Status validate_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanL
     if (blocks > plan.max_blocks_per_seq)
       return Status::error(where() + ": context_len " + str(context_len) + " needs " + str(blocks) +
                            " blocks, max_blocks_per_seq is " + str(plan.max_blocks_per_seq));
-    const int32_t* table = plan.block_tables.data() + i * static_cast<std::size_t>(plan.max_blocks_per_seq);
-    // Entries before the first block any new token attends to are never read: a window may
-    // have released them (-1).
-    const int64_t first_read = kernels::window_first(context_len - (end - start), limits.window) / bs;
-    for (int64_t j = 0; j < blocks; ++j) {
-      if (j < first_read && table[j] == -1) continue;
-      KVP_RETURN_IF_ERROR(check_block(table[j], pool.num_device_blocks, "device", [&] {
-        return where() + ": block table entry " + str(j) +
-               (limits.window > 0 && table[j] == -1 ? " (released, but a new token attends to it)" : "");
-      }));
+    for (int64_t g = 0; g < groups; ++g) {
+      const int32_t* table = plan.table_row(g, static_cast<int64_t>(i));
+      const int64_t window = limits.window_of(g);
+      // Entries before the first block any new token attends to are never read: a window may
+      // have released them (-1).
+      const int64_t first_read = kernels::window_first(context_len - (end - start), window) / bs;
+      for (int64_t j = 0; j < blocks; ++j) {
+        if (j < first_read && table[j] == -1) continue;
+        KVP_RETURN_IF_ERROR(check_block(table[j], pool.num_device_blocks, "device", [&] {
+          return where() + (groups > 1 ? ": group " + str(g) : std::string()) + ": block table entry " + str(j) +
+                 (window > 0 && table[j] == -1 ? " (released, but a new token attends to it)" : "");
+        }));
+      }
     }
     // The new tokens are the sequence's last ones, in order.
     for (int64_t t = start; t < end; ++t) {
@@ -159,21 +171,28 @@ Status validate_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanL
 }
 
 Result<int64_t> check_plan_read_scope(const BatchPlan& plan, const KvPoolShape& pool, int64_t window) {
+  PlanLimits limits;
+  limits.window = window;
+  return check_plan_read_scope(plan, pool, limits);
+}
+
+Result<int64_t> check_plan_read_scope(const BatchPlan& plan, const KvPoolShape& pool, const PlanLimits& limits) {
   if (plan.block_tenants.empty() && plan.seq_tenants.empty()) return int64_t{0};
   int64_t reads = 0;
-  for (int64_t i = 0; i < plan.num_seqs(); ++i) {
-    const auto ui = static_cast<std::size_t>(i);
-    const int64_t nblocks = kernels::blocks_for_tokens(plan.context_lens[ui], pool.block_size);
-    const int64_t first_new = plan.context_lens[ui] - (plan.query_start[ui + 1] - plan.query_start[ui]);  // validated
-    for (int64_t j = kernels::window_first(first_new, window) / pool.block_size; j < nblocks; ++j) {
-      const int32_t b =
-          plan.block_tables[ui * static_cast<std::size_t>(plan.max_blocks_per_seq) + static_cast<std::size_t>(j)];
-      const int64_t holder = plan.block_tenants[static_cast<std::size_t>(b)];
-      if (holder != plan.seq_tenants[ui])
-        return Status::error("audit: sequence " + str(plan.seq_ids[ui]) + " of tenant " + str(plan.seq_tenants[ui]) +
-                             " would read block " + str(b) + " (block-table index " + str(j) + "), held by " +
-                             (holder < 0 ? std::string("no one") : "tenant " + str(holder)));
-      ++reads;
+  for (int64_t g = 0; g < plan.num_groups; ++g) {
+    for (int64_t i = 0; i < plan.num_seqs(); ++i) {
+      const auto ui = static_cast<std::size_t>(i);
+      const int64_t nblocks = kernels::blocks_for_tokens(plan.context_lens[ui], pool.block_size);
+      const int64_t first_new = plan.context_lens[ui] - (plan.query_start[ui + 1] - plan.query_start[ui]);  // validated
+      for (int64_t j = kernels::window_first(first_new, limits.window_of(g)) / pool.block_size; j < nblocks; ++j) {
+        const int32_t b = plan.table_row(g, i)[j];
+        const int64_t holder = plan.block_tenants[static_cast<std::size_t>(b)];
+        if (holder != plan.seq_tenants[ui])
+          return Status::error("audit: sequence " + str(plan.seq_ids[ui]) + " of tenant " + str(plan.seq_tenants[ui]) +
+                               " would read block " + str(b) + " (block-table index " + str(j) + "), held by " +
+                               (holder < 0 ? std::string("no one") : "tenant " + str(holder)));
+        ++reads;
+      }
     }
   }
   return reads;
@@ -181,7 +200,7 @@ Result<int64_t> check_plan_read_scope(const BatchPlan& plan, const KvPoolShape& 
 
 Result<int64_t> preflight_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanLimits& limits) {
   KVP_RETURN_IF_ERROR(validate_plan(plan, pool, limits));
-  return check_plan_read_scope(plan, pool, limits.window);
+  return check_plan_read_scope(plan, pool, limits);
 }
 
 std::vector<int32_t> lay_out_logit_rows(const BatchPlan& plan, int64_t vocab_size, StepOutput& out,

@@ -21,6 +21,12 @@ struct PlanLimits {
   // wholly before the window of a sequence's first new token may be -1 (released), the
   // rest must name pool blocks.
   int64_t window = 0;
+  // KV-cache groups (KvCacheConfig::group_windows): each group's window; empty: one group
+  // whose window is `window`. A plan must carry exactly these groups (BatchPlan::num_groups).
+  std::vector<int64_t> group_windows;
+
+  int64_t num_groups() const { return group_windows.empty() ? 1 : static_cast<int64_t>(group_windows.size()); }
+  int64_t window_of(int64_t g) const { return group_windows.empty() ? window : group_windows[static_cast<size_t>(g)]; }
 };
 
 // A pool for `model`'s layers, KV heads and head dim.
@@ -35,8 +41,9 @@ Status check_pool_matches_model(const KvPoolShape& pool, const ModelConfig& mode
 // sequence has >= 1 new token and its new tokens are its last positions in order, context
 // lengths within the model and the table, block-table entries and slots inside the device
 // pool, memory ops' blocks inside their pools. The audit arrays are either both empty or
-// sized num_seqs and num_device_blocks. Returns the first violation, naming the array,
-// index and value.
+// sized num_seqs and num_device_blocks. With KV-cache groups, the plan has the limits'
+// groups and every group's section is checked with its window. Returns the first violation,
+// naming the array, index and value.
 //
 // It does not check that the slot mapping agrees with the block tables or who owns which
 // block (I3-I5): those are the invariant checkers' business (check_plan in
@@ -50,6 +57,8 @@ Status validate_plan(const BatchPlan& plan, const KvPoolShape& pool, const PlanL
 // sequence's own tenant. Returns the number of (sequence, block) reads checked, 0 when the
 // plan carries no audit arrays. REQUIRES: validate_plan(plan, ...) is ok.
 Result<int64_t> check_plan_read_scope(const BatchPlan& plan, const KvPoolShape& pool, int64_t window = 0);
+// The same for every KV-cache group of `limits`, each with its window.
+Result<int64_t> check_plan_read_scope(const BatchPlan& plan, const KvPoolShape& pool, const PlanLimits& limits);
 
 // What every backend's execute() runs before it changes anything: validate_plan, then
 // check_plan_read_scope. Returns the audited block reads.

@@ -554,9 +554,10 @@ Status check_all(const KvCacheManager& m, ChainHashMemo* memo) {
 
 Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBounds& bounds, PlanReadStats* stats) {
   const std::string at = "step " + str(plan.step) + ": ";
-  if (m.config().num_groups() != 1) {
-    return Status::error(at + "a plan carries one block table per sequence; the manager has " +
-                         str(m.config().num_groups()) + " KV-cache groups");
+  const int64_t groups = m.config().num_groups();
+  if (plan.num_groups != groups) {
+    return Status::error(at + "I12: the plan carries " + str(plan.num_groups) +
+                         " KV-cache groups' tables, the manager has " + str(groups));
   }
   if (plan.num_tokens() > bounds.max_num_batched_tokens)
     return Status::error(at + "I8: " + str(plan.num_tokens()) + " tokens scheduled, budget " +
@@ -567,8 +568,9 @@ Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBoun
   std::unordered_map<int32_t, std::vector<const SequenceState*>> holders;
   for (const auto& [id, s] : m.sequences())
     if (!s.swapped)
-      for (int32_t b : s.table().blocks())
-        if (b != kNoBlock) holders[b].push_back(&s);
+      for (const GroupTable& gt : s.groups)
+        for (int32_t b : gt.table.blocks())
+          if (b != kNoBlock) holders[b].push_back(&s);
   const auto width = static_cast<std::size_t>(plan.max_blocks_per_seq);
   for (int64_t i = 0; i < plan.num_seqs(); ++i) {
     const auto ui = static_cast<std::size_t>(i);
@@ -586,16 +588,20 @@ Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBoun
     if (context != s->num_slots)
       return Status::error(where + ": I5: context length " + str(context) + " but " + str(s->num_slots) +
                            " slots reserved");
-    const int32_t* row = plan.block_tables.data() + ui * width;
-    for (std::size_t j = 0; j < width; ++j) {
-      const int32_t want = static_cast<int64_t>(j) < s->table().size() ? s->table()[static_cast<int64_t>(j)] : -1;
-      if (row[j] != want)
-        return Status::error(where + ": I5: block-table entry " + str(static_cast<int64_t>(j)) + " is " + str(row[j]) +
-                             ", the manager's table has " + str(want));
+    for (int64_t g = 0; g < groups; ++g) {
+      const BlockTable& table = s->group(g).table;
+      const std::string in = groups > 1 ? " of group " + str(g) : std::string();
+      const int32_t* row = plan.table_row(g, i);
+      for (std::size_t j = 0; j < width; ++j) {
+        const int32_t want = static_cast<int64_t>(j) < table.size() ? table[static_cast<int64_t>(j)] : -1;
+        if (row[j] != want)
+          return Status::error(where + ": I5: block-table entry " + str(static_cast<int64_t>(j)) + in + " is " +
+                               str(row[j]) + ", the manager's table has " + str(want));
+      }
+      const std::span<const int64_t> slots(plan.group_slots(g) + first, static_cast<std::size_t>(n));
+      if (Status st = check_slot_mapping(m, id, context - n, slots, g); !st) return Status::error(at + st.message());
+      if (Status st = check_exclusive_write(m, id, slots, g); !st) return Status::error(at + st.message());
     }
-    const std::span<const int64_t> slots(plan.slot_mapping.data() + first, static_cast<std::size_t>(n));
-    if (Status st = check_slot_mapping(m, id, context - n, slots); !st) return Status::error(at + st.message());
-    if (Status st = check_exclusive_write(m, id, slots); !st) return Status::error(at + st.message());
     for (int64_t k = 0; k < n; ++k) {
       const int64_t pos = plan.positions[static_cast<std::size_t>(first + k)];
       const int32_t tok = plan.token_ids[static_cast<std::size_t>(first + k)];
@@ -608,24 +614,28 @@ Status check_plan(const KvCacheManager& m, const BatchPlan& plan, const PlanBoun
       if (stats != nullptr) stats->kv_position_reads += pos + 1;
     }
     const int64_t nblocks = kernels::blocks_for_tokens(context, m.block_size());
-    // The first block any new token reads: the window's of the first one (I11: never released).
-    const int64_t first_read = kernels::window_first(context - n, m.config().sliding_window) / m.block_size();
-    for (int64_t j = first_read; j < nblocks; ++j) {
-      const int32_t b = row[static_cast<std::size_t>(j)];
-      if (b == kNoBlock)
-        return Status::error(where + ": I11: a new token at position " + str(context - n) +
-                             " attends to block-table entry " + str(j) + ", which the sliding window released");
-      if (!global) {
-        for (const SequenceState* h : holders[b]) {
-          if (h->tenant != s->tenant)
-            return Status::error(where + " (tenant " + str(s->tenant) + "): I4: reads block " + str(b) +
-                                 " (block-table index " + str(j) + "), also held by sequence " + str(h->id) +
-                                 " of tenant " + str(h->tenant));
+    for (int64_t g = 0; g < groups; ++g) {
+      const int32_t* row = plan.table_row(g, i);
+      // The first block any new token reads: the window's of the first one (I11: never released).
+      const int64_t first_read = kernels::window_first(context - n, m.config().window_of(g)) / m.block_size();
+      for (int64_t j = first_read; j < nblocks; ++j) {
+        const int32_t b = row[static_cast<std::size_t>(j)];
+        if (b == kNoBlock)
+          return Status::error(
+              where + ": I11: a new token at position " + str(context - n) + " attends to block-table entry " + str(j) +
+              (groups > 1 ? " of group " + str(g) : std::string()) + ", which the sliding window released");
+        if (!global) {
+          for (const SequenceState* h : holders[b]) {
+            if (h->tenant != s->tenant)
+              return Status::error(where + " (tenant " + str(s->tenant) + "): I4: reads block " + str(b) +
+                                   " (block-table index " + str(j) + "), also held by sequence " + str(h->id) +
+                                   " of tenant " + str(h->tenant));
+          }
         }
-      }
-      if (stats != nullptr) {
-        ++stats->block_reads;
-        stats->blocks.push_back(b);
+        if (stats != nullptr) {
+          ++stats->block_reads;
+          stats->blocks.push_back(b);
+        }
       }
     }
   }

@@ -50,15 +50,23 @@ int64_t Scheduler::worst_case_blocks(const Request& r) const {
   const int64_t one = kernels::blocks_for_tokens(r.num_prompt() + r.spec.max_tokens, bs);
   const int64_t shared = r.num_prompt() / bs;  // full prompt blocks, shared by every sample
   const int64_t all = r.seats() == 1 ? one : shared + r.seats() * (one - shared);
-  const int64_t w = kv_.config().sliding_window;
-  if (w <= 0) return all;
-  // Behind a sliding window a sequence holds, at a step that runs n tokens from its final
-  // length F, the entries from (F - W + 1) / bs up to (F + n) / bs rounded up: at most
-  // (W - 1 + n) / bs + 2. n is at most a prefill chunk, or a decode token and its drafts.
-  const int64_t step =
-      std::max<int64_t>(std::min(config_.max_num_batched_tokens, config_.prefill_chunk_size), 1 + r.max_drafts);
-  const int64_t windowed = (w - 1 + step) / bs + 2;
-  return std::min(all, r.seats() * std::min(one, windowed));
+  // Every KV-cache group holds its own table: the sum of the groups'.
+  int64_t worst = 0;
+  for (int64_t g = 0; g < kv_.config().num_groups(); ++g) {
+    const int64_t w = kv_.config().window_of(g);
+    if (w <= 0) {
+      worst += all;
+      continue;
+    }
+    // Behind a sliding window a sequence holds, at a step that runs n tokens from its final
+    // length F, the entries from (F - W + 1) / bs up to (F + n) / bs rounded up: at most
+    // (W - 1 + n) / bs + 2. n is at most a prefill chunk, or a decode token and its drafts.
+    const int64_t step =
+        std::max<int64_t>(std::min(config_.max_num_batched_tokens, config_.prefill_chunk_size), 1 + r.max_drafts);
+    const int64_t windowed = (w - 1 + step) / bs + 2;
+    worst += std::min(all, r.seats() * std::min(one, windowed));
+  }
+  return worst;
 }
 
 int64_t Scheduler::seats_in_use() const {
@@ -146,7 +154,7 @@ Scheduler::Planned Scheduler::try_plan(Request* r, int64_t budget, BatchPlan& pl
   // Drafts ride along only when the pool holds the whole verification row; otherwise the
   // request decodes one token. allocate_slots decides the fit before anything changes.
   if (const std::span<const int32_t> drafts = drafts_for(*r, max_tokens, hit); !drafts.empty()) {
-    if (kv_.allocate_slots(r->id, 1, hit, plan.slot_mapping, drafts) == AllocStatus::kOk) {
+    if (allocate(r->id, 1, hit, plan, drafts) == AllocStatus::kOk) {
       r->num_drafts_ = static_cast<int32_t>(drafts.size());
       n = 1 + static_cast<int64_t>(drafts.size());
     }
@@ -154,7 +162,7 @@ Scheduler::Planned Scheduler::try_plan(Request* r, int64_t budget, BatchPlan& pl
   if (n == 0) {
     n = std::min(tokens_to_compute(*r, hit), max_tokens);
     if (n <= 0) return {};
-    if (const AllocStatus fit = kv_.allocate_slots(r->id, n, hit, plan.slot_mapping); fit != AllocStatus::kOk) {
+    if (const AllocStatus fit = allocate(r->id, n, hit, plan); fit != AllocStatus::kOk) {
       return {.n = 0, .fit = fit};
     }
   }
@@ -186,6 +194,10 @@ ScheduledStep Scheduler::schedule(int64_t step, const DraftTokens& drafts) {
   plan.step = step;
   plan.query_start.push_back(0);
   int64_t budget = config_.max_num_batched_tokens;
+  if (kv_.config().num_groups() > 1) {
+    group_slots_.resize(static_cast<std::size_t>(kv_.config().num_groups()));
+    for (std::vector<int64_t>& g : group_slots_) g.clear();
+  }
 
   // 1. Running requests, oldest first. A preemption removes requests from the back, so
   //    iterating by index over a shrinking vector visits each survivor once.
@@ -229,7 +241,7 @@ ScheduledStep Scheduler::schedule(int64_t step, const DraftTokens& drafts) {
       budget -= p.n;
     }
   }
-  finish_plan(kv_, plan);
+  finish_plan(kv_, plan, kv_.config().num_groups() > 1 ? std::span(group_slots_) : std::span<std::vector<int64_t>>());
   drafts_ = nullptr;
   return out;
 }
@@ -247,18 +259,38 @@ void add_plan_row(BatchPlan& plan, SeqId seq, std::span<const int32_t> tokens, i
   plan.logits_all.push_back(logits_all ? 1 : 0);
 }
 
-void finish_plan(KvCacheManager& kv, BatchPlan& plan) {
+void finish_plan(KvCacheManager& kv, BatchPlan& plan, std::span<std::vector<int64_t>> group_slots) {
+  const int64_t groups = kv.config().num_groups();
+  KVP_CHECK(groups == 1 ? group_slots.empty() : static_cast<int64_t>(group_slots.size()) == groups);
   int32_t max_blocks = 0;
   for (int64_t id : plan.seq_ids)
     max_blocks = std::max(max_blocks, static_cast<int32_t>(kv.sequence(id)->table().size()));
+  plan.num_groups = static_cast<int32_t>(groups);
   plan.max_blocks_per_seq = max_blocks;
-  plan.block_tables.assign(plan.seq_ids.size() * static_cast<std::size_t>(max_blocks), -1);
-  for (std::size_t i = 0; i < plan.seq_ids.size(); ++i) {
-    const BlockTable& t = kv.sequence(plan.seq_ids[i])->table();
-    std::copy(t.blocks().begin(), t.blocks().end(),
-              plan.block_tables.begin() + static_cast<std::ptrdiff_t>(i * static_cast<std::size_t>(max_blocks)));
+  plan.block_tables.assign(
+      static_cast<std::size_t>(groups) * plan.seq_ids.size() * static_cast<std::size_t>(max_blocks), -1);
+  for (int64_t g = 0; g < groups; ++g) {
+    for (std::size_t i = 0; i < plan.seq_ids.size(); ++i) {
+      const BlockTable& t = kv.sequence(plan.seq_ids[i])->group(g).table;
+      const std::size_t row = static_cast<std::size_t>(g) * plan.seq_ids.size() + i;
+      std::copy(t.blocks().begin(), t.blocks().end(),
+                plan.block_tables.begin() + static_cast<std::ptrdiff_t>(row * static_cast<std::size_t>(max_blocks)));
+    }
+  }
+  if (!group_slots.empty()) {
+    plan.slot_mapping.clear();
+    for (const std::vector<int64_t>& g : group_slots) {
+      KVP_CHECK(static_cast<int64_t>(g.size()) == plan.num_tokens());
+      plan.slot_mapping.insert(plan.slot_mapping.end(), g.begin(), g.end());
+    }
   }
   plan.ops = kv.take_plan_ops();
+}
+
+AllocStatus Scheduler::allocate(SeqId seq, int64_t n, const PrefixHit& hit, BatchPlan& plan,
+                                std::span<const int32_t> drafts) {
+  if (kv_.config().num_groups() == 1) return kv_.allocate_slots(seq, n, hit, plan.slot_mapping, drafts);
+  return kv_.allocate_slots(seq, n, hit, std::span(group_slots_), drafts);
 }
 
 void Scheduler::apply(const BatchPlan& plan, const StepUpdate& update) {

@@ -109,8 +109,10 @@ void add_plan_row(BatchPlan& plan, SeqId seq, std::span<const int32_t> tokens, i
                   bool needs_logits, bool logits_all);
 
 // Ends every planner (the scheduler's and the draft model's): the plan's block tables from
-// the manager's, padded with -1 to the longest, and the memory ops the manager queued.
-void finish_plan(KvCacheManager& kv, BatchPlan& plan);
+// the manager's, padded with -1 to the longest, every group's (group-major), and the memory
+// ops the manager queued. With KV-cache groups, the planner collected each group's slots in
+// group_slots[g] (plan.slot_mapping stays empty until here) and they are laid out group-major.
+void finish_plan(KvCacheManager& kv, BatchPlan& plan, std::span<std::vector<int64_t>> group_slots = {});
 
 class Scheduler {
  public:
@@ -185,6 +187,10 @@ class Scheduler {
   // holds them all); if the pool holds them now, reserves their slots and adds r's row to
   // the plan; otherwise changes nothing. REQUIRES: r holds a KvCacheManager sequence on the
   // device.
+  // allocate_slots for one row of the plan: its slots go to plan.slot_mapping, or with
+  // KV-cache groups to group_slots_ (finish_plan lays them out).
+  AllocStatus allocate(SeqId seq, int64_t n, const PrefixHit& hit, BatchPlan& plan,
+                       std::span<const int32_t> drafts = {});
   Planned try_plan(Request* r, int64_t budget, BatchPlan& plan);
   void preempt(Request* victim, ScheduleStats& stats);
   // Moves r's token history into a new KvCacheManager sequence (r reads it from there).
@@ -198,6 +204,8 @@ class Scheduler {
 
   SchedulerConfig config_;
   KvCacheManager& kv_;
+  // With KV-cache groups: each group's slots of the step being planned (see finish_plan).
+  std::vector<std::vector<int64_t>> group_slots_;
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;        // oldest first
   std::deque<Request*> swapped_;         // oldest first
