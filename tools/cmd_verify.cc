@@ -6,6 +6,7 @@
 
 #include "kernel_check/attention_plugin_loader.h"
 #include "optimized/engine/workload.h"
+#include "optimized/kv/kv_groups.h"
 #include "tools/bad_input.h"
 #include "tools/commands.h"
 #include "tools/kv_events_publish.h"
@@ -114,6 +115,15 @@ Result<int> run_verify_command(const VerifyFlags& f) {
                 f.inputs.describe(workload).c_str(), backend_name(v.backend), f.backend.kv_dtype.c_str(), v.block_size,
                 v.num_blocks, v.num_host_blocks, v.prefill_chunk_size);
   std::printf("kvproof verify: %s\n", context);
+  // The KV-event stream names no KV-cache group yet: a published run keeps one group.
+  if (f.publish.enabled()) v.kv_groups = false;
+  if (verify::uses_kv_groups(model.config, v)) {
+    const KvGroupLayout layout = kv_group_layout(model.config);
+    std::printf("kv-cache groups: %s; a block holds %d of %lld layers, so the same bytes are %lld blocks + %lld host\n",
+                layout.to_string().c_str(), layout.group_size, static_cast<long long>(model.config.num_layers),
+                static_cast<long long>(int64_t{v.num_blocks} * model.config.num_layers / layout.group_size),
+                static_cast<long long>(int64_t{v.num_host_blocks} * model.config.num_layers / layout.group_size));
+  }
   if (!v.kv_scales_source.empty()) std::printf("fp8 KV scales: %s\n", v.kv_scales_source.c_str());
   if (v.weight_dtype != DType::kF32) std::printf("weights: %s\n", weights->c_str());
   if (plugin) std::printf("attention: plug-in %s (%s)\n", plugin->name().c_str(), plugin->path().c_str());

@@ -71,6 +71,11 @@ void BackendChoice::add_options(CLI::App& cmd, const std::vector<std::string>& e
                  "CUDA backends: decode steps of up to this many sequences run as CUDA graphs, padded to 1, 2, 4, 8 "
                  "or a multiple of 8 tokens, one graph captured per padded size (0: every step eager)")
       ->check(CLI::Range(int64_t{0}, int64_t{4096}));
+  cmd.add_option("--kv-groups", kv_groups,
+                 "a hybrid model's KV-cache groups (one block table per group of full or sliding layers, the "
+                 "sliding ones releasing what their window left behind; the pool keeps its bytes): auto (on the cpu "
+                 "backend, without an attention plug-in or a KV-event stream) or off (one table, every block kept)")
+      ->check(CLI::IsMember({"auto", "off"}));
   cmd.add_option("--plant", plant, "a planted attention bug (testing kvproof's checks)")
       ->check(CLI::IsMember({"none", "bf16-accumulator", "drop-kv-scales"}))
       ->group("");
@@ -96,6 +101,7 @@ Status BackendChoice::apply(verify::EngineOptions& v) const {
   v.kv_dtype = *dtype;
   v.num_threads = threads;
   v.max_graph_tokens = max_graph_tokens;
+  v.kv_groups = kv_groups == "auto";
   return Status::ok();
 }
 

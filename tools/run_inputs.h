@@ -49,6 +49,7 @@ struct BackendChoice {
   std::string plant = "none";
   std::string weight_dtype = "auto";
   int64_t max_graph_tokens = 64;
+  std::string kv_groups = "auto";
   int threads = 2;
   void add_options(CLI::App& cmd, const std::vector<std::string>& extra = {});
   // Into the engine options; an error names the flag and value (an f16 or bf16 pool on the

@@ -9,6 +9,7 @@
 #include "optimized/backends/plan_validation.h"
 #include "optimized/checkers/engine_invariants.h"
 #include "optimized/checkers/invariants.h"
+#include "optimized/kv/kv_groups.h"
 
 namespace kvp::verify {
 
@@ -46,6 +47,11 @@ EngineSetup options_setup(const EngineOptions& o, PreemptionMode mode) {
   return {o.block_size, o.num_blocks, o.num_host_blocks, o.prefill_chunk_size, mode};
 }
 
+bool uses_kv_groups(const ModelConfig& model, const EngineOptions& o) {
+  return o.kv_groups && o.attention_plugin == nullptr && backend_has_kv_groups(o.backend) &&
+         kv_group_layout(model).num_groups() > 1;
+}
+
 Result<EngineConfig> engine_config(const ModelConfig& model, const EngineOptions& o, const EngineSetup& s) {
   EngineConfig ec;
   ec.kv.pool = pool_shape_for(model, s.block_size, s.num_blocks, s.num_host_blocks);
@@ -63,6 +69,17 @@ Result<EngineConfig> engine_config(const ModelConfig& model, const EngineOptions
   // logits-vs-reference, the report its developer needs. kernel-check tests the skipping
   // itself, with every entry behind the window naming a block of NaN.
   ec.kv.sliding_window = o.attention_plugin != nullptr ? 0 : model.kv_window();
+  if (uses_kv_groups(model, o)) {
+    // The same bytes of pool: a block holds group_size layers instead of every layer.
+    const KvGroupLayout layout = kv_group_layout(model);
+    const auto scaled = [&](int32_t blocks) {
+      return static_cast<int32_t>(int64_t{blocks} * model.num_layers / layout.group_size);
+    };
+    ec.kv.pool.num_device_blocks = scaled(s.num_blocks);
+    ec.kv.pool.num_host_blocks = scaled(s.num_host_blocks);
+    ec.kv.sliding_window = 0;
+    ec.kv.group_windows = layout.manager_group_windows();
+  }
   ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
   ec.scheduler.max_num_seqs = o.max_num_seqs;
   ec.scheduler.max_model_len = o.max_model_len;
@@ -91,6 +108,7 @@ Result<LiveEngine> make_engine(const Model& model, const EngineOptions& o, const
   spec.planted = o.planted;
   spec.weight_dtype = o.weight_dtype;
   spec.max_graph_tokens = o.max_graph_tokens;
+  spec.kv_groups = !ec.kv.group_windows.empty();
   // Every engine of one verify reads the caller's weights: no copy (a 1B model's fp32 weights
   // are 5 GB; a verify builds up to six engines).
   auto backend = make_backend(spec, model);

@@ -103,6 +103,12 @@ struct EngineOptions {
   // The CUDA backends' decode graphs: decode steps of up to this many tokens replayed from
   // CUDA graphs (CudaBackendConfig::max_graph_tokens); 0: every step eager.
   int64_t max_graph_tokens = 64;
+  // KV-cache groups for a hybrid model (optimized/kv/kv_groups.h) on a backend that has them
+  // (backend_has_kv_groups): each group its own block tables, so the sliding layers release
+  // what their windows left behind; the pool keeps its bytes (num_blocks scaled by layers per
+  // block). Never under an attention plug-in (one table per sequence in its ABI) or a draft
+  // model's own pool. false: one group, whose full layers keep every block.
+  bool kv_groups = true;
   // Speculative decoding of every request (off: the default job, unchanged).
   SpeculationParams speculation;
   int32_t draft_layers = 0;  // layers of the draft model (0: default_draft_layers)
@@ -201,6 +207,8 @@ EngineSetup options_setup(const EngineOptions& options, PreemptionMode mode);
 // The engine's config: the pool and schedule of `setup`, the rest from `options`; the one
 // place an EngineConfig is assembled from options (errors: what validate(EngineConfig) says).
 Result<EngineConfig> engine_config(const ModelConfig& model, const EngineOptions& options, const EngineSetup& setup);
+// Whether that engine runs the model's KV-cache groups (EngineOptions::kv_groups).
+bool uses_kv_groups(const ModelConfig& model, const EngineOptions& options);
 // An engine on options.backend (make_backend) with engine_config's config and
 // options.speculation's proposer (a draft model from `model`'s first layers). The backend
 // reads `model`'s weights: REQUIRES model outlives the returned engine.

@@ -29,7 +29,11 @@ int32_t plugin_device_for(BackendKind kind) { return kind == BackendKind::kCuda 
 
 Status backend_runs_here(BackendKind kind) { return kind == BackendKind::kCuda ? cuda_device_status() : Status::ok(); }
 
+bool backend_has_kv_groups(BackendKind kind) { return kind == BackendKind::kCpu; }
+
 Result<std::unique_ptr<Backend>> make_backend(const BackendSpec& spec, const Model& model) {
+  if (spec.kv_groups && !backend_has_kv_groups(spec.kind))
+    return Status::error(std::string(backend_name(spec.kind)) + " backend: no KV-cache groups yet");
   if (spec.kind == BackendKind::kCpu) {
     if (spec.planted != PlantedAttentionBug::kNone)
       return Status::error("cpu backend: planted attention bugs live in the CUDA backends' kernel");
@@ -37,6 +41,7 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendSpec& spec, const Mod
     bc.pool = spec.pool;
     bc.num_threads = spec.num_threads;
     bc.attention_plugin = spec.attention_plugin;
+    bc.kv_groups = spec.kv_groups;
     // An aliasing shared_ptr that owns nothing: the backend reads the caller's weights.
     auto backend = CpuBackend::create(std::shared_ptr<const Model>(std::shared_ptr<const Model>(), &model), bc);
     if (!backend) return backend.status();

@@ -50,7 +50,14 @@ struct BackendSpec {
   DType weight_dtype = DType::kF32;
   // The CUDA backends' decode graphs (CudaBackendConfig::max_graph_tokens; 0: eager).
   int64_t max_graph_tokens = 64;
+  // The pool laid out as the model's KV-cache groups (CpuBackendConfig::kv_groups): only
+  // where backend_has_kv_groups(kind).
+  bool kv_groups = false;
 };
+
+// Whether the backend lays its pool out as KV-cache groups (optimized/kv/kv_groups.h): the
+// cpu backend; not yet the CUDA ones.
+bool backend_has_kv_groups(BackendKind kind);
 
 // The backend `spec` describes, reading `model`'s weights: the cpu backend in place (no copy;
 // a verify builds several engines over one model), the CUDA ones uploaded.

@@ -141,6 +141,9 @@ Status CpuBackendConfig::validate() const {
   if (attention_partition <= 0) return Status::error("attention_partition must be > 0");
   if (attention_plugin != nullptr)
     KVP_RETURN_IF_ERROR(check_plugin_for_backend(*attention_plugin, "cpu", KVP_DEVICE_HOST, pool.kv_dtype));
+  // The plug-in ABI passes one block table per sequence and one K/V array per layer.
+  if (attention_plugin != nullptr && kv_groups)
+    return Status::error("kv_groups: an attention plug-in takes one block table per sequence (no KV-cache groups)");
   if (!kernels::gemm_isa_supported(gemm_isa))
     return Status::error("gemm_isa " + std::string(kernels::gemm_isa_name(gemm_isa)) + " is not supported by this CPU");
   return Status::ok();
@@ -199,7 +202,17 @@ CpuBackend::CpuBackend(std::shared_ptr<const Model> model, const CpuBackendConfi
   };
   const std::vector<std::byte> device = filled(config_.pool.num_device_blocks);
   const std::vector<std::byte> host = filled(config_.pool.num_host_blocks);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  if (config_.kv_groups) {
+    layout_ = kv_group_layout(c);
+  } else {  // one group of every layer
+    layout_.group_windows = {c.kv_window()};
+    layout_.group_size = static_cast<int32_t>(c.num_layers);
+    layout_.layer_group.assign(static_cast<std::size_t>(c.num_layers), 0);
+    for (int32_t l = 0; l < c.num_layers; ++l) layout_.layer_slot.push_back(l);
+  }
+  limits_ = {c.vocab_size, c.max_position_embeddings, layout_.num_groups() == 1 ? layout_.group_windows[0] : 0,
+             layout_.manager_group_windows()};
+  for (int64_t l = 0; l < layout_.group_size; ++l) {
     device_k_.push_back(device);
     device_v_.push_back(device);
     host_k_.push_back(host);
@@ -236,7 +249,7 @@ void CpuBackend::run_ops(const KvPlanOps& ops) {
     std::memcpy(to.data() + static_cast<std::size_t>(dst) * per_block,
                 from.data() + static_cast<std::size_t>(src) * per_block, per_block);
   };
-  const auto num_layers = static_cast<std::size_t>(model_->config.num_layers);
+  const auto num_layers = static_cast<std::size_t>(layout_.group_size);  // K/V arrays
   for (const BlockCopy& s : ops.swap_out) {
     for (std::size_t l = 0; l < num_layers; ++l) {
       copy_block(device_k_[l], s.src, host_k_[l], s.dst);
@@ -278,15 +291,14 @@ Status CpuBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std::
   const auto& kp = host ? host_k_ : device_k_;
   const auto& vp = host ? host_v_ : device_v_;
   const std::size_t at = static_cast<std::size_t>(block) * bytes_per_block();
-  config_.pool.block_to_float(layer, true, kp[static_cast<std::size_t>(layer)].data() + at, k);
-  config_.pool.block_to_float(layer, false, vp[static_cast<std::size_t>(layer)].data() + at, v);
+  const auto slot = static_cast<std::size_t>(layout_.layer_slot[static_cast<std::size_t>(layer)]);
+  config_.pool.block_to_float(layer, true, kp[slot].data() + at, k);
+  config_.pool.block_to_float(layer, false, vp[slot].data() + at, v);
   return Status::ok();
 }
 
 Status CpuBackend::execute(const BatchPlan& plan, StepOutput& out) {
-  auto reads = preflight_plan(
-      plan, config_.pool,
-      {model_->config.vocab_size, model_->config.max_position_embeddings, model_->config.kv_window(), {}});
+  auto reads = preflight_plan(plan, config_.pool, limits_);
   if (!reads) return reads.status();
   audited_block_reads_ += *reads;
   run_ops(plan.ops);
@@ -335,8 +347,10 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
   const int64_t n = plan.num_tokens();
   const float scale = c.attention_scale();
   const auto softcap = static_cast<float>(c.attn_logit_softcapping);
-  const std::byte* k_bytes = device_k_[static_cast<std::size_t>(layer)].data();
-  const std::byte* v_bytes = device_v_[static_cast<std::size_t>(layer)].data();
+  const auto slot = static_cast<std::size_t>(layout_.layer_slot[static_cast<std::size_t>(layer)]);
+  const int64_t kv_group = layout_.layer_group[static_cast<std::size_t>(layer)];
+  const std::byte* k_bytes = device_k_[slot].data();
+  const std::byte* v_bytes = device_v_[slot].data();
   const float* k_scale = k_scales_of(layer);
   const float* v_scale = v_scales_of(layer);
   const std::vector<int32_t>& seq_of_token = scratch_->seq_of_token;
@@ -384,7 +398,7 @@ void CpuBackend::attention(const BatchPlan& plan, int64_t layer, const float* q,
         const int64_t t = item / items_per_token;
         const int64_t kv_begin = item % items_per_token * kv_per_item;
         const auto seq = static_cast<std::size_t>(seq_of_token[static_cast<std::size_t>(t)]);
-        const int32_t* table = plan.block_tables.data() + seq * static_cast<std::size_t>(plan.max_blocks_per_seq);
+        const int32_t* table = plan.table_row(kv_group, static_cast<int64_t>(seq));
         const int64_t row = t * c.q_dim() + kv_begin * group * d;
         kernels::paged_attention_kv_heads(q + row, k_pool, v_pool, table, config_.pool.block_size, c.num_kv_heads,
                                           kv_begin, kv_per_item, group, d, plan.positions[static_cast<std::size_t>(t)],
@@ -426,10 +440,12 @@ void CpuBackend::write_new_kv(const BatchPlan& plan, int64_t layer) {
   const float* k_scale = k_scales_of(layer);
   const float* v_scale = v_scales_of(layer);
   with_kv_type(config_.pool.kv_dtype, [&]<typename KvT>(KvT /*tag*/) {
-    auto* k_pool = reinterpret_cast<KvT*>(device_k_[static_cast<std::size_t>(layer)].data());
-    auto* v_pool = reinterpret_cast<KvT*>(device_v_[static_cast<std::size_t>(layer)].data());
+    const auto array = static_cast<std::size_t>(layout_.layer_slot[static_cast<std::size_t>(layer)]);
+    auto* k_pool = reinterpret_cast<KvT*>(device_k_[array].data());
+    auto* v_pool = reinterpret_cast<KvT*>(device_v_[array].data());
+    const int64_t* slots = plan.group_slots(layout_.layer_group[static_cast<std::size_t>(layer)]);
     for (int64_t t = 0; t < plan.num_tokens(); ++t) {
-      const int64_t slot = plan.slot_mapping[static_cast<std::size_t>(t)];
+      const int64_t slot = slots[t];
       if (slot == kernels::kSkipSlot) continue;
       const int64_t at = kernels::kv_pool_offset(slot, 0, c.num_kv_heads, c.head_dim);
       const float* k = s.k.data() + t * c.kv_dim();

@@ -34,7 +34,9 @@
 #include "kernels/gemm.h"
 #include "model/weights.h"
 #include "optimized/backends/backend.h"
+#include "optimized/backends/plan_validation.h"
 #include "optimized/backends/plugin_attention.h"
+#include "optimized/kv/kv_groups.h"
 
 namespace kvp {
 
@@ -56,6 +58,11 @@ struct CpuBackendConfig {
   // kernel; not owned, must outlive the backend. nullptr: kvproof's. A run() failure makes
   // execute() fail after that step's K/V writes (the pools hold the step's new tokens).
   const kvp_attention_plugin* attention_plugin = nullptr;
+  // Lay the pools out as the model's KV-cache groups (optimized/kv/kv_groups.h): a block holds
+  // group_size layers' K/V, and each layer reads and writes its group's block tables and
+  // slots at its slot in the block. Plans then carry those groups (BatchPlan::num_groups).
+  // false: one group of every layer (a block holds every layer's K/V).
+  bool kv_groups = false;
 
   Status validate() const;
 };
@@ -152,7 +159,11 @@ class CpuBackend final : public Backend {
   std::vector<LayerGains> gains_;
   VectorF final_gain_;
   // Per layer K and V pools, raw elements of config_.pool.kv_dtype.
+  // One K and one V array per slot of a block (the layout's group_size: every layer without
+  // KV-cache groups); layer l's are at layout_.layer_slot[l].
   std::vector<std::vector<std::byte>> device_k_, device_v_, host_k_, host_v_;
+  KvGroupLayout layout_;
+  PlanLimits limits_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Scratch> scratch_;
 };
