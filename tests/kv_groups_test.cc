@@ -170,19 +170,37 @@ TEST(KvGroups, APrefixHitIsWhatEveryGroupServesAndKeepsOnlyTheWindowsBlocks) {
   EXPECT_OK(check_all(m));
   ASSERT_TRUE(m.free(2).is_ok());
 
-  // The least recently released block is group 1's block 0 (released first, by the window).
-  // Evicting it takes group 1's chain with it (its blocks chain onto it), so group 1 serves
-  // nothing and neither does the hit: this manager matches a chain from its root, in every
-  // group (a windowed group could serve the window alone: not done yet).
-  const int32_t g1_first = hit.blocks[1][0];
-  ASSERT_EQ(m.evict_cached(1), 1);
-  EXPECT_FALSE(m.prefix_cache().contains(g1_first));
+  // The six least recently released blocks are groups 1 and 2's blocks 0..2 (released
+  // first, by the windows). Evicted, the hit is still 20 tokens: a windowed group's blocks are
+  // registered under the full group's block of the same positions, so its window is found
+  // without the blocks before it (vLLM #48435: a hybrid model's hit rate falls to zero when
+  // they must chain from the root, as they are the first evicted). Those entries are -1.
+  for (int64_t g = 1; g <= 2; ++g) {
+    for (size_t j = 0; j < 3; ++j) EXPECT_EQ(hit.blocks[static_cast<size_t>(g)][j], kNoBlock);
+  }
+  const int32_t g1_third = hit.blocks[1][3];
+  ASSERT_TRUE(m.add_sequence(9, 0, prompt(13)).is_ok());  // positions 12: a hit of 3 blocks
+  const PrefixHit early = m.find_prefix(9);
+  ASSERT_EQ(early.num_tokens, 12);
+  const std::vector<int32_t> released{early.blocks[1][0], early.blocks[1][1], early.blocks[1][2],
+                                      early.blocks[2][0], early.blocks[2][1], early.blocks[2][2]};
+  ASSERT_TRUE(m.free(9).is_ok());
+  ASSERT_EQ(m.evict_cached(6), 6);
+  for (int32_t b : released) EXPECT_FALSE(m.prefix_cache().contains(b)) << b;
   ASSERT_TRUE(m.add_sequence(3, 0, prompt(21)).is_ok());
-  const PrefixHit none = m.find_prefix(3);
+  const PrefixHit again = m.find_prefix(3);
+  EXPECT_OK(check_prefix_hit(m, again));
+  EXPECT_EQ(again.num_tokens, 20);
+  EXPECT_EQ(again.blocks[1][3], g1_third);
+  ASSERT_EQ(m.allocate_slots(3, 1, again, slots.span()), AllocStatus::kOk);
+  expect_released(m, 3, 1, 3, 6);
+  EXPECT_OK(check_all(m));
+  // A shorter prompt needs the evicted blocks (13 tokens: 3 blocks, the window of position
+  // 12 starts at 7, in block 1): group 1 serves none of them, nor any shorter hit's.
+  ASSERT_TRUE(m.add_sequence(4, 0, prompt(13)).is_ok());
+  const PrefixHit none = m.find_prefix(4);
   EXPECT_OK(check_prefix_hit(m, none));
   EXPECT_EQ(none.num_tokens, 0);
-  EXPECT_EQ(none.blocks[0].size(), 0u);
-  EXPECT_OK(check_all(m));
 }
 
 TEST(KvGroups, AHitShorterInOneGroupIsCutToItInEveryGroup) {
@@ -332,24 +350,33 @@ TEST(KvGroupsPlanted, HitsThatAreNotTheRuleFailI13) {
   ASSERT_TRUE(m.add_sequence(1, 0, prompt(21)).is_ok());
   ASSERT_EQ(allocate(m, 1, 21, slots), AllocStatus::kOk);
   ASSERT_TRUE(m.mark_final(1, 21).is_ok());
+  ASSERT_TRUE(m.add_sequence(3, 0, prompt(17)).is_ok());
   ASSERT_TRUE(m.add_sequence(2, 0, prompt(21)).is_ok());
+  const PrefixHit shorter = m.find_prefix(3);
   const PrefixHit hit = m.find_prefix(2);
   ASSERT_TRUE(check_prefix_hit(m, hit).is_ok());
+  ASSERT_TRUE(check_prefix_hit(m, shorter).is_ok());
   ASSERT_EQ(hit.num_tokens, 20);
+  ASSERT_EQ(shorter.num_tokens, 16);
+  ASSERT_NE(shorter.blocks[2][2], kNoBlock);  // its window (from 11) needs block 2
   // One group's chain a block short.
   PrefixHit short_group = hit;
   short_group.blocks[2].pop_back();
   expect_fails(check_prefix_hit(m, short_group), "group 2's chain has 4 blocks for 20 tokens");
-  // Every chain a block short: every group still serves block 4, so the hit is not maximal.
-  PrefixHit short_hit = hit;
-  for (V& chain : short_hit.blocks) chain.pop_back();
-  short_hit.num_tokens = 16;
-  short_hit.num_evictable = 0;
-  expect_fails(check_prefix_hit(m, short_hit), "stops at 4 blocks, but every group caches");
-  // Group 1 given group 0's block: not a block of that group.
+  // A well-formed hit one block shorter (what a 17-token prompt gets): every group serves
+  // the longer one, so it is not maximal.
+  PrefixHit short_hit = shorter;
+  short_hit.seq = 2;
+  expect_fails(check_prefix_hit(m, short_hit), "stops at 4 blocks, but every group serves 5");
+  // A window's block replaced by the anchor's own: not a block of that group.
   PrefixHit crossed = hit;
-  crossed.blocks[1][0] = hit.blocks[0][0];
-  expect_fails(check_prefix_hit(m, crossed), "group 1's block");
+  crossed.blocks[1][3] = hit.blocks[0][3];
+  expect_fails(check_prefix_hit(m, crossed), "a windowed group's block is not a cached block of that group");
+  // A block taken before the window of the first new position (20: the window starts at 15).
+  PrefixHit early = hit;
+  early.blocks[2][2] = shorter.blocks[2][2];
+  expect_fails(check_prefix_hit(m, early), "group 2 takes block " + std::to_string(shorter.blocks[2][2]) +
+                                               " at index 2, before the window of position 20");
   // Past the last token: at most (21 - 1) / 4 = 5 blocks.
   PrefixHit too_long = hit;
   too_long.num_tokens = 24;

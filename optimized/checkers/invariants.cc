@@ -71,6 +71,12 @@ Status check_pool_conservation(const BlockAllocator& a, const char* pool) {
   return Status::ok();
 }
 
+// Whether entry e must name an anchor-group block as its parent (KvCacheConfig::anchor_group).
+bool anchor_parent_required(const KvCacheManager& m, const PrefixCacheEntry& e) {
+  const int64_t anchor = m.config().anchor_group();
+  return anchor >= 0 && e.group != anchor;
+}
+
 // The manager's sequences by id, so that the first violation reported is stable.
 std::vector<const SequenceState*> ordered_sequences(const KvCacheManager& m) {
   std::vector<const SequenceState*> v;
@@ -246,10 +252,13 @@ Status check_isolation(const KvCacheManager& m) {
           }
         }
         const GroupTable& gt = h.s->group(h.group);
+        const int64_t anchor = m.config().anchor_group();
         const int32_t prev = h.index == 0 ? kNoBlock : gt.table[h.index - 1];
-        const BlockHandle want = h.index == 0       ? BlockHandle{}
-                                 : prev == kNoBlock ? gt.window_parent  // the handle it had
-                                                    : a.handle(prev);
+        // A group other than the anchor registers under the anchor's block of the same index.
+        const BlockHandle want = anchor >= 0 && h.group != anchor ? a.handle(h.s->group(anchor).table[h.index])
+                                 : h.index == 0                   ? BlockHandle{}
+                                 : prev == kNoBlock               ? gt.window_parent  // the handle it had
+                                                                  : a.handle(prev);
         if (!(e.parent == want)) {
           return Status::error(who() + " at index " + str(h.index) + " names parent block " + str(e.parent.block) +
                                " gen " + str(e.parent.generation) + ", the table has " + str(want.block) + " gen " +
@@ -385,12 +394,28 @@ Status check_prefix_cache(const KvCacheManager& m, ChainHashMemo* memo) {
     const BlockHash* parent = nullptr;
     if (e.parent.block >= 0) {
       if (!a.is_current(e.parent) || !cache.contains(e.parent.block)) continue;  // stale chain
-      if (cache.entry(e.parent.block).group != e.group) {
+      const int64_t anchor = m.config().anchor_group();
+      const int32_t parent_group = cache.entry(e.parent.block).group;
+      const bool anchored = anchor >= 0 && e.group != anchor;
+      if (parent_group != (anchored ? anchor : e.group)) {
         return Status::error("I12: prefix cache: block " + str(b) + " of group " + str(e.group) +
-                             " is chained onto block " + str(e.parent.block) + " of group " +
-                             str(cache.entry(e.parent.block).group));
+                             " is chained onto block " + str(e.parent.block) + " of group " + str(parent_group) +
+                             (anchored ? " (not the anchor group " + str(anchor) + ")" : ""));
+      }
+      if (anchored) {
+        // Registered under the anchor's block of the same positions: the same chain hash.
+        if (cache.entry(e.parent.block).hash != e.hash || cache.entry(e.parent.block).tokens != e.tokens ||
+            cache.entry(e.parent.block).salt != e.salt) {
+          return Status::error("prefix cache: block " + str(b) + " of group " + str(e.group) +
+                               " is registered under anchor block " + str(e.parent.block) +
+                               ", whose hash, tokens or salt differ");
+        }
+        continue;
       }
       parent = &cache.entry(e.parent.block).hash;
+    } else if (anchor_parent_required(m, e)) {
+      return Status::error("I12: prefix cache: block " + str(b) + " of group " + str(e.group) +
+                           " has no parent; it must be registered under an anchor block");
     }
     ChainHashMemo::Verified* seen = nullptr;
     if (memo != nullptr) {
@@ -674,36 +699,108 @@ Status check_prefix_hit(const KvCacheManager& m, const PrefixHit& hit) {
     const PrefixCacheEntry& e = cache.entry(b);
     return e.group == g && e.parent == parent && m.same_block_content(e, *s, i);
   };
-  int64_t evictable = 0;
-  bool every_group_extends = k < max_blocks;
+  static const std::vector<int32_t> kNone;
+  const auto chain_of = [&](int64_t g) -> const std::vector<int32_t>& {
+    return hit.blocks.empty() ? kNone : hit.blocks[static_cast<size_t>(g)];
+  };
   for (int64_t g = 0; g < groups; ++g) {
-    static const std::vector<int32_t> kNone;
-    const std::vector<int32_t>& chain = hit.blocks.empty() ? kNone : hit.blocks[static_cast<size_t>(g)];
-    if (static_cast<int64_t>(chain.size()) != k) {
-      return Status::error(who() + ": group " + str(g) + "'s chain has " + str(static_cast<int64_t>(chain.size())) +
-                           " blocks for " + str(hit.num_tokens) + " tokens (every group serves the whole hit)");
+    if (static_cast<int64_t>(chain_of(g).size()) != k) {
+      return Status::error(who() + ": group " + str(g) + "'s chain has " +
+                           str(static_cast<int64_t>(chain_of(g).size())) + " blocks for " + str(hit.num_tokens) +
+                           " tokens (every group serves the whole hit)");
     }
+  }
+  const std::vector<int32_t> cached = cache.blocks();
+  // A cached block serving group g's block i after `parent`, or -1 (scanned over the whole
+  // cache, not through its index).
+  const auto any_serving = [&](int64_t g, int64_t i, BlockHandle parent) {
+    for (int32_t b : cached) {
+      if (serves(b, g, i, parent)) return b;
+    }
+    return -1;
+  };
+  int64_t evictable = 0;
+  const int64_t anchor = m.config().anchor_group();
+  if (anchor >= 0) {
+    // The anchor's chain from its root; every other group g the blocks its window needs
+    // before position k * bs ([window_dead_blocks, k)), each registered under the anchor's
+    // block of the same index; the entries before them -1 (released as the hit is taken).
+    const std::vector<int32_t>& base = chain_of(anchor);
     BlockHandle parent;
     for (int64_t i = 0; i < k; ++i) {
-      const int32_t b = chain[static_cast<size_t>(i)];
-      if (!serves(b, g, i, parent)) {
-        return Status::error(who() + ": group " + str(g) + "'s block " + str(b) + " at index " + str(i) +
+      const int32_t b = base[static_cast<size_t>(i)];
+      if (!serves(b, anchor, i, parent)) {
+        return Status::error(who() + ": anchor group " + str(anchor) + "'s block " + str(b) + " at index " + str(i) +
                              " is not a cached block of that group holding the sequence's tokens after its chain");
       }
       parent = a.handle(b);
-      if (i >= m.window_dead_blocks(hit.num_tokens, g) && a.refcount(b) == 0) ++evictable;
+      if (a.refcount(b) == 0) ++evictable;
     }
-    // The hit is as long as every group can serve: some group has no next block (scanned
-    // over the whole cache, not through its index).
+    // Whether every other group serves the window before k2 blocks over anchor chain `over`.
+    const auto all_windows_served = [&](int64_t k2, const std::vector<int32_t>& over, bool count) {
+      for (int64_t g = 0; g < groups; ++g) {
+        if (g == anchor) continue;
+        const int64_t dead = m.window_dead_blocks(k2 * bs, g);
+        for (int64_t j = dead; j < k2; ++j) {
+          const BlockHandle under = a.handle(over[static_cast<size_t>(j)]);
+          if (!count) {
+            if (any_serving(g, j, under) < 0) return false;
+            continue;
+          }
+          const int32_t b = chain_of(g)[static_cast<size_t>(j)];
+          if (!serves(b, g, j, under)) return false;
+          if (a.refcount(b) == 0) ++evictable;
+        }
+      }
+      return true;
+    };
+    for (int64_t g = 0; g < groups; ++g) {
+      if (g == anchor) continue;
+      const int64_t dead = m.window_dead_blocks(hit.num_tokens, g);
+      for (int64_t j = 0; j < dead; ++j) {
+        if (chain_of(g)[static_cast<size_t>(j)] != kNoBlock) {
+          return Status::error(who() + ": group " + str(g) + " takes block " +
+                               str(chain_of(g)[static_cast<size_t>(j)]) + " at index " + str(j) +
+                               ", before the window of position " + str(hit.num_tokens));
+        }
+      }
+    }
+    if (!all_windows_served(k, base, /*count=*/true)) {
+      return Status::error(who() + ": a windowed group's block is not a cached block of that group holding the " +
+                           "sequence's tokens under the anchor's block of the same index");
+    }
+    // Maximal: no longer anchor chain has every window served.
+    std::vector<int32_t> longer = base;
+    for (int64_t k2 = k + 1; k2 <= max_blocks; ++k2) {
+      const int32_t next = any_serving(anchor, k2 - 1, k2 == 1 ? BlockHandle{} : a.handle(longer.back()));
+      if (next < 0) break;
+      longer.push_back(next);
+      if (all_windows_served(k2, longer, /*count=*/false)) {
+        return Status::error(who() + " stops at " + str(k) + " blocks, but every group serves " + str(k2) +
+                             " (the anchor's chain and every window before it)");
+      }
+    }
+  } else {
+    bool every_group_extends = k < max_blocks;
+    for (int64_t g = 0; g < groups; ++g) {
+      const std::vector<int32_t>& chain = chain_of(g);
+      BlockHandle parent;
+      for (int64_t i = 0; i < k; ++i) {
+        const int32_t b = chain[static_cast<size_t>(i)];
+        if (!serves(b, g, i, parent)) {
+          return Status::error(who() + ": group " + str(g) + "'s block " + str(b) + " at index " + str(i) +
+                               " is not a cached block of that group holding the sequence's tokens after its chain");
+        }
+        parent = a.handle(b);
+        if (i >= m.window_dead_blocks(hit.num_tokens, g) && a.refcount(b) == 0) ++evictable;
+      }
+      // The hit is as long as every group can serve: some group has no next block.
+      if (every_group_extends) every_group_extends = any_serving(g, k, parent) >= 0;
+    }
     if (every_group_extends) {
-      const std::vector<int32_t> cached = cache.blocks();
-      every_group_extends =
-          std::any_of(cached.begin(), cached.end(), [&](int32_t b) { return serves(b, g, k, parent); });
+      return Status::error(who() + " stops at " + str(k) + " blocks, but every group caches the sequence's block " +
+                           str(k) + " (of at most " + str(max_blocks) + ")");
     }
-  }
-  if (every_group_extends) {
-    return Status::error(who() + " stops at " + str(k) + " blocks, but every group caches the sequence's block " +
-                         str(k) + " (of at most " + str(max_blocks) + ")");
   }
   if (hit.num_evictable != evictable) {
     return Status::error(who() + " counts " + str(int64_t{hit.num_evictable}) + " evictable blocks it keeps; " +

@@ -26,6 +26,14 @@ Status validate(const KvCacheConfig& c) {
   return Status::ok();
 }
 
+int64_t KvCacheConfig::anchor_group() const {
+  if (num_groups() == 1 || !any_window()) return -1;
+  for (int64_t g = 0; g < num_groups(); ++g) {
+    if (window_of(g) == 0) return g;
+  }
+  return -1;
+}
+
 bool KvCacheConfig::any_window() const {
   for (int64_t g = 0; g < num_groups(); ++g) {
     if (window_of(g) > 0) return true;
@@ -153,6 +161,7 @@ void KvCacheManager::release_window_blocks(SequenceState& s) {
     const int64_t dead = std::min(window_dead_blocks(s.num_final, g), gt.table.size());
     for (int64_t j = gt.num_window_released; j < dead; ++j) {
       const int32_t b = gt.table[j];
+      if (b == kNoBlock) continue;  // a prefix hit's entry before the window: no block was taken
       gt.window_parent = device_.handle(b);
       gt.table.set(j, kNoBlock);
       if (logging()) log(kv_event::WindowRelease{s.id, j, b});
@@ -166,7 +175,11 @@ void KvCacheManager::register_final_blocks(SequenceState& s) {
   if (!config_.enable_prefix_caching || s.swapped) return;
   const int64_t bs = config_.pool.block_size;
   const int64_t full = s.num_final / bs;
-  for (int64_t g = 0; g < s.num_groups(); ++g) {
+  // The anchor first: the other groups' blocks are registered under its blocks.
+  const int64_t anchor = config_.anchor_group();
+  for (int64_t k = -1; k < s.num_groups(); ++k) {
+    const int64_t g = k < 0 ? anchor : k;
+    if (g < 0 || (k >= 0 && g == anchor)) continue;
     GroupTable& gt = s.group(g);
     register_final_blocks(s, g, full);
     gt.num_registered_blocks = std::max(gt.num_registered_blocks, full);
@@ -180,7 +193,14 @@ void KvCacheManager::register_final_blocks(SequenceState& s, int64_t g, int64_t 
     const int32_t b = gt.table[i];
     if (device_.is_cached(b)) continue;
     BlockHandle parent;
-    if (i > 0) {
+    if (anchored(g)) {
+      // Registered under the anchor's block of the same positions, whose chain vouches for
+      // every token before them: a window's blocks are found without the blocks before the
+      // window (which it released, and which are evicted first).
+      const int32_t a = s.group(config_.anchor_group()).table[i];
+      if (!device_.is_cached(a)) continue;  // the anchor's block is not the cached one
+      parent = device_.handle(a);
+    } else if (i > 0) {
       // The parent's handle; the window may have released the entry (then it is the handle
       // it had, current only while that block was not evicted since).
       parent = gt.table[i - 1] == kNoBlock ? gt.window_parent : device_.handle(gt.table[i - 1]);
@@ -228,24 +248,62 @@ PrefixHit KvCacheManager::find_prefix(const SequenceState& s) const {
   // At least the last token is recomputed, so that its logits exist.
   int64_t num_blocks = (static_cast<int64_t>(s.tokens.size()) - 1) / bs;
   hit.num_looked_up = num_blocks * num_groups;
-  // The hit is what every group can serve: each group's chain, cut to the shortest. (A
-  // windowed group's chain must reach back to the first block too, although the sequence
-  // keeps only its window's: a chain is matched from its root.)
-  for (int64_t g = 0; g < num_groups && num_blocks > 0; ++g) {
-    hit.blocks[static_cast<size_t>(g)] = cached_chain(s, g, num_blocks);
-    num_blocks = std::min(num_blocks, static_cast<int64_t>(hit.blocks[static_cast<size_t>(g)].size()));
+  if (config_.anchor_group() >= 0) {
+    find_anchored_hit(s, num_blocks, hit);
+  } else {
+    // The hit is what every group can serve: each group's chain, cut to the shortest. (A
+    // windowed group's chain must reach back to the first block too, although the sequence
+    // keeps only its window's: a chain is matched from its root.)
+    for (int64_t g = 0; g < num_groups && num_blocks > 0; ++g) {
+      hit.blocks[static_cast<size_t>(g)] = cached_chain(s, g, num_blocks);
+      num_blocks = std::min(num_blocks, static_cast<int64_t>(hit.blocks[static_cast<size_t>(g)].size()));
+    }
+    for (auto& chain : hit.blocks) chain.resize(static_cast<size_t>(num_blocks));
+    hit.num_tokens = num_blocks * bs;
   }
-  for (auto& chain : hit.blocks) chain.resize(static_cast<size_t>(num_blocks));
-  hit.num_tokens = num_blocks * bs;
   // The blocks the sequence keeps leave the available pool: not those a window releases as
   // soon as it takes them (take_prefix_hit), which stay cached.
   for (int64_t g = 0; g < num_groups; ++g) {
     const std::vector<int32_t>& chain = hit.blocks[static_cast<size_t>(g)];
     for (auto j = static_cast<size_t>(window_dead_blocks(hit.num_tokens, g)); j < chain.size(); ++j) {
-      if (device_.refcount(chain[j]) == 0) ++hit.num_evictable;
+      if (chain[j] != kNoBlock && device_.refcount(chain[j]) == 0) ++hit.num_evictable;
     }
   }
   return hit;
+}
+
+void KvCacheManager::find_anchored_hit(const SequenceState& s, int64_t max_blocks, PrefixHit& hit) const {
+  const int64_t bs = config_.pool.block_size;
+  const int64_t anchor = config_.anchor_group();
+  const std::vector<int32_t> chain = cached_chain(s, anchor, max_blocks);
+  // The longest k first: a longer hit needs later blocks, but fewer before the windows, so
+  // the first k every group serves is the longest.
+  for (auto k = static_cast<int64_t>(chain.size()); k >= 0; --k) {
+    bool served = true;
+    for (int64_t g = 0; g < config_.num_groups() && served; ++g) {
+      std::vector<int32_t>& blocks = hit.blocks[static_cast<size_t>(g)];
+      if (g == anchor) {
+        blocks.assign(chain.begin(), chain.begin() + k);
+        continue;
+      }
+      // Entries before the window of the first new position (k * bs) are released as the
+      // hit is taken: they need no block (kNoBlock).
+      const int64_t dead = window_dead_blocks(k * bs, g);
+      blocks.assign(static_cast<size_t>(k), kNoBlock);
+      for (int64_t j = dead; j < k && served; ++j) {
+        const int32_t b =
+            cache_.find(block_hash(s, j), salt_of(s), std::span<const int32_t>(s.tokens).subspan(j * bs, bs),
+                        device_.handle(chain[static_cast<size_t>(j)]), static_cast<int32_t>(g));
+        served = b >= 0;
+        blocks[static_cast<size_t>(j)] = b;
+      }
+    }
+    if (served) {
+      hit.num_tokens = k * bs;
+      return;
+    }
+  }
+  KVP_CHECK(false);  // k = 0 is always served
 }
 
 std::vector<int32_t> KvCacheManager::cached_chain(const SequenceState& s, int64_t group, int64_t max_blocks) const {
@@ -315,12 +373,16 @@ AllocStatus KvCacheManager::can_allocate(SeqId seq, int64_t n_new_tokens) const 
 }
 
 void KvCacheManager::take_prefix_hit(SequenceState& s, const PrefixHit& hit) {
-  int64_t num_hits = 0;
+  int64_t num_hits = 0, num_unneeded = 0;
   for (int64_t g = 0; g < static_cast<int64_t>(hit.blocks.size()); ++g) {
     GroupTable& gt = s.group(g);
     for (int32_t b : hit.blocks[static_cast<size_t>(g)]) {
-      device_.retain(b);
       gt.table.push_back(b);
+      if (b == kNoBlock) {  // before the window: released as it is taken, never looked up
+        ++num_unneeded;
+        continue;
+      }
+      device_.retain(b);
       if (logging()) log(kv_event::Share{s.id, b, kv_event::ShareReason::kPrefixHit});
       ++num_hits;
     }
@@ -328,7 +390,7 @@ void KvCacheManager::take_prefix_hit(SequenceState& s, const PrefixHit& hit) {
   for (GroupTable& gt : s.groups) gt.num_registered_blocks = hit.num_tokens / config_.pool.block_size;
   s.num_slots = s.num_final = hit.num_tokens;
   cache_.stats().hits += num_hits;
-  cache_.stats().misses += hit.num_looked_up - num_hits;
+  cache_.stats().misses += hit.num_looked_up - num_hits - num_unneeded;
   // The hit's blocks wholly before the window of its first new position go straight back
   // (still cached): the sequence keeps what the window needs. The log states the hit's
   // length first, which the replayer bounds a window release by.

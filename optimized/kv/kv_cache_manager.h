@@ -76,6 +76,10 @@ struct KvCacheConfig {
   }
   // Whether any group has a window (a block may be released before its sequence ends).
   bool any_window() const;
+  // With groups of which some are windowed and some not: the first full-attention group,
+  // the anchor every other group's cached blocks are registered under (see KvCacheManager's
+  // prefix cache); -1 otherwise (each group's blocks chain onto its own).
+  int64_t anchor_group() const;
 };
 
 // Returns an error naming the first bad field.
@@ -292,6 +296,11 @@ class KvCacheManager {
   // Group g's longest chain of cached blocks matching s's leading full blocks, at most
   // max_blocks long.
   std::vector<int32_t> cached_chain(const SequenceState& s, int64_t group, int64_t max_blocks) const;
+  // Whether group g's cached blocks are registered under the anchor group's (anchor_group()).
+  bool anchored(int64_t g) const { return config_.anchor_group() >= 0 && g != config_.anchor_group(); }
+  // find_prefix's lookup with an anchor: the longest anchor chain of k blocks for which every
+  // other group caches the blocks its window needs before position k * block_size.
+  void find_anchored_hit(const SequenceState& s, int64_t max_blocks, PrefixHit& hit) const;
   // The public can_allocate and allocate_slots past the lookup of the sequence and the
   // check of the hit's stamp.
   AllocStatus can_allocate(const SequenceState& s, int64_t n_new_tokens, const PrefixHit& hit,

@@ -48,8 +48,7 @@ std::string KvGroupLayout::to_string() const {
                   std::to_string(group_size) + (group_size == 1 ? " layer" : " layers");
   std::string kinds;
   for (const auto& [w, n] : count) {
-    kinds += (kinds.empty() ? "" : ", ") + std::to_string(n) +
-             (w == 0 ? " full" : " with window " + std::to_string(w));
+    kinds += (kinds.empty() ? "" : ", ") + std::to_string(n) + (w == 0 ? " full" : " with window " + std::to_string(w));
   }
   return s + ": " + kinds;
 }
