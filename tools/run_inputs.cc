@@ -73,8 +73,8 @@ void BackendChoice::add_options(CLI::App& cmd, const std::vector<std::string>& e
       ->check(CLI::Range(int64_t{0}, int64_t{4096}));
   cmd.add_option("--kv-groups", kv_groups,
                  "a hybrid model's KV-cache groups (one block table per group of full or sliding layers, the "
-                 "sliding ones releasing what their window left behind; the pool keeps its bytes): auto (on the cpu "
-                 "backend, without an attention plug-in or a KV-event stream) or off (one table, every block kept)")
+                 "sliding ones releasing what their window left behind; the pool keeps its bytes): auto (without an "
+                 "attention plug-in or a KV-event stream) or off (one table, every block kept)")
       ->check(CLI::IsMember({"auto", "off"}));
   cmd.add_option("--plant", plant, "a planted attention bug (testing kvproof's checks)")
       ->check(CLI::IsMember({"none", "bf16-accumulator", "drop-kv-scales"}))

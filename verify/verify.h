@@ -104,7 +104,7 @@ struct EngineOptions {
   // CUDA graphs (CudaBackendConfig::max_graph_tokens); 0: every step eager.
   int64_t max_graph_tokens = 64;
   // KV-cache groups for a hybrid model (optimized/kv/kv_groups.h) on a backend that has them
-  // (backend_has_kv_groups): each group its own block tables, so the sliding layers release
+  // (backend_has_kv_groups: all do): each group its own block tables, so the sliding layers release
   // what their windows left behind; the pool keeps its bytes (num_blocks scaled by layers per
   // block). Never under an attention plug-in (one table per sequence in its ABI) or a draft
   // model's own pool. false: one group, whose full layers keep every block.

@@ -29,7 +29,7 @@ int32_t plugin_device_for(BackendKind kind) { return kind == BackendKind::kCuda 
 
 Status backend_runs_here(BackendKind kind) { return kind == BackendKind::kCuda ? cuda_device_status() : Status::ok(); }
 
-bool backend_has_kv_groups(BackendKind kind) { return kind == BackendKind::kCpu; }
+bool backend_has_kv_groups(BackendKind /*kind*/) { return true; }
 
 Result<std::unique_ptr<Backend>> make_backend(const BackendSpec& spec, const Model& model) {
   if (spec.kv_groups && !backend_has_kv_groups(spec.kind))
@@ -53,6 +53,7 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendSpec& spec, const Mod
   bc.planted = spec.planted;
   bc.weight_dtype = spec.weight_dtype;
   bc.max_graph_tokens = spec.max_graph_tokens;
+  bc.kv_groups = spec.kv_groups;
   return make_cuda_backend(spec.kind == BackendKind::kCuda ? CudaFlavour::kDevice : CudaFlavour::kEmulated, model, bc);
 }
 

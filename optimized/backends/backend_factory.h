@@ -55,8 +55,8 @@ struct BackendSpec {
   bool kv_groups = false;
 };
 
-// Whether the backend lays its pool out as KV-cache groups (optimized/kv/kv_groups.h): the
-// cpu backend; not yet the CUDA ones.
+// Whether the backend lays its pool out as KV-cache groups (optimized/kv/kv_groups.h): every
+// backend does (cpu, cuda-emu, cuda).
 bool backend_has_kv_groups(BackendKind kind);
 
 // The backend `spec` describes, reading `model`'s weights: the cpu backend in place (no copy;

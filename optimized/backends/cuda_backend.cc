@@ -20,6 +20,7 @@
 #include "model/rope.h"
 #include "optimized/backends/plan_validation.h"
 #include "optimized/backends/plugin_attention.h"
+#include "optimized/kv/kv_groups.h"
 
 namespace kvp::cuda_backend::KVP_CUDA_FLAVOUR_NS {
 
@@ -73,8 +74,10 @@ class CudaBackend final : public Backend {
   struct Device;
   // What a step's kernels run over: its tokens (padded ones included), its logit rows, the
   // block tables' width and the attention grid's partitions. A graph is captured per shape.
+  // tokens: rows of every token buffer (and of each group's slots); rows: logit rows;
+  // table_rows: block-table rows of each KV-cache group.
   struct StepShape {
-    int64_t tokens = 0, rows = 0, table_width = 0, partitions = 0;
+    int64_t tokens = 0, rows = 0, table_width = 0, partitions = 0, table_rows = 0;
     friend bool operator==(const StepShape&, const StepShape&) = default;
   };
   CudaBackend(const Model& model, const CudaBackendConfig& config);
@@ -99,6 +102,10 @@ class CudaBackend final : public Backend {
   ModelConfig model_config_;
   const Model* model_for_init_ = nullptr;  // only during create()
   CudaBackendConfig config_;
+  // The pool's K/V arrays: one per slot of a block (layout_.group_size); layer l's at
+  // layout_.layer_slot[l], reading its group's (layer_group[l]) table rows and slots.
+  KvGroupLayout layout_;
+  PlanLimits limits_;
   int64_t audited_block_reads_ = 0;
   int64_t graph_replays_ = 0;
   std::unique_ptr<Device> dev_;
@@ -260,7 +267,19 @@ ck::AttentionVariant attention_variant(PlantedAttentionBug planted) {
 }  // namespace
 
 CudaBackend::CudaBackend(const Model& model, const CudaBackendConfig& config)
-    : model_config_(model.config), model_for_init_(&model), config_(config), dev_(std::make_unique<Device>()) {}
+    : model_config_(model.config), model_for_init_(&model), config_(config), dev_(std::make_unique<Device>()) {
+  const ModelConfig& c = model.config;
+  if (config.kv_groups) {
+    layout_ = kv_group_layout(c);
+  } else {  // one group of every layer
+    layout_.group_windows = {c.kv_window()};
+    layout_.group_size = static_cast<int32_t>(c.num_layers);
+    layout_.layer_group.assign(static_cast<std::size_t>(c.num_layers), 0);
+    for (int32_t l = 0; l < c.num_layers; ++l) layout_.layer_slot.push_back(l);
+  }
+  limits_ = {c.vocab_size, c.max_position_embeddings, layout_.num_groups() == 1 ? layout_.group_windows[0] : 0,
+             layout_.manager_group_windows()};
+}
 
 CudaBackend::~CudaBackend() = default;
 
@@ -362,7 +381,7 @@ Status CudaBackend::init() {
   // The host pool's start value, one element of kv_dtype: its quiet NaN or zero.
   std::vector<std::byte> fill(element, std::byte{0});
   if (config_.nan_fill_at_start) kernels::kv_element_store_nan(config_.pool.kv_dtype, fill.data());
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  for (int64_t l = 0; l < layout_.group_size; ++l) {
     for (std::vector<std::byte*>* pool : {&d.k_pool, &d.v_pool}) {
       void* p = nullptr;
       KVP_CUDA_RETURN_IF_ERROR(ck::device_alloc(&p, static_cast<std::size_t>(device_elements) * element));
@@ -398,7 +417,7 @@ Status CudaBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std:
   const std::size_t element = dtype_size(config_.pool.kv_dtype);
   const std::size_t bytes = static_cast<std::size_t>(per_block) * element;
   const std::size_t at = static_cast<std::size_t>(block) * bytes;
-  const auto l = static_cast<std::size_t>(layer);
+  const auto l = static_cast<std::size_t>(layout_.layer_slot[static_cast<std::size_t>(layer)]);
   std::vector<std::byte> raw_k(bytes), raw_v(bytes);
   if (host) {
     std::memcpy(raw_k.data(), dev_->host_k[l] + at, bytes);
@@ -413,9 +432,7 @@ Status CudaBackend::read_block(PoolKind pool, int64_t layer, int32_t block, std:
 }
 
 Status CudaBackend::execute(const BatchPlan& plan, StepOutput& out) {
-  auto reads =
-      preflight_plan(plan, config_.pool,
-                     {model_config_.vocab_size, model_config_.max_position_embeddings, model_config_.kv_window(), {}});
+  auto reads = preflight_plan(plan, config_.pool, limits_);
   if (!reads) return reads.status();
   audited_block_reads_ += *reads;
   KVP_RETURN_IF_ERROR(run_ops(plan.ops).with_context(KVP_CUDA_FLAVOUR_NAME));
@@ -430,7 +447,7 @@ Status CudaBackend::run_ops(const KvPlanOps& ops) {
   const auto block_at = [bytes](std::byte* pool, int32_t block) {
     return pool + static_cast<std::size_t>(block) * bytes;
   };
-  const auto layers = static_cast<std::size_t>(model_config_.num_layers);
+  const auto layers = static_cast<std::size_t>(layout_.group_size);  // K/V arrays
   // Swaps go through the pinned host pool.
   for (const BlockCopy& s : ops.swap_out) {
     for (std::size_t l = 0; l < layers; ++l) {
@@ -471,7 +488,8 @@ Status CudaBackend::run_model(const BatchPlan& plan, StepOutput& out) {
   if (n == 0) return Status::ok();
   if (graph_eligible(plan)) return run_decode_graph(plan, out);
 
-  const StepShape shape{n, static_cast<int64_t>(logit_tokens.size()), plan.max_blocks_per_seq, partitions_for(plan)};
+  const StepShape shape{n, static_cast<int64_t>(logit_tokens.size()), plan.max_blocks_per_seq, partitions_for(plan),
+                        plan.num_seqs()};
   KVP_RETURN_IF_ERROR(prepare_buffers(shape));
   KVP_RETURN_IF_ERROR(d.upload_vector(d.token_ids, plan.token_ids));
   KVP_RETURN_IF_ERROR(d.upload_vector(d.positions, plan.positions));
@@ -517,24 +535,28 @@ Status CudaBackend::run_decode_graph(const BatchPlan& plan, StepOutput& out) {
     while (p < x) p *= 2;
     return p;
   };
-  const StepShape shape{b, b, pow2(std::max<int64_t>(plan.max_blocks_per_seq, 1)), pow2(partitions_for(plan))};
+  const StepShape shape{b, b, pow2(std::max<int64_t>(plan.max_blocks_per_seq, 1)), pow2(partitions_for(plan)), b};
   const auto un = static_cast<std::size_t>(n);
   const auto ub = static_cast<std::size_t>(b);
   std::vector<int32_t> token_ids = plan.token_ids, positions = plan.positions, rows(ub);
-  std::vector<int64_t> slots = plan.slot_mapping;
   token_ids.resize(ub, 0);
   positions.resize(ub, 0);
-  slots.resize(ub, kernels::kSkipSlot);
   for (std::size_t t = 0; t < ub; ++t) rows[t] = static_cast<int32_t>(t);  // token t: sequence t, logit row t
+  // Every KV-cache group's slots and table rows, each padded to b tokens.
+  const auto groups = static_cast<std::size_t>(plan.num_groups);
+  std::vector<int64_t> slots(groups * ub, kernels::kSkipSlot);
   const auto width = static_cast<std::size_t>(shape.table_width);
   const auto plan_width = static_cast<std::size_t>(plan.max_blocks_per_seq);
-  std::vector<int32_t> tables(ub * width, -1);
-  for (std::size_t t = 0; t < ub; ++t) {
-    if (t < un) {
-      std::copy_n(plan.block_tables.begin() + static_cast<std::ptrdiff_t>(t * plan_width), plan_width,
-                  tables.begin() + static_cast<std::ptrdiff_t>(t * width));
-    } else {
-      tables[t * width] = 0;
+  std::vector<int32_t> tables(groups * ub * width, -1);
+  for (std::size_t g = 0; g < groups; ++g) {
+    std::copy_n(plan.group_slots(static_cast<int64_t>(g)), un, slots.begin() + static_cast<std::ptrdiff_t>(g * ub));
+    for (std::size_t t = 0; t < ub; ++t) {
+      int32_t* row = tables.data() + (g * ub + t) * width;
+      if (t < un) {
+        std::copy_n(plan.table_row(static_cast<int64_t>(g), static_cast<int64_t>(t)), plan_width, row);
+      } else {
+        row[0] = 0;
+      }
     }
   }
   KVP_RETURN_IF_ERROR(prepare_buffers(shape));
@@ -620,19 +642,22 @@ Status CudaBackend::forward(const BatchPlan& plan, const StepShape& shape) {
   for (std::size_t l = 0; l < d.layers.size(); ++l) {
     const Device::Layer& w = d.layers[l];
     const float* inv_freq = w.local_rope ? d.local_inv_freq : d.inv_freq;
+    // The layer's K/V array and its KV-cache group's slots.
+    const auto array = static_cast<std::size_t>(layout_.layer_slot[l]);
+    const int64_t* slots = d.slots.as<int64_t>() + layout_.layer_group[l] * n;
     // Every new token's K/V goes into its slot before attention reads (same stream: ordered).
     if (c.qk_norm()) {  // Gemma 3: each head's RMSNorm (over the whole head) before RoPE
       KVP_CUDA_RETURN_IF_ERROR(
           ck::project_qkv(w.q, w.q_bias, w.k, w.k_bias, w.v, w.v_bias, c.q_dim(), c.kv_dim(), hidden, h, n, q, k, v));
       KVP_CUDA_RETURN_IF_ERROR(ck::heads_rope_kv(q, k, v, n, c.num_heads, c.num_kv_heads, c.head_dim, w.q_norm,
-                                                 w.k_norm, eps, positions, inv_freq, d.slots.as<int64_t>(),
-                                                 config_.pool.kv_dtype, d.k_pool[l], d.v_pool[l],
-                                                 layer_scale(d.k_scales, l), layer_scale(d.v_scales, l)));
+                                                 w.k_norm, eps, positions, inv_freq, slots, config_.pool.kv_dtype,
+                                                 d.k_pool[array], d.v_pool[array], layer_scale(d.k_scales, l),
+                                                 layer_scale(d.v_scales, l)));
     } else {
       KVP_CUDA_RETURN_IF_ERROR(ck::project_qkv_rope_kv(
           w.q, w.q_bias, w.k, w.k_bias, w.v, w.v_bias, c.num_heads, c.num_kv_heads, c.head_dim, hidden, h, n, positions,
-          inv_freq, d.slots.as<int64_t>(), q, k, v, config_.pool.kv_dtype, d.k_pool[l], d.v_pool[l],
-          layer_scale(d.k_scales, l), layer_scale(d.v_scales, l)));
+          inv_freq, slots, q, k, v, config_.pool.kv_dtype, d.k_pool[array], d.v_pool[array], layer_scale(d.k_scales, l),
+          layer_scale(d.v_scales, l)));
     }
     KVP_RETURN_IF_ERROR(attend(plan, l, q, attn, shape));
     KVP_CUDA_RETURN_IF_ERROR(ck::project(w.o, w.o_bias, hidden, c.q_dim(), attn, n, proj));
@@ -662,13 +687,16 @@ Status CudaBackend::attend(const BatchPlan& plan, std::size_t layer, const float
   Device& d = *dev_;
   if (config_.attention_plugin == nullptr) {
     const float scale = c.attention_scale();
-    return cuda_status(ck::attention(
-        q, config_.pool.kv_dtype, d.k_pool[layer], d.v_pool[layer], d.block_tables.as<int32_t>(), shape.table_width,
-        d.seq_of_token.as<int32_t>(), d.positions.as<int32_t>(), shape.tokens, c.num_heads, c.num_kv_heads, c.head_dim,
-        config_.pool.block_size, scale, config_.attention_partition, shape.partitions, d.attn_workspace.as<float>(),
-        out, layer_scale(d.k_scales, layer), layer_scale(d.v_scales, layer), attention_variant(config_.planted),
-        c.layer_window(static_cast<int64_t>(layer)), static_cast<float>(c.attn_logit_softcapping),
-        d.merge_counters.as<int32_t>()));
+    const auto array = static_cast<std::size_t>(layout_.layer_slot[layer]);
+    const int32_t* tables =
+        d.block_tables.as<int32_t>() + layout_.layer_group[layer] * shape.table_rows * shape.table_width;
+    return cuda_status(ck::attention(q, config_.pool.kv_dtype, d.k_pool[array], d.v_pool[array], tables,
+                                     shape.table_width, d.seq_of_token.as<int32_t>(), d.positions.as<int32_t>(),
+                                     shape.tokens, c.num_heads, c.num_kv_heads, c.head_dim, config_.pool.block_size,
+                                     scale, config_.attention_partition, shape.partitions, d.attn_workspace.as<float>(),
+                                     out, layer_scale(d.k_scales, layer), layer_scale(d.v_scales, layer),
+                                     attention_variant(config_.planted), c.layer_window(static_cast<int64_t>(layer)),
+                                     static_cast<float>(c.attn_logit_softcapping), d.merge_counters.as<int32_t>()));
   }
   // Uploaded once per step (at layer 0); the other plan arrays are the kernel's own uploads.
   if (layer == 0) {

@@ -59,6 +59,9 @@ struct CudaBackendConfig {
   // last two rounded up to powers of two. 0: every step eager. The emulated flavour captures
   // and replays too (kernels/simt/runtime.h), so CI runs the graph path.
   int64_t max_graph_tokens = 64;
+  // The pools laid out as the model's KV-cache groups (CpuBackendConfig::kv_groups): a block
+  // holds group_size layers' K/V, each layer's kernels take its group's table rows and slots.
+  bool kv_groups = false;
 
   Status validate() const;
 };

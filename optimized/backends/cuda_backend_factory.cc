@@ -19,6 +19,9 @@ Status CudaBackendConfig::validate() const {
     return Status::error("weight_dtype must be F32 or BF16, got " + std::string(dtype_name(weight_dtype)));
   if (max_graph_tokens < 0 || max_graph_tokens > 4096)
     return Status::error("max_graph_tokens must be in [0, 4096], got " + std::to_string(max_graph_tokens));
+  // The plug-in ABI passes one block table per sequence and one K/V array per layer.
+  if (attention_plugin != nullptr && kv_groups)
+    return Status::error("kv_groups: an attention plug-in takes one block table per sequence (no KV-cache groups)");
   return Status::ok();
 }
 
