@@ -239,8 +239,8 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
   VerifyOptions o = options.engine;
   o.poison_on_free = true;
   o.audit_reads = true;
-  // The event log and the KV-event stream name no KV-cache group yet: one group, whose
-  // full layers keep every block.
+  // The KV-event stream audit checks against its event log publishes no KV-cache group
+  // (vLLM's group_idx) yet: one group, whose full layers keep every block.
   o.kv_groups = false;
   Workload workload = workload_in;
   std::set<int64_t> tenants;

@@ -152,5 +152,97 @@ TEST(EventLogReplay, CatchesAMismatchLeftAtTheEnd) {
                  Kind::kViolation, "end of log");
 }
 
+// KV-cache groups: a manager with a full group and two windowed ones logs every table change
+// with its group (and a prefix hit's entries before a window as released shares); the log
+// replays cleanly, through hits, forks, copy-on-write, swaps, truncation and the windows.
+TEST(EventLogReplay, AManagerLogWithKvCacheGroupsReplaysCleanly) {
+  KvCacheConfig c;
+  c.pool.num_device_blocks = 48;
+  c.pool.num_host_blocks = 24;
+  c.pool.block_size = 4;
+  c.poison_on_free = true;
+  c.group_windows = {6, 0, 6};
+  KvCacheManager m(c);
+  EventLog log;
+  m.set_event_log(&log);
+  V prompt(21);
+  std::iota(prompt.begin(), prompt.end(), 1);
+  std::vector<std::vector<int64_t>> slots(3);
+  const auto allocate = [&](SeqId s, int64_t n) {
+    return m.allocate_slots(s, n, m.find_prefix(s), std::span<std::vector<int64_t>>(slots));
+  };
+  ASSERT_TRUE(m.add_sequence(1, 0, prompt).is_ok());
+  ASSERT_EQ(allocate(1, 21), AllocStatus::kOk);
+  ASSERT_TRUE(m.mark_final(1, 21).is_ok());
+  ASSERT_TRUE(m.add_sequence(2, 0, prompt).is_ok());
+  ASSERT_EQ(m.find_prefix(2).num_tokens, 20);
+  ASSERT_EQ(allocate(2, 1), AllocStatus::kOk);  // a hit: groups 0 and 2 take entries 0..2 released
+  ASSERT_TRUE(m.mark_final(2, 21).is_ok());
+  ASSERT_TRUE(m.fork(2, 3).is_ok());
+  ASSERT_TRUE(m.append_tokens(3, V{5}).is_ok());
+  ASSERT_EQ(allocate(3, 1), AllocStatus::kOk);  // copy-on-write in every group
+  ASSERT_TRUE(m.swap_out(3).is_ok());
+  ASSERT_TRUE(m.truncate(1, 21).is_ok());
+  ASSERT_TRUE(m.swap_in(3).is_ok());
+  for (SeqId s : {1, 2, 3}) ASSERT_TRUE(m.free(s).is_ok());
+  m.flush_prefix_cache();
+  const std::string text = log.text();
+  EXPECT_NE(text.find("\"groups\":[6,0,6]"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"block\":-1,\"reason\":\"prefix_hit\",\"group\":2"), std::string::npos) << text;
+  const ReplayResult r = replay_event_log(text);
+  EXPECT_TRUE(r.ok()) << r.message << "\n" << text;
+  EXPECT_EQ(r.sequences, 0);
+  EXPECT_EQ(r.device_in_use, 0);
+}
+
+constexpr const char* kGroupsInit =
+    R"({"ev":"init","device_blocks":8,"host_blocks":2,"block_size":4,"global_prefix":false,"groups":[0,4]})";
+
+TEST(EventLogReplay, CatchesKvCacheGroupViolations) {
+  const std::string add = R"({"ev":"add","seq":1,"tenant":0})";
+  // A group the init does not name.
+  expect_failure(replay_lines({kGroupsInit, add, R"({"ev":"alloc","seq":1,"block":0,"group":2})"}), Kind::kMalformed,
+                 "names group 2 of a log with 2 KV-cache groups");
+  // One group's table left one block long.
+  expect_failure(replay_lines({kGroupsInit, add, R"({"ev":"alloc","seq":1,"block":0})",
+                               R"({"ev":"alloc","seq":1,"block":1,"group":1})",
+                               R"({"ev":"alloc","seq":1,"block":2,"group":1})", R"({"ev":"slots","seq":1,"len":4})"}),
+                 Kind::kViolation, "has 2 blocks in group 1 for length 4");
+  // One block in two groups' tables.
+  expect_failure(replay_lines({kGroupsInit, add, R"({"ev":"alloc","seq":1,"block":0})",
+                               R"({"ev":"share","seq":1,"block":0,"reason":"fork","group":1})"}),
+                 Kind::kViolation, "names a block twice");
+  // A window release in the full group (0).
+  const std::vector<std::string> eight = {kGroupsInit,
+                                          add,
+                                          R"({"ev":"alloc","seq":1,"block":0})",
+                                          R"({"ev":"alloc","seq":1,"block":1})",
+                                          R"({"ev":"alloc","seq":1,"block":2,"group":1})",
+                                          R"({"ev":"alloc","seq":1,"block":3,"group":1})",
+                                          R"({"ev":"slots","seq":1,"len":8})"};
+  std::vector<std::string> full = eight;
+  full.push_back(R"({"ev":"window_release","seq":1,"index":0,"block":0})");
+  expect_failure(replay_lines(full), Kind::kViolation, "window_release in group 0, which has no window");
+  // The windowed group's block 0 (positions 0..3) released while position 7 attends from 4:
+  // allowed; block 1 (4..7): not.
+  std::vector<std::string> ok = eight;
+  ok.push_back(R"({"ev":"window_release","seq":1,"index":0,"block":2,"group":1})");
+  EXPECT_EQ(replay_lines(ok).kind, Kind::kOk) << replay_lines(ok).message;
+  std::vector<std::string> early = ok;
+  early.push_back(R"({"ev":"window_release","seq":1,"index":1,"block":3,"group":1})");
+  expect_failure(replay_lines(early), Kind::kViolation, "I11: window_release");
+  // A prefix hit's released entry: only in a windowed group, and the hit's length must leave
+  // it behind the window (a 4-token hit: position 3 attends from 0).
+  expect_failure(replay_lines({kGroupsInit, add, R"({"ev":"share","seq":1,"block":-1,"reason":"prefix_hit"})"}),
+                 Kind::kViolation, "not a prefix hit's in a windowed group");
+  expect_failure(
+      replay_lines({kGroupsInit, R"({"ev":"add","seq":2,"tenant":0})", add, R"({"ev":"alloc","seq":2,"block":0})",
+                    R"({"ev":"alloc","seq":2,"block":1,"group":1})", R"({"ev":"slots","seq":2,"len":4})",
+                    R"({"ev":"cache","block":0})", R"({"ev":"share","seq":1,"block":0,"reason":"prefix_hit"})",
+                    R"({"ev":"share","seq":1,"block":-1,"reason":"prefix_hit","group":1})",
+                    R"({"ev":"slots","seq":1,"len":4})"}),
+      Kind::kViolation, "I11: sequence 1 has 1 released entries in group 1");
+}
+
 }  // namespace
 }  // namespace kvp

@@ -115,7 +115,7 @@ Result<int> run_verify_command(const VerifyFlags& f) {
                 f.inputs.describe(workload).c_str(), backend_name(v.backend), f.backend.kv_dtype.c_str(), v.block_size,
                 v.num_blocks, v.num_host_blocks, v.prefill_chunk_size);
   std::printf("kvproof verify: %s\n", context);
-  // The KV-event stream names no KV-cache group yet: a published run keeps one group.
+  // The KV-event stream publishes no KV-cache group (vLLM's group_idx) yet: one group.
   if (f.publish.enabled()) v.kv_groups = false;
   if (verify::uses_kv_groups(model.config, v)) {
     const KvGroupLayout layout = kv_group_layout(model.config);

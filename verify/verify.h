@@ -103,11 +103,12 @@ struct EngineOptions {
   // The CUDA backends' decode graphs: decode steps of up to this many tokens replayed from
   // CUDA graphs (CudaBackendConfig::max_graph_tokens); 0: every step eager.
   int64_t max_graph_tokens = 64;
-  // KV-cache groups for a hybrid model (optimized/kv/kv_groups.h) on a backend that has them
-  // (backend_has_kv_groups: all do): each group its own block tables, so the sliding layers release
-  // what their windows left behind; the pool keeps its bytes (num_blocks scaled by layers per
-  // block). Never under an attention plug-in (one table per sequence in its ABI) or a draft
-  // model's own pool. false: one group, whose full layers keep every block.
+  // KV-cache groups for a hybrid model (optimized/kv/kv_groups.h) on a backend that has
+  // them (backend_has_kv_groups: all do): each group its own block tables, so the sliding
+  // layers release what their windows left behind; the pool keeps its bytes (num_blocks
+  // scaled by layers per block). Never under an attention plug-in (one table per sequence in
+  // its ABI) or a draft model's own pool; audit and a published KV-event stream turn it off
+  // (no group_idx yet). false: one group, whose full layers keep every block.
   bool kv_groups = true;
   // Speculative decoding of every request (off: the default job, unchanged).
   SpeculationParams speculation;

@@ -16,6 +16,8 @@ using Json = nlohmann::json;
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;
 constexpr int64_t kMaxBlockSize = int64_t{1} << 16;
 constexpr int64_t kMaxLen = int64_t{1} << 40;
+// KV-cache groups an init may name (a model has at most a few hundred layers).
+constexpr int64_t kMaxGroups = 1024;
 
 struct Failure {
   ReplayResult::Kind kind;
@@ -31,9 +33,14 @@ struct Block {
 struct Seq {
   int64_t tenant = 0;
   bool on_host = false;
-  std::vector<int64_t> table;
+  std::vector<std::vector<int64_t>> tables;  // one per KV-cache group
   int64_t len = 0;
 };
+
+// Leading released (-1) entries of a table.
+int64_t released_of(const std::vector<int64_t>& t) {
+  return std::find_if(t.begin(), t.end(), [](int64_t b) { return b != -1; }) - t.begin();
+}
 
 class Model {
  public:
@@ -65,9 +72,12 @@ class Model {
  private:
   std::optional<Failure> block_in_pool(int64_t b, bool host) const;
   std::optional<Failure> find_seq(int64_t id, Seq*& out);
+  // Sequence id's table in KV-cache group g (a group the init names).
+  std::optional<Failure> find_table(int64_t id, int32_t g, Seq*& s, std::vector<int64_t>*& table);
+  int64_t num_groups() const { return static_cast<int64_t>(windows_.size()); }
   std::optional<Failure> swap(int64_t id, const std::vector<BlockCopy>& pairs, bool out);
   // A device block (refcount already taken) appended to sequence id's table, then I5 and I2.
-  std::optional<Failure> append_block(int64_t id, Seq& s, int64_t block);
+  std::optional<Failure> append_block(int64_t id, Seq& s, std::vector<int64_t>& table, int64_t block);
   std::optional<Failure> check_blocks(const std::vector<int64_t>& device_blocks,
                                       const std::vector<int64_t>& host_blocks) const;
   std::optional<Failure> check_table(int64_t id, const Seq& s) const;
@@ -76,7 +86,7 @@ class Model {
   bool init_ = false;
   bool global_ = false;
   int64_t block_size_ = 0;
-  int64_t window_ = 0;
+  std::vector<int64_t> windows_;  // per KV-cache group: its window (0: none)
   std::vector<Block> device_;
   std::vector<int64_t> host_;  // refcounts
   std::map<int64_t, Seq> seqs_;
@@ -139,7 +149,25 @@ std::optional<Failure> decode_init(const Json& j, KvEvent& out) {
   if (j.contains("window")) {
     if (auto f = get_int(j, "window", e.window)) return f;
   }
+  if (auto it = j.find("groups"); it != j.end()) {
+    if (!it->is_array()) return Model::malformed("field \"groups\" is not an array");
+    for (const Json& w : *it) {
+      if (!w.is_number_integer() || w.get<int64_t>() < 0 || w.get<int64_t>() > kMaxLen) {
+        return Model::malformed("field \"groups\" holds a window that is not an integer in [0, " + str(kMaxLen) + "]");
+      }
+      e.group_windows.push_back(w.get<int64_t>());
+    }
+  }
   out = e;
+  return std::nullopt;
+}
+
+// The optional "group" field (absent: 0), a KV-cache group index >= 0.
+std::optional<Failure> get_group(const Json& j, int32_t& out) {
+  out = 0;
+  if (!j.contains("group")) return std::nullopt;
+  if (auto f = get_i32(j, "group", out)) return f;
+  if (out < 0) return Model::malformed("field \"group\" is negative");
   return std::nullopt;
 }
 
@@ -157,6 +185,7 @@ std::optional<Failure> decode_share(const Json& j, KvEvent& out) {
   } else {
     return Model::malformed("unknown share reason \"" + reason + "\"");
   }
+  if (auto f = get_group(j, e.group)) return f;
   out = e;
   return std::nullopt;
 }
@@ -210,18 +239,22 @@ std::optional<Failure> decode(const Json& j, KvEvent& out) {
   }
   if (ev == "alloc") {
     kv_event::Alloc e;
+    if (auto f = get_group(j, e.group)) return f;
     return simple(e, {{"seq", &e.seq}}, {{"block", &e.block}});
   }
   if (ev == "cow") {
     kv_event::Cow e;
+    if (auto f = get_group(j, e.group)) return f;
     return simple(e, {{"seq", &e.seq}, {"index", &e.index}}, {{"src", &e.src}, {"dst", &e.dst}});
   }
   if (ev == "release") {
     kv_event::Release e;
+    if (auto f = get_group(j, e.group)) return f;
     return simple(e, {{"seq", &e.seq}}, {{"block", &e.block}});
   }
   if (ev == "window_release") {
     kv_event::WindowRelease e;
+    if (auto f = get_group(j, e.group)) return f;
     return simple(e, {{"seq", &e.seq}, {"index", &e.index}}, {{"block", &e.block}});
   }
   if (ev == "slots") {
@@ -264,11 +297,21 @@ std::optional<Failure> Model::find_seq(int64_t id, Seq*& out) {
   return std::nullopt;
 }
 
+std::optional<Failure> Model::find_table(int64_t id, int32_t g, Seq*& s, std::vector<int64_t>*& table) {
+  if (g >= num_groups()) {
+    return malformed("field \"group\" names group " + str(g) + " of a log with " + str(num_groups()) +
+                     " KV-cache group" + (num_groups() == 1 ? "" : "s"));
+  }
+  if (auto f = find_seq(id, s)) return f;
+  table = &s->tables[static_cast<size_t>(g)];
+  return std::nullopt;
+}
+
 int64_t Model::owners(int64_t block, bool host) const {
   int64_t n = 0;
   for (const auto& [id, s] : seqs_) {
     if (s.on_host != host) continue;
-    n += std::count(s.table.begin(), s.table.end(), block);
+    for (const std::vector<int64_t>& t : s.tables) n += std::count(t.begin(), t.end(), block);
   }
   return n;
 }
@@ -293,12 +336,16 @@ std::optional<Failure> Model::check_blocks(const std::vector<int64_t>& device_bl
 }
 
 std::optional<Failure> Model::check_table(int64_t id, const Seq& s) const {
-  // Released entries (-1) lead the table; the rest name distinct blocks.
-  const auto live = std::find_if(s.table.begin(), s.table.end(), [](int64_t b) { return b != -1; });
-  if (std::find(live, s.table.end(), int64_t{-1}) != s.table.end()) {
-    return violation("I11: sequence " + str(id) + " has a released entry after a live one");
+  // Released entries (-1) lead each table; the rest, over every group's table, name distinct
+  // blocks (a block is in one group's table).
+  std::vector<int64_t> sorted;
+  for (const std::vector<int64_t>& t : s.tables) {
+    const auto live = t.begin() + released_of(t);
+    if (std::find(live, t.end(), int64_t{-1}) != t.end()) {
+      return violation("I11: sequence " + str(id) + " has a released entry after a live one");
+    }
+    sorted.insert(sorted.end(), live, t.end());
   }
-  std::vector<int64_t> sorted(live, s.table.end());
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
     return violation("I5: sequence " + str(id) + " names a block twice");
@@ -313,9 +360,13 @@ std::optional<Failure> Model::check_all() const {
   if (auto f = check_blocks(all_device, all_host)) return f;
   for (const auto& [id, s] : seqs_) {
     const int64_t want = (s.len + block_size_ - 1) / block_size_;
-    if (static_cast<int64_t>(s.table.size()) != want) {
-      return violation("I5: at the end, sequence " + str(id) + " has " + str(static_cast<int64_t>(s.table.size())) +
-                       " blocks for length " + str(s.len) + " (expected " + str(want) + ")");
+    for (size_t g = 0; g < s.tables.size(); ++g) {
+      if (static_cast<int64_t>(s.tables[g].size()) != want) {
+        return violation("I5: at the end, sequence " + str(id) + " has " +
+                         str(static_cast<int64_t>(s.tables[g].size())) + " blocks" +
+                         (s.tables.size() > 1 ? " in group " + str(static_cast<int64_t>(g)) : std::string()) +
+                         " for length " + str(s.len) + " (expected " + str(want) + ")");
+      }
     }
   }
   return std::nullopt;
@@ -336,7 +387,11 @@ std::optional<Failure> Model::on(const kv_event::Init& e) {
     return malformed("block_size must be in [1, " + str(kMaxBlockSize) + "]");
   }
   if (e.window < 0 || e.window > kMaxLen) return malformed("window must be in [0, " + str(kMaxLen) + "]");
-  window_ = e.window;
+  if (!e.group_windows.empty() && e.window != 0) return malformed("an init with groups has no window of its own");
+  if (e.group_windows.size() > static_cast<size_t>(kMaxGroups)) {
+    return malformed("at most " + str(kMaxGroups) + " KV-cache groups");
+  }
+  windows_ = e.group_windows.empty() ? std::vector<int64_t>{e.window} : e.group_windows;
   global_ = e.global_prefix;
   device_.assign(static_cast<size_t>(e.device_blocks), Block{});
   host_.assign(static_cast<size_t>(e.host_blocks), 0);
@@ -348,6 +403,7 @@ std::optional<Failure> Model::on(const kv_event::Init& e) {
 std::optional<Failure> Model::on(const kv_event::Add& e) {
   if (seqs_.count(e.seq) != 0) return violation("add of sequence " + str(e.seq) + ", which exists");
   seqs_[e.seq].tenant = e.tenant;
+  seqs_[e.seq].tables.resize(static_cast<size_t>(num_groups()));
   return std::nullopt;
 }
 
@@ -358,23 +414,25 @@ std::optional<Failure> Model::on(const kv_event::Fork& e) {
   if (parent->on_host) return violation("fork of a swapped-out sequence");
   const int64_t tenant = parent->tenant;
   // The child starts with the parent's released entries; its shares follow them.
-  const auto released = std::find_if(parent->table.begin(), parent->table.end(), [](int64_t b) { return b != -1; }) -
-                        parent->table.begin();
+  std::vector<int64_t> released;
+  for (const std::vector<int64_t>& t : parent->tables) released.push_back(released_of(t));
   Seq& child = seqs_[e.child];
   child.tenant = tenant;
-  child.table.assign(static_cast<size_t>(released), -1);
+  child.tables.resize(released.size());
+  for (size_t g = 0; g < released.size(); ++g) child.tables[g].assign(static_cast<size_t>(released[g]), -1);
   return std::nullopt;
 }
 
-std::optional<Failure> Model::append_block(int64_t id, Seq& s, int64_t block) {
-  s.table.push_back(block);
+std::optional<Failure> Model::append_block(int64_t id, Seq& s, std::vector<int64_t>& table, int64_t block) {
+  table.push_back(block);
   if (auto f = check_table(id, s)) return f;
   return check_blocks({block}, {});
 }
 
 std::optional<Failure> Model::on(const kv_event::Alloc& e) {
   Seq* s = nullptr;
-  if (auto f = find_seq(e.seq, s)) return f;
+  std::vector<int64_t>* table = nullptr;
+  if (auto f = find_table(e.seq, e.group, s, table)) return f;
   if (auto f = block_in_pool(e.block, false)) return f;
   Block& blk = device_[static_cast<size_t>(e.block)];
   if (s->on_host) return violation("alloc of a device block to a swapped-out sequence");
@@ -384,12 +442,25 @@ std::optional<Failure> Model::on(const kv_event::Alloc& e) {
   if (blk.cached) return violation("I1: alloc of device block " + str(e.block) + ", still cached (no evict first)");
   blk.refcount = 1;
   blk.tenant = s->tenant;
-  return append_block(e.seq, *s, e.block);
+  return append_block(e.seq, *s, *table, e.block);
 }
 
 std::optional<Failure> Model::on(const kv_event::Share& e) {
   Seq* s = nullptr;
-  if (auto f = find_seq(e.seq, s)) return f;
+  std::vector<int64_t>* table = nullptr;
+  if (auto f = find_table(e.seq, e.group, s, table)) return f;
+  if (e.block == -1) {
+    // A prefix hit's entry before a windowed group's window: appended released. Slots bounds
+    // it by the hit's length.
+    if (e.reason != kv_event::ShareReason::kPrefixHit || windows_[static_cast<size_t>(e.group)] == 0) {
+      return violation("share of a released entry (-1) that is not a prefix hit's in a windowed group");
+    }
+    if (released_of(*table) != static_cast<int64_t>(table->size())) {
+      return violation("I11: sequence " + str(e.seq) + " appends a released entry after a live one");
+    }
+    table->push_back(-1);
+    return std::nullopt;
+  }
   if (auto f = block_in_pool(e.block, false)) return f;
   Block& blk = device_[static_cast<size_t>(e.block)];
   if (s->on_host) return violation("share into a swapped-out sequence");
@@ -403,17 +474,18 @@ std::optional<Failure> Model::on(const kv_event::Share& e) {
     return violation("I4: fork shares device block " + str(e.block) + ", which is not in use");
   }
   ++blk.refcount;
-  return append_block(e.seq, *s, e.block);
+  return append_block(e.seq, *s, *table, e.block);
 }
 
 std::optional<Failure> Model::on(const kv_event::Cow& e) {
   Seq* s = nullptr;
-  if (auto f = find_seq(e.seq, s)) return f;
+  std::vector<int64_t>* table = nullptr;
+  if (auto f = find_table(e.seq, e.group, s, table)) return f;
   if (auto f = block_in_pool(e.src, false)) return f;
   if (auto f = block_in_pool(e.dst, false)) return f;
   if (s->on_host) return violation("copy-on-write in a swapped-out sequence");
-  if (e.index < 0 || e.index >= static_cast<int64_t>(s->table.size()) ||
-      s->table[static_cast<size_t>(e.index)] != e.src) {
+  if (e.index < 0 || e.index >= static_cast<int64_t>(table->size()) ||
+      (*table)[static_cast<size_t>(e.index)] != e.src) {
     return violation("copy-on-write of block " + str(e.src) + " at index " + str(e.index) +
                      ", which the table does not hold there");
   }
@@ -429,26 +501,27 @@ std::optional<Failure> Model::on(const kv_event::Cow& e) {
   d.refcount = 1;
   d.tenant = s->tenant;
   --sb.refcount;
-  s->table[static_cast<size_t>(e.index)] = e.dst;
+  (*table)[static_cast<size_t>(e.index)] = e.dst;
   return check_blocks({e.src, e.dst}, {});
 }
 
 std::optional<Failure> Model::on(const kv_event::Release& e) {
   Seq* s = nullptr;
-  if (auto f = find_seq(e.seq, s)) return f;
+  std::vector<int64_t>* table = nullptr;
+  if (auto f = find_table(e.seq, e.group, s, table)) return f;
   if (e.block == -1) {  // an entry the window released: no block changes hands
-    if (s->table.empty() || s->table.back() != -1) {
+    if (table->empty() || table->back() != -1) {
       return violation("release of a released entry, which is not the tail of sequence " + str(e.seq) + "'s table");
     }
-    s->table.pop_back();
+    table->pop_back();
     return std::nullopt;
   }
   if (auto f = block_in_pool(e.block, s->on_host)) return f;
-  if (s->table.empty() || s->table.back() != e.block) {
+  if (table->empty() || table->back() != e.block) {
     return violation("release of block " + str(e.block) + ", which is not the tail of sequence " + str(e.seq) +
                      "'s table");
   }
-  s->table.pop_back();
+  table->pop_back();
   if (s->on_host) {
     if (host_[static_cast<size_t>(e.block)] <= 0) return violation("I2: release of free host block " + str(e.block));
     --host_[static_cast<size_t>(e.block)];
@@ -463,29 +536,33 @@ std::optional<Failure> Model::on(const kv_event::Release& e) {
 
 std::optional<Failure> Model::on(const kv_event::WindowRelease& e) {
   Seq* s = nullptr;
-  if (auto f = find_seq(e.seq, s)) return f;
+  std::vector<int64_t>* table = nullptr;
+  if (auto f = find_table(e.seq, e.group, s, table)) return f;
   if (auto f = block_in_pool(e.block, false)) return f;
-  if (window_ == 0) return violation("window_release in a log whose init has no window");
+  const int64_t window = windows_[static_cast<size_t>(e.group)];
+  if (window == 0) {
+    return violation(num_groups() == 1 ? "window_release in a log whose init has no window"
+                                       : "window_release in group " + str(e.group) + ", which has no window");
+  }
   if (s->on_host) return violation("window_release in a swapped-out sequence");
-  const auto released =
-      std::find_if(s->table.begin(), s->table.end(), [](int64_t b) { return b != -1; }) - s->table.begin();
-  if (e.index != released || e.index >= static_cast<int64_t>(s->table.size()) ||
-      s->table[static_cast<size_t>(e.index)] != e.block) {
+  const int64_t released = released_of(*table);
+  if (e.index != released || e.index >= static_cast<int64_t>(table->size()) ||
+      (*table)[static_cast<size_t>(e.index)] != e.block) {
     return violation("window_release of block " + str(e.block) + " at index " + str(e.index) + ": sequence " +
                      str(e.seq) + "'s first live entry is " + str(static_cast<int64_t>(released)));
   }
   // Every position of the block lies before the window of the sequence's last slot: no
   // token with a slot attends to it. (The manager's bound, through its final positions, is
   // tighter; check_window_blocks holds it.)
-  if ((e.index + 1) * block_size_ > s->len - window_ + 1) {
+  if ((e.index + 1) * block_size_ > s->len - window + 1) {
     return violation("I11: window_release of sequence " + str(e.seq) + "'s block " + str(e.block) + " (positions " +
                      str(e.index * block_size_) + ".." + str((e.index + 1) * block_size_ - 1) + "), but position " +
-                     str(s->len - 1) + " attends from " + str(std::max<int64_t>(0, s->len - window_)));
+                     str(s->len - 1) + " attends from " + str(std::max<int64_t>(0, s->len - window)));
   }
   Block& blk = device_[static_cast<size_t>(e.block)];
   if (blk.refcount <= 0) return violation("I2: window_release of free device block " + str(e.block));
   --blk.refcount;
-  s->table[static_cast<size_t>(e.index)] = -1;
+  (*table)[static_cast<size_t>(e.index)] = -1;
   return check_blocks({e.block}, {});
 }
 
@@ -495,9 +572,21 @@ std::optional<Failure> Model::on(const kv_event::Slots& e) {
   if (e.len < 0 || e.len > kMaxLen) return malformed("field \"len\" out of range");
   s->len = e.len;
   const int64_t want = (e.len + block_size_ - 1) / block_size_;
-  if (static_cast<int64_t>(s->table.size()) != want) {
-    return violation("I5: sequence " + str(e.seq) + " has " + str(static_cast<int64_t>(s->table.size())) +
-                     " blocks for length " + str(e.len) + " (expected " + str(want) + ")");
+  for (size_t g = 0; g < s->tables.size(); ++g) {
+    const std::vector<int64_t>& t = s->tables[g];
+    const std::string in = s->tables.size() > 1 ? " in group " + str(static_cast<int64_t>(g)) : std::string();
+    // I12: every group's table covers the sequence's positions.
+    if (static_cast<int64_t>(t.size()) != want) {
+      return violation("I5: sequence " + str(e.seq) + " has " + str(static_cast<int64_t>(t.size())) + " blocks" + in +
+                       " for length " + str(e.len) + " (expected " + str(want) + ")");
+    }
+    // I11: no released entry holds a position the last slot's window reaches.
+    const int64_t released = released_of(t);
+    if (released > 0 && released * block_size_ > e.len - windows_[g] + 1) {
+      return violation("I11: sequence " + str(e.seq) + " has " + str(released) + " released entries" + in +
+                       ", but position " + str(e.len - 1) + " attends from " +
+                       str(std::max<int64_t>(0, e.len - windows_[g])));
+    }
   }
   return std::nullopt;
 }
@@ -534,12 +623,15 @@ std::optional<Failure> Model::swap(int64_t id, const std::vector<BlockCopy>& pai
   Seq* s = nullptr;
   if (auto f = find_seq(id, s)) return f;
   if (s->on_host == out) return violation(ev + " of a sequence " + (out ? "already" : "not") + " swapped out");
-  // The live entries move; released ones (-1, leading) stay.
-  const auto first = static_cast<size_t>(
-      std::find_if(s->table.begin(), s->table.end(), [](int64_t b) { return b != -1; }) - s->table.begin());
-  if (pairs.size() != s->table.size() - first) {
-    return violation(ev + " lists " + str(static_cast<int64_t>(pairs.size())) + " pairs for a table of " +
-                     str(static_cast<int64_t>(s->table.size() - first)) + " live entries");
+  // The live entries move, group by group; released ones (-1, leading) stay.
+  std::vector<int64_t*> live;
+  for (std::vector<int64_t>& t : s->tables) {
+    for (auto i = static_cast<size_t>(released_of(t)); i < t.size(); ++i) live.push_back(&t[i]);
+  }
+  if (pairs.size() != live.size()) {
+    return violation(ev + " lists " + str(static_cast<int64_t>(pairs.size())) + " pairs for " +
+                     (s->tables.size() > 1 ? "tables" : "a table") + " of " + str(static_cast<int64_t>(live.size())) +
+                     " live entries");
   }
   std::vector<int64_t> touched_device, touched_host;
   const int64_t nd = static_cast<int64_t>(device_.size()), nh = static_cast<int64_t>(host_.size());
@@ -550,9 +642,9 @@ std::optional<Failure> Model::swap(int64_t id, const std::vector<BlockCopy>& pai
     if (!src_ok || !dst_ok) {
       return violation(ev + " pair " + str(static_cast<int64_t>(i)) + " names a block outside its pool");
     }
-    if (s->table[first + i] != src) {
+    if (*live[i] != src) {
       return violation(ev + " pair " + str(static_cast<int64_t>(i)) + " source " + str(src) + " is not table entry " +
-                       str(s->table[first + i]));
+                       str(*live[i]));
     }
     if (out) {
       if (host_[static_cast<size_t>(dst)] != 0)
@@ -571,7 +663,7 @@ std::optional<Failure> Model::swap(int64_t id, const std::vector<BlockCopy>& pai
       touched_device.push_back(dst);
       touched_host.push_back(src);
     }
-    s->table[first + i] = dst;
+    *live[i] = dst;
   }
   s->on_host = out;
   if (auto f = check_table(id, *s)) return f;
@@ -581,9 +673,11 @@ std::optional<Failure> Model::swap(int64_t id, const std::vector<BlockCopy>& pai
 std::optional<Failure> Model::on(const kv_event::Free& e) {
   auto it = seqs_.find(e.seq);
   if (it == seqs_.end()) return violation("free of unknown sequence " + str(e.seq));
-  if (!it->second.table.empty()) {
-    return violation("I6: free of sequence " + str(e.seq) + " that still holds " +
-                     str(static_cast<int64_t>(it->second.table.size())) + " blocks");
+  for (const std::vector<int64_t>& t : it->second.tables) {
+    if (!t.empty()) {
+      return violation("I6: free of sequence " + str(e.seq) + " that still holds " +
+                       str(static_cast<int64_t>(t.size())) + " blocks");
+    }
   }
   seqs_.erase(it);
   return std::nullopt;

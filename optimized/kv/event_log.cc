@@ -20,6 +20,21 @@ class Line {
     return *this;
   }
   Line& field_if(const char* key, int64_t v, bool present) { return present ? field(key, v) : *this; }
+  // A KV-cache group other than the first (0, the only one without groups, is left out).
+  Line& group(int32_t g) { return field_if("group", g, g > 0); }
+  // An array of integers, when not empty.
+  Line& ints_if(const char* key, const std::vector<int64_t>& v) {
+    if (v.empty()) return *this;
+    s_ += ",\"";
+    s_ += key;
+    s_ += "\":[";
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (i > 0) s_ += ",";
+      s_ += std::to_string(v[i]);
+    }
+    s_ += "]";
+    return *this;
+  }
   Line& field(const char* key, bool v) {
     s_ += ",\"";
     s_ += key;
@@ -60,6 +75,7 @@ struct ToLine {
         .field("block_size", int64_t{e.block_size})
         .field("global_prefix", e.global_prefix)
         .field_if("window", e.window, e.window > 0)
+        .ints_if("groups", e.group_windows)
         .done();
   }
   std::string operator()(const kv_event::Add& e) const {
@@ -69,13 +85,14 @@ struct ToLine {
     return Line("fork").field("parent", e.parent).field("child", e.child).done();
   }
   std::string operator()(const kv_event::Alloc& e) const {
-    return Line("alloc").field("seq", e.seq).field("block", int64_t{e.block}).done();
+    return Line("alloc").field("seq", e.seq).field("block", int64_t{e.block}).group(e.group).done();
   }
   std::string operator()(const kv_event::Share& e) const {
     return Line("share")
         .field("seq", e.seq)
         .field("block", int64_t{e.block})
         .field("reason", e.reason == kv_event::ShareReason::kFork ? "fork" : "prefix_hit")
+        .group(e.group)
         .done();
   }
   std::string operator()(const kv_event::Cow& e) const {
@@ -84,13 +101,19 @@ struct ToLine {
         .field("index", e.index)
         .field("src", int64_t{e.src})
         .field("dst", int64_t{e.dst})
+        .group(e.group)
         .done();
   }
   std::string operator()(const kv_event::Release& e) const {
-    return Line("release").field("seq", e.seq).field("block", int64_t{e.block}).done();
+    return Line("release").field("seq", e.seq).field("block", int64_t{e.block}).group(e.group).done();
   }
   std::string operator()(const kv_event::WindowRelease& e) const {
-    return Line("window_release").field("seq", e.seq).field("index", e.index).field("block", int64_t{e.block}).done();
+    return Line("window_release")
+        .field("seq", e.seq)
+        .field("index", e.index)
+        .field("block", int64_t{e.block})
+        .group(e.group)
+        .done();
   }
   std::string operator()(const kv_event::Slots& e) const {
     return Line("slots").field("seq", e.seq).field("len", e.len).done();

@@ -3,13 +3,21 @@
 // allocator's code. Every line has "ev"; "seq" is a sequence id, "block" a block id; "pool" is
 // "device" or "host" where it matters.
 //
-//   {"ev":"init","device_blocks":N,"host_blocks":M,"block_size":B,"global_prefix":bool[,"window":W]}
-//                                                    window: every layer's sliding window, when set
+//   {"ev":"init","device_blocks":N,"host_blocks":M,"block_size":B,"global_prefix":bool[,"window":W]
+//    [,"groups":[W0,W1,...]]}                        window: every layer's sliding window, when set;
+//                                                    groups: KV-cache groups' windows (0: full), when
+//                                                    more than one. Then alloc, share, cow, release
+//                                                    and window_release carry "group":g (vLLM's
+//                                                    group_idx; absent: 0), naming the table they
+//                                                    change, and a swap's pairs list the live entries
+//                                                    group by group
 //   {"ev":"add","seq":S,"tenant":T}                  a sequence appears, empty table
 //   {"ev":"fork","parent":P,"child":C}               C appears with P's tenant, empty table
 //   {"ev":"alloc","seq":S,"block":b}                 a free device block appended to S's table
 //   {"ev":"share","seq":S,"block":b,"reason":"prefix_hit"|"fork"}
-//                                                    an existing device block appended (refcount+1)
+//                                                    an existing device block appended (refcount+1);
+//                                                    b = -1 (prefix_hit, a windowed group): an entry
+//                                                    before the window, appended released
 //   {"ev":"cow","seq":S,"index":i,"src":a,"dst":b}   free block b replaces a at index i; a released
 //   {"ev":"release","seq":S,"block":b}               S's last table entry (b) dropped, refcount-1;
 //                                                    b = -1: an entry the window already released

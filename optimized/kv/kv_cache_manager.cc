@@ -68,11 +68,10 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config)
 void KvCacheManager::set_event_log(EventLog* event_log) {
   log_ = event_log;
   if (log_ == nullptr) return;
-  KVP_CHECK(config_.num_groups() == 1);  // the events name no group yet
   // The replayer starts from an empty state, so a log must start from one.
   KVP_CHECK(seqs_.empty() && device_.num_free() == device_.num_blocks() && host_.num_free() == host_.num_blocks());
   log(kv_event::Init{config_.pool.num_device_blocks, config_.pool.num_host_blocks, config_.pool.block_size,
-                     config_.global_prefix_sharing, config_.sliding_window});
+                     config_.global_prefix_sharing, config_.sliding_window, config_.group_windows});
 }
 
 void KvCacheManager::log(const KvEvent& event) { log_->record(event); }
@@ -164,7 +163,7 @@ void KvCacheManager::release_window_blocks(SequenceState& s) {
       if (b == kNoBlock) continue;  // a prefix hit's entry before the window: no block was taken
       gt.window_parent = device_.handle(b);
       gt.table.set(j, kNoBlock);
-      if (logging()) log(kv_event::WindowRelease{s.id, j, b});
+      if (logging()) log(kv_event::WindowRelease{s.id, j, b, static_cast<int32_t>(g)});
       release_device_block(b);
     }
     gt.num_window_released = std::max(gt.num_window_released, dead);
@@ -378,12 +377,12 @@ void KvCacheManager::take_prefix_hit(SequenceState& s, const PrefixHit& hit) {
     GroupTable& gt = s.group(g);
     for (int32_t b : hit.blocks[static_cast<size_t>(g)]) {
       gt.table.push_back(b);
+      if (logging()) log(kv_event::Share{s.id, b, kv_event::ShareReason::kPrefixHit, static_cast<int32_t>(g)});
       if (b == kNoBlock) {  // before the window: released as it is taken, never looked up
         ++num_unneeded;
         continue;
       }
       device_.retain(b);
-      if (logging()) log(kv_event::Share{s.id, b, kv_event::ShareReason::kPrefixHit});
       ++num_hits;
     }
   }
@@ -394,7 +393,9 @@ void KvCacheManager::take_prefix_hit(SequenceState& s, const PrefixHit& hit) {
   // The hit's blocks wholly before the window of its first new position go straight back
   // (still cached): the sequence keeps what the window needs. The log states the hit's
   // length first, which the replayer bounds a window release by.
-  if (window_dead_blocks(hit.num_tokens) > 0 && logging()) log(kv_event::Slots{s.id, hit.num_tokens});
+  bool any_dead = false;
+  for (int64_t g = 0; g < s.num_groups(); ++g) any_dead |= window_dead_blocks(hit.num_tokens, g) > 0;
+  if (any_dead && logging()) log(kv_event::Slots{s.id, hit.num_tokens});
   release_window_blocks(s);
 }
 
@@ -437,14 +438,14 @@ AllocStatus KvCacheManager::allocate_slots(SequenceState* s, int64_t n_new_token
       ops_.block_copies.push_back({src, dst});
       table.set(i, dst);
       if (logging()) {
-        log(kv_event::Cow{seq, i, src, dst});
+        log(kv_event::Cow{seq, i, src, dst, static_cast<int32_t>(g)});
       }
       release_device_block(src);
     }
     while (table.size() < blocks_needed) {
       const int32_t b = take_device_block(/*is_copy_dst=*/false);
       table.push_back(b);
-      if (logging()) log(kv_event::Alloc{seq, b});
+      if (logging()) log(kv_event::Alloc{seq, b, static_cast<int32_t>(g)});
     }
     std::vector<int64_t>& slot_mapping = slot_mappings[static_cast<size_t>(g)];
     for (int64_t p = start; p < end; ++p) {
@@ -500,7 +501,7 @@ void KvCacheManager::release_tail_to(SequenceState& s, int64_t num_blocks) {
     while (gt.table.size() > num_blocks) {
       const int32_t b = gt.table.back();
       gt.table.pop_back();
-      if (logging()) log(kv_event::Release{s.id, b});
+      if (logging()) log(kv_event::Release{s.id, b, static_cast<int32_t>(g)});
       if (b == kNoBlock) {
         gt.num_window_released = std::min(gt.num_window_released, gt.table.size());
         continue;  // the window released its block already
@@ -541,7 +542,7 @@ Status KvCacheManager::fork(SeqId parent, SeqId child) {
       if (b == kNoBlock) continue;  // the child starts with the parent's released entries
       device_.retain(b);
       if (logging()) {
-        log(kv_event::Share{child, b, kv_event::ShareReason::kFork});
+        log(kv_event::Share{child, b, kv_event::ShareReason::kFork, static_cast<int32_t>(g)});
       }
     }
   }

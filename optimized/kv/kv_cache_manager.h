@@ -259,7 +259,6 @@ class KvCacheManager {
   KvPlanOps take_plan_ops();
   const KvPlanOps& pending_plan_ops() const { return ops_; }
   // Records every later state change in `log` (nullptr: stop). The log must outlive its use.
-  // REQUIRES: one KV-cache group (the log's events do not name a group yet).
   void set_event_log(EventLog* log);
 
   // --- observers ---

@@ -14,6 +14,8 @@ struct Init {
   int32_t device_blocks = 0, host_blocks = 0, block_size = 0;
   bool global_prefix = false;
   int64_t window = 0;  // every layer's sliding window (0: none, nothing is freed early)
+  // KV-cache groups (KvCacheConfig::group_windows): each group's window; empty: one group.
+  std::vector<int64_t> group_windows = {};
 };
 struct Add {  // a sequence appears, empty table
   int64_t seq = 0, tenant = 0;
@@ -21,28 +23,35 @@ struct Add {  // a sequence appears, empty table
 struct Fork {  // child appears with parent's tenant, empty table
   int64_t parent = 0, child = 0;
 };
+// `group`: the KV-cache group whose table the event changes (vLLM's group_idx; 0 with one).
 struct Alloc {  // a free device block appended to seq's table
   int64_t seq = 0;
   int32_t block = 0;
+  int32_t group = 0;
 };
 enum class ShareReason { kPrefixHit, kFork };
-struct Share {  // an existing device block appended (refcount + 1)
+struct Share {  // an existing device block appended (refcount + 1); block kNoBlock: a prefix
+                // hit's entry before its group's window, appended released (nothing shared)
   int64_t seq = 0;
   int32_t block = 0;
   ShareReason reason = ShareReason::kPrefixHit;
+  int32_t group = 0;
 };
 struct Cow {  // free block dst replaces src at table index; src released
   int64_t seq = 0, index = 0;
   int32_t src = 0, dst = 0;
+  int32_t group = 0;
 };
 struct Release {  // seq's last table entry (block, or kNoBlock for a window-freed one) dropped, refcount - 1
   int64_t seq = 0;
   int32_t block = 0;
+  int32_t group = 0;
 };
 struct WindowRelease {  // the sliding window left table entry `index` (block) behind: it is
                         // released (refcount - 1) and the entry becomes kNoBlock
   int64_t seq = 0, index = 0;
   int32_t block = 0;
+  int32_t group = 0;
 };
 struct Slots {  // seq now has len positions with slots
   int64_t seq = 0, len = 0;
