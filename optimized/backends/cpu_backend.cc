@@ -202,14 +202,7 @@ CpuBackend::CpuBackend(std::shared_ptr<const Model> model, const CpuBackendConfi
   };
   const std::vector<std::byte> device = filled(config_.pool.num_device_blocks);
   const std::vector<std::byte> host = filled(config_.pool.num_host_blocks);
-  if (config_.kv_groups) {
-    layout_ = kv_group_layout(c);
-  } else {  // one group of every layer
-    layout_.group_windows = {c.kv_window()};
-    layout_.group_size = static_cast<int32_t>(c.num_layers);
-    layout_.layer_group.assign(static_cast<std::size_t>(c.num_layers), 0);
-    for (int32_t l = 0; l < c.num_layers; ++l) layout_.layer_slot.push_back(l);
-  }
+  layout_ = kv_group_layout(c, config_.kv_groups);
   limits_ = {c.vocab_size, c.max_position_embeddings, layout_.num_groups() == 1 ? layout_.group_windows[0] : 0,
              layout_.manager_group_windows()};
   for (int64_t l = 0; l < layout_.group_size; ++l) {

@@ -269,14 +269,7 @@ ck::AttentionVariant attention_variant(PlantedAttentionBug planted) {
 CudaBackend::CudaBackend(const Model& model, const CudaBackendConfig& config)
     : model_config_(model.config), model_for_init_(&model), config_(config), dev_(std::make_unique<Device>()) {
   const ModelConfig& c = model.config;
-  if (config.kv_groups) {
-    layout_ = kv_group_layout(c);
-  } else {  // one group of every layer
-    layout_.group_windows = {c.kv_window()};
-    layout_.group_size = static_cast<int32_t>(c.num_layers);
-    layout_.layer_group.assign(static_cast<std::size_t>(c.num_layers), 0);
-    for (int32_t l = 0; l < c.num_layers; ++l) layout_.layer_slot.push_back(l);
-  }
+  layout_ = kv_group_layout(c, config.kv_groups);
   limits_ = {c.vocab_size, c.max_position_embeddings, layout_.num_groups() == 1 ? layout_.group_windows[0] : 0,
              layout_.manager_group_windows()};
 }

@@ -7,12 +7,14 @@
 
 namespace kvp {
 
-KvGroupLayout kv_group_layout(const ModelConfig& model) {
+KvGroupLayout kv_group_layout(const ModelConfig& model) { return kv_group_layout(model, true); }
+
+KvGroupLayout kv_group_layout(const ModelConfig& model, bool groups) {
   KvGroupLayout layout;
   const auto num_layers = static_cast<int32_t>(model.num_layers);
   layout.layer_group.assign(static_cast<size_t>(num_layers), 0);
   layout.layer_slot.resize(static_cast<size_t>(num_layers));
-  if (model.sliding_layers.empty()) {  // every layer of one type
+  if (!groups || model.sliding_layers.empty()) {  // one group of every layer
     layout.group_windows = {model.kv_window()};
     layout.group_size = num_layers;
     for (int32_t l = 0; l < num_layers; ++l) layout.layer_slot[static_cast<size_t>(l)] = l;

@@ -40,5 +40,8 @@ struct KvGroupLayout {
 // One group of every layer for a model without hybrid layers (its window: kv_window()); for
 // a hybrid model, its layer types cut into groups as above.
 KvGroupLayout kv_group_layout(const ModelConfig& model);
+// kv_group_layout(model) when `groups`, else one group of every layer (window kv_window()):
+// the layout a backend lays its pool out by (CpuBackendConfig::kv_groups).
+KvGroupLayout kv_group_layout(const ModelConfig& model, bool groups);
 
 }  // namespace kvp
