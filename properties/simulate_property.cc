@@ -19,11 +19,11 @@
 namespace kvp {
 namespace {
 
-// The GPU memory utilization that leaves Llama-3-8B on an H200 a KV pool of `slots` token
-// slots (plus half a slot, so the pool's floor division lands on `slots`).
-double utilization_for(int64_t slots) {
+// The GPU memory utilization that leaves `model` on an H200 a KV pool of `slots` token
+// slots of every layer (plus half a slot, so the pool's floor division lands on `slots`).
+double utilization_for(const std::string& model, int64_t slots) {
   CostModelConfig c;
-  c.model = *find_model_preset("llama-3-8b");
+  c.model = *find_model_preset(model);
   c.gpu = *find_gpu_preset("h200-141gb");
   const double pool = (static_cast<double>(slots) + 0.5) * c.kv_bytes_per_token();
   return (c.weight_bytes() + c.activation_reserve_bytes + pool) / c.gpu.memory_bytes;
@@ -37,7 +37,11 @@ struct Case {
 Case draw_case() {
   Case c;
   sim::SimOptions& o = c.options;
-  o.model = "llama-3-8b";
+  // gemma-3-1b: a hybrid (4 global layers, 22 with window 512) run as KV-cache groups, with
+  // contexts several windows long (or, sliding-window off, one table keeping everything).
+  const bool gemma = *rc::gen::element(false, false, false, true);
+  o.model = gemma ? "gemma-3-1b" : "llama-3-8b";
+  if (gemma) o.sliding_window = *rc::gen::element(true, true, true, false);
   o.gpu = "h200-141gb";
   o.check = true;
   o.sample_interval_s = 0;  // a sample, and its check, before every step
@@ -47,11 +51,12 @@ Case draw_case() {
                                sim::AllocationPolicy::kPaged, sim::AllocationPolicy::kContiguousMax,
                                sim::AllocationPolicy::kContiguousPow2, sim::AllocationPolicy::kContiguousOracle);
   o.block_size = *rc::gen::element(1, 2, 3, 4, 8, 16, 32);
-  o.gpu_memory_utilization = utilization_for(*rc::gen::inRange<int64_t>(32, 768));
-  o.max_model_len = *rc::gen::element<int64_t>(128, 256, 512);
+  o.gpu_memory_utilization = gemma ? utilization_for(o.model, *rc::gen::inRange<int64_t>(128, 1536))
+                                   : utilization_for(o.model, *rc::gen::inRange<int64_t>(32, 768));
+  o.max_model_len = gemma ? *rc::gen::element<int64_t>(1024, 2048) : *rc::gen::element<int64_t>(128, 256, 512);
   o.max_num_seqs = *rc::gen::inRange(1, 16);
-  o.max_num_batched_tokens = *rc::gen::inRange(16, 256);
-  o.prefill_chunk_size = *rc::gen::inRange(8, 256);
+  o.max_num_batched_tokens = gemma ? *rc::gen::inRange(64, 1024) : *rc::gen::inRange(16, 256);
+  o.prefill_chunk_size = gemma ? *rc::gen::inRange(32, 1024) : *rc::gen::inRange(8, 256);
   o.prefix_sharing = *rc::gen::arbitrary<bool>();
   if (o.policy == sim::AllocationPolicy::kPaged && *rc::gen::arbitrary<bool>())
     o.n = *rc::gen::inRange(2, std::max(3, std::min(4, o.max_num_seqs) + 1));
@@ -61,11 +66,13 @@ Case draw_case() {
 
   SyntheticTrafficSpec& t = c.traffic;
   t.seed = *rc::gen::inRange<uint64_t>(0, 1000);
-  t.num_requests = *rc::gen::inRange<int64_t>(1, 40);
+  t.num_requests = gemma ? *rc::gen::inRange<int64_t>(1, 10) : *rc::gen::inRange<int64_t>(1, 40);
   t.rate = *rc::gen::element(1.0, 20.0, 200.0, 2000.0);
   t.arrivals = *rc::gen::element(ArrivalProcess::kPoisson, ArrivalProcess::kGamma);
   t.burstiness_cv = 3;
-  t.prompt = {LengthDistribution::kLognormal, static_cast<double>(*rc::gen::inRange(4, 128)), 0.8, 1, 256};
+  t.prompt =
+      gemma ? LengthSpec{LengthDistribution::kLognormal, static_cast<double>(*rc::gen::inRange(64, 1024)), 0.8, 1, 1800}
+            : LengthSpec{LengthDistribution::kLognormal, static_cast<double>(*rc::gen::inRange(4, 128)), 0.8, 1, 256};
   t.output = {LengthDistribution::kLognormal, static_cast<double>(*rc::gen::inRange(1, 64)), 0.8, 1, 128};
   t.system_prompt_tokens = *rc::gen::element<int64_t>(0, 16, 32, 64, 128);
   t.num_tenants = *rc::gen::inRange<int64_t>(1, 4);
@@ -84,6 +91,7 @@ RC_GTEST_PROP(SimulateProperty, EveryMemorySampleAddsUpAndMatchesTheKvManagersBl
   RC_ASSERT(r->finished + r->rejected == r->requests);
   RC_ASSERT(r->finished == 0 || !r->timeline.empty());
   RC_CLASSIFY(r->policy != "paged", "contiguous");
+  RC_CLASSIFY(r->num_kv_groups > 1, "KV-cache groups");
   RC_CLASSIFY(c.options.n > 1 && r->finished > 0, "parallel samples");
   RC_CLASSIFY(r->prefix_hit_tokens > 0, "prefix hits");
   RC_CLASSIFY(r->preemptions > 0, "preempted");

@@ -45,37 +45,45 @@ Status check_paged(const MemoryAccountingState& st, const MemorySlots& reported)
   for (const HeldRequest& r : st.requests) final_len[r.seq] = r.final_len;
 
   std::vector<uint8_t> use(static_cast<size_t>(device.num_blocks()) * static_cast<size_t>(bs), kNotNamed);
-  const auto slot = [&](const SequenceState& s, int64_t p) {
-    return static_cast<size_t>(s.table()[p / bs]) * static_cast<size_t>(bs) + static_cast<size_t>(p % bs);
+  const auto slot = [&](const GroupTable& g, int64_t p) {
+    return static_cast<size_t>(g.table[p / bs]) * static_cast<size_t>(bs) + static_cast<size_t>(p % bs);
   };
+  // KV-cache groups: every group's table is counted alike (its slots are a group block's).
   int64_t named_blocks = 0;
   for (const auto& [id, s] : kv.sequences()) {
-    if (s.swapped) continue;  // its table names host blocks
+    if (s.swapped) continue;  // its tables name host blocks
     if (final_len.count(id) == 0)
       return Status::error("sequence " + str(id) + " holds device blocks but the simulator has no final length for it");
-    if (s.table().size() * bs < s.num_slots)
-      return Status::error("sequence " + str(id) + " has " + str(s.num_slots) + " slots in a table of " +
-                           str(s.table().size()) + " blocks of " + str(bs));
-    for (int64_t j = 0; j < s.table().size(); ++j) {
-      const int32_t b = s.table()[j];
-      if (b == kNoBlock && j < s.group(0).num_window_released) continue;  // released behind the window
-      if (b < 0 || b >= device.num_blocks() || device.state(b) != BlockState::kInUse)
-        return Status::error("sequence " + str(id) + " names device block " + str(b) + ", which is not in use");
-      uint8_t* first = &use[static_cast<size_t>(b) * static_cast<size_t>(bs)];
-      if (*first != kNotNamed) continue;
-      std::fill(first, first + bs, kNamed);
-      ++named_blocks;
+    for (std::size_t gi = 0; gi < s.groups.size(); ++gi) {
+      const GroupTable& g = s.groups[gi];
+      const std::string table = s.groups.size() > 1 ? "group " + str(static_cast<int64_t>(gi)) + "'s table" : "table";
+      if (g.table.size() * bs < s.num_slots)
+        return Status::error("sequence " + str(id) + " has " + str(s.num_slots) + " slots in a " + table + " of " +
+                             str(g.table.size()) + " blocks of " + str(bs));
+      for (int64_t j = 0; j < g.table.size(); ++j) {
+        const int32_t b = g.table[j];
+        if (b == kNoBlock && j < g.num_window_released) continue;  // released behind the window
+        if (b < 0 || b >= device.num_blocks() || device.state(b) != BlockState::kInUse)
+          return Status::error("sequence " + str(id) + "'s " + table + " names device block " + str(b) +
+                               ", which is not in use");
+        uint8_t* first = &use[static_cast<size_t>(b) * static_cast<size_t>(bs)];
+        if (*first != kNotNamed) continue;
+        std::fill(first, first + bs, kNamed);
+        ++named_blocks;
+      }
+      for (int64_t p = g.num_window_released * bs; p < s.num_slots; ++p) use[slot(g, p)] = kTokenState;
     }
-    for (int64_t p = s.group(0).num_window_released * bs; p < s.num_slots; ++p) use[slot(s, p)] = kTokenState;
   }
   // Reserved after every token state is marked: a slot one holder will fill and another
   // has filled holds a token.
   for (const auto& [id, s] : kv.sequences()) {
     if (s.swapped) continue;
-    const int64_t end = std::min(final_len.at(id), s.table().size() * bs);
-    for (int64_t p = s.num_slots; p < end; ++p) {
-      uint8_t& u = use[slot(s, p)];
-      if (u == kNamed) u = kReserved;
+    for (const GroupTable& g : s.groups) {
+      const int64_t end = std::min(final_len.at(id), g.table.size() * bs);
+      for (int64_t p = std::max(s.num_slots, g.num_window_released * bs); p < end; ++p) {
+        uint8_t& u = use[slot(g, p)];
+        if (u == kNamed) u = kReserved;
+      }
     }
   }
   MemorySlots counted;
@@ -147,7 +155,7 @@ Status check_memory_accounting(const MemoryAccountingState& state, const MemoryS
 
 Status check_memory_shares(const SimReport& r) {
   MemorySlots sum;
-  const auto cap = static_cast<double>(r.kv_capacity_tokens);
+  const auto cap = static_cast<double>(r.kv_capacity_slots);
   for (std::size_t i = 0; i < r.timeline.size(); ++i) {
     const TimelinePoint& p = r.timeline[i];
     const MemorySlots& m = p.memory;
@@ -158,7 +166,7 @@ Status check_memory_shares(const SimReport& r) {
       return Status::error("sample " + str(static_cast<int64_t>(i)) + " at t=" + std::to_string(p.t_s) +
                            " s: kv_in_use " + std::to_string(p.kv_in_use) + " and kv_tokens " +
                            std::to_string(p.kv_tokens) + " are not its held " + str(m.held()) + " and token " +
-                           str(m.token_states) + " slots over the capacity " + str(r.kv_capacity_tokens));
+                           str(m.token_states) + " slots over the capacity " + str(r.kv_capacity_slots));
     sum += m;
   }
   if (sum != r.memory_slots)

@@ -37,6 +37,7 @@ const std::vector<Column>& columns() {
        [](const SimRun& r) {
          return r.report.sliding_window > 0 ? std::to_string(r.report.sliding_window) : std::string("-");
        }},
+      {"groups", [](const SimRun& r) { return std::to_string(r.report.num_kv_groups); }},
       {"rate", [](const SimRun& r) { return fmt("%.2f", r.report.rate); }},
       {"req/s", [](const SimRun& r) { return fmt("%.2f", r.report.requests_per_s); }},
       {"out_tok/s", [](const SimRun& r) { return fmt("%.0f", r.report.output_tokens_per_s); }},
@@ -88,6 +89,8 @@ nlohmann::json to_json(const SimReport& r) {
         {"max_model_len", r.max_model_len},
         {"prefix_sharing", r.prefix_sharing},
         {"sliding_window", r.sliding_window},
+        {"kv_groups", r.kv_groups},
+        {"num_kv_groups", r.num_kv_groups},
         {"rate", r.rate},
         {"ttft_slo_s", r.ttft_slo_s},
         {"tpot_slo_s", r.tpot_slo_s}}},
@@ -95,6 +98,7 @@ nlohmann::json to_json(const SimReport& r) {
        {{"kv_pool_bytes", r.kv_pool_bytes},
         {"kv_bytes_per_token", r.kv_bytes_per_token},
         {"kv_capacity_tokens", r.kv_capacity_tokens},
+        {"kv_capacity_slots", r.kv_capacity_slots},
         {"num_device_blocks", r.num_device_blocks},
         {"num_host_blocks", r.num_host_blocks}}},
       {"requests", r.requests},
@@ -205,7 +209,7 @@ std::string format_table(const std::vector<SimRun>& runs) {
 }
 
 std::string format_header(const SimReport& r) {
-  char buf[1024];
+  char buf[1280];
   std::snprintf(buf, sizeof buf,
                 "traffic %s: %lld requests at %.2f req/s; model %s on %s\n"
                 "KV pool %.2f GB (GPU memory x utilization - weights - activation reserve), %s KV, %.0f KB per "
@@ -214,7 +218,13 @@ std::string format_header(const SimReport& r) {
                 r.traffic.c_str(), static_cast<long long>(r.requests), r.rate, r.model.c_str(), r.gpu.c_str(),
                 r.kv_pool_bytes / 1e9, r.kv_dtype.c_str(), r.kv_bytes_per_token / 1e3,
                 static_cast<long long>(r.kv_capacity_tokens), r.ttft_slo_s, r.tpot_slo_s);
-  return buf;
+  std::string s = buf;
+  // The first run's pool (a sweep's other runs may differ: their JSON has each).
+  if (!r.kv_groups.empty())
+    s += "KV-cache groups: " + r.kv_groups + "; " + std::to_string(r.num_device_blocks) + " blocks of " +
+         std::to_string(r.block_size) + " positions of a group, " + std::to_string(r.kv_capacity_slots) +
+         " slots (a group's positions)\n";
+  return s;
 }
 
 std::vector<verify::Plot> plots(const std::vector<SimRun>& runs) {

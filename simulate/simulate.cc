@@ -83,7 +83,8 @@ class Driver {
   const Traffic& t_;
   CostModelConfig cost_;
   int64_t max_model_len_ = 0;
-  int64_t capacity_ = 0;  // KV slots
+  int64_t capacity_ = 0;  // KV slots (with KV-cache groups: slots of group blocks)
+  KvGroupLayout layout_;  // the KV-cache groups (one group of every layer: one table)
   std::unique_ptr<CostModelBackend> backend_;
   std::unique_ptr<Engine> engine_;
   int64_t checked_steps_ = 0;  // steps whose every invariant checker passed (--check)
@@ -283,13 +284,15 @@ MemorySlots Driver::paged_sample() {
     if (s.swapped) continue;
     auto it = live_.find(sid);
     const int64_t final_len = it != live_.end() ? it->second.final_len : s.num_slots;
-    for (int64_t j = s.group(0).num_window_released; j < s.table().size(); ++j) {  // past the released entries
-      const auto b = static_cast<std::size_t>(s.table()[j]);
-      const auto fill = static_cast<int32_t>(std::clamp<int64_t>(s.num_slots - j * bs, 0, bs));
-      const auto will_fill = static_cast<int32_t>(std::clamp<int64_t>(final_len - j * bs, fill, bs));
-      if (block_will_fill_[b] == 0 && will_fill > 0) touched_.push_back(static_cast<int32_t>(b));
-      block_fill_[b] = std::max(block_fill_[b], fill);
-      block_will_fill_[b] = std::max(block_will_fill_[b], will_fill);
+    for (const GroupTable& g : s.groups) {
+      for (int64_t j = g.num_window_released; j < g.table.size(); ++j) {  // past the released entries
+        const auto b = static_cast<std::size_t>(g.table[j]);
+        const auto fill = static_cast<int32_t>(std::clamp<int64_t>(s.num_slots - j * bs, 0, bs));
+        const auto will_fill = static_cast<int32_t>(std::clamp<int64_t>(final_len - j * bs, fill, bs));
+        if (block_will_fill_[b] == 0 && will_fill > 0) touched_.push_back(static_cast<int32_t>(b));
+        block_fill_[b] = std::max(block_fill_[b], fill);
+        block_will_fill_[b] = std::max(block_will_fill_[b], will_fill);
+      }
     }
   }
   MemorySlots m;
@@ -328,7 +331,8 @@ MemorySlots Driver::contiguous_sample() {
 std::string Driver::run_name() const {
   return std::string("run (policy ") + to_string(o_.policy) + ", block size " + std::to_string(rep_.block_size) +
          ", prefix sharing " + (rep_.prefix_sharing ? "on" : "off") +
-         (rep_.sliding_window > 0 ? ", window " + std::to_string(rep_.sliding_window) : std::string()) + ", n " +
+         (rep_.sliding_window > 0 ? ", window " + std::to_string(rep_.sliding_window) : std::string()) +
+         (rep_.kv_groups.empty() ? std::string() : ", KV-cache groups " + rep_.kv_groups) + ", n " +
          std::to_string(o_.n) + ", preemption " + to_string(o_.preemption) + ", " + std::to_string(capacity_) +
          " KV slots, seed " + std::to_string(o_.seed) + ")";
 }
@@ -381,6 +385,13 @@ Result<Driver::Pool> Driver::size_pool() {
   if (cost_.kv_pool_bytes() <= 0)
     return Status::error("model " + cost_.model.name + " (" + std::to_string(cost_.weight_bytes() / 1e9) +
                          " GB of weights) leaves no KV memory on " + cost_.gpu.name);
+  // The window releases blocks in the paged pool; a contiguous reservation keeps its span. A
+  // hybrid's window does through KV-cache groups, each pool block then holding group_size
+  // layers (the same bytes of pool: more, smaller blocks).
+  const bool window = o_.sliding_window && !contiguous();
+  layout_ = cost_.model.kv_groups(window);
+  if (!window) layout_.group_windows.assign(1, 0);
+  cost_.kv_layers_per_block = layout_.num_groups() > 1 ? layout_.group_size : 0;
   Pool pool;
   pool.block_size = contiguous() ? 16 : o_.block_size;
   const int64_t bs = pool.block_size;
@@ -419,8 +430,8 @@ Result<EngineConfig> Driver::build_engine(const Pool& pool) {
     ec.kv.pool.v_scales.assign(cells, 1.0f);
   }
   ec.kv.enable_prefix_caching = o_.prefix_sharing && !contiguous();
-  // The window releases blocks in the paged pool; a contiguous reservation keeps its span.
-  ec.kv.sliding_window = o_.sliding_window && !contiguous() ? cost_.model.kv_window() : 0;
+  ec.kv.sliding_window = layout_.num_groups() == 1 ? layout_.group_windows[0] : 0;
+  ec.kv.group_windows = layout_.manager_group_windows();
   ec.kv.watermark_blocks =
       contiguous() ? 0
                    : static_cast<int32_t>(std::floor(o_.watermark_fraction * static_cast<double>(pool.device_blocks)));
@@ -456,13 +467,16 @@ void Driver::describe_run(const EngineConfig& ec, const Pool& pool) {
   rep_.block_size = o_.block_size;
   rep_.max_model_len = max_model_len_;
   rep_.prefix_sharing = ec.kv.enable_prefix_caching;
-  rep_.sliding_window = ec.kv.sliding_window;
+  rep_.sliding_window = *std::max_element(layout_.group_windows.begin(), layout_.group_windows.end());
+  rep_.kv_groups = layout_.num_groups() > 1 ? layout_.to_string() : std::string();
+  rep_.num_kv_groups = layout_.num_groups();
   rep_.rate = t_.mean_rate();
   rep_.ttft_slo_s = o_.ttft_slo_s;
   rep_.tpot_slo_s = o_.tpot_slo_s;
   rep_.kv_pool_bytes = cost_.kv_pool_bytes();
   rep_.kv_bytes_per_token = cost_.kv_bytes_per_token();
-  rep_.kv_capacity_tokens = capacity_;
+  rep_.kv_capacity_slots = capacity_;
+  rep_.kv_capacity_tokens = capacity_ / layout_.num_groups();
   rep_.num_device_blocks = contiguous() ? 0 : pool.device_blocks;
   rep_.num_host_blocks = pool.host_blocks;
   rep_.requests = static_cast<int64_t>(t_.requests.size());

@@ -128,11 +128,18 @@ struct SimReport {
   int64_t max_model_len = 0;
   bool prefix_sharing = false;
   int64_t sliding_window = 0;  // the window the KV manager released blocks behind (0: none)
-  double rate = 0;             // requests/s of the traffic as run
+  // The KV-cache groups of a hybrid run with its window ("7 groups of 4 layers: 1 full, ..."),
+  // empty with one block table per sequence.
+  std::string kv_groups;
+  int64_t num_kv_groups = 1;
+  double rate = 0;  // requests/s of the traffic as run
   double ttft_slo_s = 0, tpot_slo_s = 0;
   // The pool.
   double kv_pool_bytes = 0, kv_bytes_per_token = 0;
-  int64_t kv_capacity_tokens = 0, num_device_blocks = 0, num_host_blocks = 0;
+  // kv_capacity_slots: the pool's slots (device blocks x block size; contiguous: the
+  // memory's), what the memory shares divide; kv_capacity_tokens: the positions it holds
+  // with every layer's K/V kept (slots / KV-cache groups).
+  int64_t kv_capacity_tokens = 0, kv_capacity_slots = 0, num_device_blocks = 0, num_host_blocks = 0;
   // Outcome.
   int64_t requests = 0, finished = 0, rejected = 0, preemptions = 0, swaps_out = 0, swaps_in = 0;
   int64_t prefix_hit_tokens = 0, steps = 0, token_steps = 0, compute_bound_steps = 0;

@@ -416,6 +416,52 @@ TEST(Simulate, ASlidingWindowHoldsOnlyTheBlocksItsWindowReads) {
   EXPECT_FALSE(sim::apply_setting(o, "sliding-window", "512").is_ok());
 }
 
+// gemma-3-27b (62 layers: 10 global, 52 with window 1024) as KV-cache groups: 7 groups of 10
+// layers (6 windowed, the last holding 2 layers in blocks sized for 10; 1 full), a block
+// 16 positions x 10 layers x 2 (K, V) x 16 KV heads x 128 x 2 bytes = 1,310,720 B against
+// 8,126,464 B for every layer's. One request, prompt 3000, output 3, a sample before every
+// step:
+//   before step 2 (3000 final): the full group 188 blocks: 3000 token states, 3 reserved
+//     (final length 3003), 5 internal; each windowed group releases (3000 - 1023) / 16 = 123
+//     and holds 65 blocks: positions 1968..2999 = 1032 token states, 3 reserved, 5 internal
+//   before step 3 (3001 final): 3001 + 6 x 1033 token states, 7 x 2 reserved, 7 x 5 internal
+// 578 blocks of 1,310,720 B against the window off's 188 of 8,126,464 B: 49.6% of the bytes.
+TEST(Simulate, AHybridsWindowedGroupsHoldOnlyTheirWindowsBlocks) {
+  sim::SimOptions o;
+  o.model = "gemma-3-27b";
+  o.gpu = "h100-80gb";
+  o.sample_interval_s = 0;
+  o.check = true;
+  auto groups = sim::simulate(o, fixed_traffic(1, 1, 3000, 3));
+  ASSERT_TRUE(groups.is_ok()) << groups.status().message();
+  EXPECT_EQ(groups->kv_groups, "7 groups of 10 layers: 1 full, 6 with window 1024");
+  EXPECT_EQ(groups->num_kv_groups, 7);
+  EXPECT_EQ(groups->sliding_window, 1024);
+  EXPECT_EQ(groups->num_device_blocks, static_cast<int64_t>(std::floor(groups->kv_pool_bytes / 1310720.0)));
+  EXPECT_EQ(groups->kv_capacity_slots, groups->num_device_blocks * 16);
+  EXPECT_EQ(groups->kv_capacity_tokens, groups->num_device_blocks * 16 / 7);
+  ASSERT_EQ(groups->timeline.size(), 3u);
+  EXPECT_EQ(groups->timeline[1].memory, (sim::MemorySlots{3000 + 6 * 1032, 7 * 3, 7 * 5, 0}));
+  EXPECT_EQ(groups->timeline[2].memory, (sim::MemorySlots{3001 + 6 * 1033, 7 * 2, 7 * 5, 0}));
+  EXPECT_EQ(groups->finished, 1);
+  EXPECT_TRUE(sim::check_memory_shares(*groups).is_ok());
+
+  ASSERT_TRUE(sim::apply_setting(o, "sliding-window", "off").is_ok());
+  auto one = sim::simulate(o, fixed_traffic(1, 1, 3000, 3));
+  ASSERT_TRUE(one.is_ok()) << one.status().message();
+  EXPECT_EQ(one->kv_groups, "");
+  EXPECT_EQ(one->num_kv_groups, 1);
+  EXPECT_EQ(one->sliding_window, 0);
+  EXPECT_EQ(one->num_device_blocks, static_cast<int64_t>(std::floor(one->kv_pool_bytes / 8126464.0)));
+  EXPECT_EQ(one->kv_capacity_tokens, one->num_device_blocks * 16);
+  ASSERT_EQ(one->timeline.size(), 3u);
+  EXPECT_EQ(one->timeline[1].memory, (sim::MemorySlots{3000, 3, 5, 0}));
+  // The same pool's share: 578 small blocks against 188 whole ones.
+  EXPECT_DOUBLE_EQ(groups->timeline[1].kv_in_use, 578.0 / static_cast<double>(groups->num_device_blocks));
+  EXPECT_DOUBLE_EQ(one->timeline[1].kv_in_use, 188.0 / static_cast<double>(one->num_device_blocks));
+  EXPECT_LT(groups->timeline[1].kv_in_use, 0.5 * one->timeline[1].kv_in_use);
+}
+
 TEST(Simulate, ParallelSamplesNeedThePagedPolicy) {
   sim::SimOptions o = small_gpu_options();
   o.n = 2;
@@ -462,6 +508,41 @@ TEST(MemoryAccounting, CheckerRecountsAForkFromTheBlocksAndNamesBothNumbers) {
   // A sequence the simulator forgot.
   st.requests = {{1, 9}};
   EXPECT_FALSE(sim::check_memory_accounting(st, {6, 2, 0, 0}).is_ok());
+}
+
+// KV-cache groups: a full group and one of window 8, blocks of 4. 13 positions final: the
+// full group's 4 blocks hold 13 token states, 2 reserved (final length 15), 1 internal; the
+// windowed group released (13 - 7) / 4 = 1 entry and its 3 blocks hold positions 4..12 (9
+// token states), 2 reserved, 1 internal.
+TEST(MemoryAccounting, CheckerRecountsEveryKvCacheGroupsTable) {
+  KvCacheConfig c;
+  c.pool.block_size = 4;
+  c.pool.num_device_blocks = 16;
+  c.pool.num_host_blocks = 4;
+  c.enable_prefix_caching = false;
+  c.group_windows = {0, 8};
+  KvCacheManager kv(c);
+  std::vector<int32_t> tokens(13);
+  for (int32_t i = 0; i < 13; ++i) tokens[static_cast<size_t>(i)] = i + 1;
+  ASSERT_TRUE(kv.add_sequence(1, 0, tokens).is_ok());
+  std::vector<std::vector<int64_t>> mappings(2);
+  ASSERT_EQ(kv.allocate_slots(1, 13, kv.find_prefix(1), std::span<std::vector<int64_t>>(mappings)), AllocStatus::kOk);
+  ASSERT_TRUE(kv.mark_final(1, 13).is_ok());
+  ASSERT_EQ(kv.sequence(1)->group(1).num_window_released, 1);
+  sim::MemoryAccountingState st;
+  st.kv = &kv;
+  st.requests = {{1, 15}};
+  EXPECT_TRUE(sim::check_memory_accounting(st, {22, 4, 2, 0}).is_ok());
+  // The windowed group forgotten: 16 slots split, 28 in use.
+  const Status forgot = sim::check_memory_accounting(st, {13, 2, 1, 0});
+  ASSERT_FALSE(forgot.is_ok());
+  EXPECT_NE(forgot.message().find("holds 28 slots in use"), std::string::npos) << forgot.message();
+  // The released entry's positions counted as token states, taken from the internal slots.
+  const Status released = sim::check_memory_accounting(st, {26, 4, -2, 0});
+  ASSERT_FALSE(released.is_ok());
+  EXPECT_NE(released.message().find("token_states: the simulator reports 26 slots, the KV manager's blocks hold 22"),
+            std::string::npos)
+      << released.message();
 }
 
 TEST(MemoryAccounting, CheckerRecountsContiguousReservationsAndTheirHoles) {

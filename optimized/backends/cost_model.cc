@@ -109,16 +109,33 @@ Status CostModelConfig::validate() const {
   if (!std::isfinite(activation_reserve_bytes) || activation_reserve_bytes < 0)
     return Status::error("activation_reserve_bytes must be >= 0");
   if (!std::isfinite(host_swap_bytes) || host_swap_bytes < 0) return Status::error("host_swap_bytes must be >= 0");
+  if (kv_layers_per_block < 0 || kv_layers_per_block > model.num_layers)
+    return Status::error("kv_layers_per_block must be in [0, " + std::to_string(model.num_layers) + "]");
   return Status::ok();
 }
 
 int64_t CostModelConfig::num_device_blocks(int32_t block_size) const {
-  const double blocks = std::floor(kv_pool_bytes() / (kv_bytes_per_token() * block_size));
+  const double blocks = std::floor(kv_pool_bytes() / kv_block_bytes(block_size));
   return blocks > 0 ? static_cast<int64_t>(blocks) : 0;
 }
 
 int64_t CostModelConfig::num_host_blocks(int32_t block_size) const {
-  return static_cast<int64_t>(std::floor(host_swap_bytes / (kv_bytes_per_token() * block_size)));
+  return static_cast<int64_t>(std::floor(host_swap_bytes / kv_block_bytes(block_size)));
+}
+
+std::vector<int64_t> ModelSpec::layer_windows() const {
+  std::vector<int64_t> w(static_cast<size_t>(num_layers), sliding_window);
+  if (full_attention_layers > 0 && sliding_window > 0) {
+    const int64_t every = num_layers / full_attention_layers;
+    for (int64_t k = 1; k <= full_attention_layers; ++k) w[static_cast<size_t>(k * every - 1)] = 0;
+  }
+  return w;
+}
+
+KvGroupLayout ModelSpec::kv_groups(bool groups) const {
+  if (!groups || windowed_layers() == 0 || full_attention_layers == 0)
+    return kv_group_layout(std::vector<int64_t>(static_cast<size_t>(num_layers), kv_window()));
+  return kv_group_layout(layer_windows());
 }
 
 StepCost step_cost(const CostModelConfig& c, const BatchPlan& plan, int32_t block_size) {
@@ -157,7 +174,7 @@ StepCost step_cost(const CostModelConfig& c, const BatchPlan& plan, int32_t bloc
     s.compute_s = s.flops / (c.gpu.peak_bf16_flops * c.compute_efficiency);
     s.memory_s = s.bytes / (c.gpu.memory_bandwidth * c.bandwidth_efficiency);
   }
-  const double block_bytes = kv_token * block_size;
+  const double block_bytes = c.kv_block_bytes(block_size);
   const double copies = static_cast<double>(plan.ops.block_copies.size());
   const double swaps = static_cast<double>(plan.ops.swap_out.size() + plan.ops.swap_in.size());
   s.transfer_s = copies * block_bytes * 2.0 / (c.gpu.memory_bandwidth * c.bandwidth_efficiency) +

@@ -20,7 +20,8 @@
 //
 // with P parameters, W = P * weight_bytes_per_param, T new tokens in the plan, L layers, Hq
 // query heads, D head dim, kv_bytes_per_token = 2 * L * Hkv * D * kv_bytes_per_element, and
-// block_bytes = block_size * kv_bytes_per_token. A prefill-heavy step is compute bound, a
+// block_bytes = block_size * kv_bytes_per_token (with KV-cache groups, a block holds
+// kv_layers_per_block layers of L: that share of it). A prefill-heavy step is compute bound, a
 // decode step memory bound: the larger of the two is the step's time.
 //
 // KV pool: kv_pool_bytes = memory * gpu_memory_utilization - W - activation_reserve_bytes;
@@ -34,6 +35,7 @@
 
 #include "common/status.h"
 #include "optimized/backends/batch_plan.h"
+#include "optimized/kv/kv_groups.h"
 
 namespace kvp {
 
@@ -53,8 +55,8 @@ struct ModelSpec {
   int64_t sliding_window = 0;
   // A hybrid's layers that attend to everything beside the windowed ones (Gemma 3's global
   // layers, one in six); 0: every layer through sliding_window. With one block table per
-  // sequence a hybrid keeps every block (its full layers read them): only its attention reads
-  // shrink, not its memory (kv_window()).
+  // sequence a hybrid keeps every block (its full layers read them, kv_window() is 0); with
+  // KV-cache groups (kv_groups(true)) its windowed groups release theirs.
   int64_t full_attention_layers = 0;
 
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
@@ -62,6 +64,14 @@ struct ModelSpec {
   int64_t kv_window() const { return full_attention_layers == 0 ? sliding_window : 0; }
   // Layers attending through the window, and to everything.
   int64_t windowed_layers() const { return sliding_window > 0 ? num_layers - full_attention_layers : 0; }
+  // Per layer, its window (0: full attention). A hybrid's full layers are every (L / F)-th,
+  // from layer L / F - 1 on: Gemma 3's one in six (layers 5, 11, ...); only the counts
+  // matter to the KV-cache groups below.
+  std::vector<int64_t> layer_windows() const;
+  // The KV-cache groups (KvGroupLayout): with `groups`, a hybrid's windowed and full layers
+  // cut into groups as vLLM's hybrid allocator does; otherwise, or for a model of one kind,
+  // one group of every layer with window kv_window().
+  KvGroupLayout kv_groups(bool groups) const;
 };
 
 // A GPU's datasheet numbers (dense bf16 Tensor Core rate, no sparsity).
@@ -97,6 +107,9 @@ struct CostModelConfig {
   double activation_reserve_bytes = 2.0 * (1ull << 30);
   // Host memory for swapped-out blocks (vLLM's swap_space default, 4 GiB).
   double host_swap_bytes = 4.0 * (1ull << 30);
+  // Layers whose K and V one pool block holds: KvGroupLayout::group_size with KV-cache
+  // groups; 0: every layer (one block table per sequence).
+  int64_t kv_layers_per_block = 0;
 
   // Every number positive and finite, fractions in (0, 1]; an error names the field.
   Status validate() const;
@@ -109,6 +122,11 @@ struct CostModelConfig {
   // not fit).
   double kv_pool_bytes() const {
     return gpu.memory_bytes * gpu_memory_utilization - weight_bytes() - activation_reserve_bytes;
+  }
+  // One pool block's bytes: block_size positions of kv_layers_per_block layers (or all).
+  double kv_block_bytes(int32_t block_size) const {
+    const int64_t layers = kv_layers_per_block > 0 ? kv_layers_per_block : model.num_layers;
+    return 2.0 * static_cast<double>(layers * model.kv_dim()) * kv_bytes_per_element * block_size;
   }
   int64_t num_device_blocks(int32_t block_size) const;
   int64_t num_host_blocks(int32_t block_size) const;

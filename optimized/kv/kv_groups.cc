@@ -10,21 +10,26 @@ namespace kvp {
 KvGroupLayout kv_group_layout(const ModelConfig& model) { return kv_group_layout(model, true); }
 
 KvGroupLayout kv_group_layout(const ModelConfig& model, bool groups) {
+  if (!groups || model.sliding_layers.empty()) {  // one group of every layer
+    return kv_group_layout(std::vector<int64_t>(static_cast<size_t>(model.num_layers), model.kv_window()));
+  }
+  std::vector<int64_t> windows(static_cast<size_t>(model.num_layers));
+  for (int32_t l = 0; l < static_cast<int32_t>(model.num_layers); ++l)
+    windows[static_cast<size_t>(l)] = model.layer_window(l);
+  return kv_group_layout(windows);
+}
+
+KvGroupLayout kv_group_layout(const std::vector<int64_t>& layer_windows) {
+  KVP_CHECK(!layer_windows.empty());
   KvGroupLayout layout;
-  const auto num_layers = static_cast<int32_t>(model.num_layers);
+  const auto num_layers = static_cast<int32_t>(layer_windows.size());
   layout.layer_group.assign(static_cast<size_t>(num_layers), 0);
   layout.layer_slot.resize(static_cast<size_t>(num_layers));
-  if (!groups || model.sliding_layers.empty()) {  // one group of every layer
-    layout.group_windows = {model.kv_window()};
-    layout.group_size = num_layers;
-    for (int32_t l = 0; l < num_layers; ++l) layout.layer_slot[static_cast<size_t>(l)] = l;
-    return layout;
-  }
   // Layers by attention type (window), each type in layer order; types by first layer.
   std::map<int64_t, std::vector<int32_t>> by_window;
   std::vector<int64_t> order;
   for (int32_t l = 0; l < num_layers; ++l) {
-    const int64_t w = model.layer_window(l);
+    const int64_t w = layer_windows[static_cast<size_t>(l)];
     if (by_window.count(w) == 0) order.push_back(w);
     by_window[w].push_back(l);
   }

@@ -37,6 +37,10 @@ struct KvGroupLayout {
   std::string to_string() const;
 };
 
+// The layout of a model whose layer l attends through layer_windows[l] (0: full attention):
+// one group of every layer when all windows are equal (its window that one), else the types
+// cut into groups as above. REQUIRES: layer_windows not empty.
+KvGroupLayout kv_group_layout(const std::vector<int64_t>& layer_windows);
 // One group of every layer for a model without hybrid layers (its window: kv_window()); for
 // a hybrid model, its layer types cut into groups as above.
 KvGroupLayout kv_group_layout(const ModelConfig& model);
