@@ -47,6 +47,9 @@ void collect_isolation_evidence(const EventLog& log, const Engine& engine, int32
         if (p.is_array() && p.size() == 2 && p[1].is_number_integer())
           owner_tenant[p[1].get<int64_t>()] = seq_tenant("seq");
     } else if (ev == "share" && j.value("reason", "") == "prefix_hit") {
+      // A windowed KV-cache group's entry before its window is a share of block -1: the hit
+      // hands it no block.
+      if (j.value("block", int64_t{-1}) < 0) continue;
       const int64_t reader = seq_tenant("seq");
       const int64_t owner = owner_tenant[j.value("block", int64_t{-1})];
       if (reader == owner) {
@@ -222,7 +225,19 @@ void check_isolation_evidence(const AuditRun& a, const VerifyOptions& o, const A
   if (within == 0) missing = "the cache never reused a block within a tenant";
   if (report.tenants >= 2 && !o.global_prefix_sharing && identical_across == 0)
     missing += (missing.empty() ? "" : ", and ") + std::string("no two tenants had an identical prefix");
-  if (!missing.empty()) {
+  // "none shared" is the event log's word, not an assumption: a prefix hit that handed one
+  // tenant's block to another fails here too (the invariants and the read checks fail on it
+  // first, each in its own way).
+  std::string crossed;
+  if (!o.global_prefix_sharing)
+    for (const auto& [pair, e] : report.tenant_pairs)
+      if (e.shared_blocks > 0)
+        crossed += (crossed.empty() ? "" : "; ") + std::to_string(e.shared_blocks) + " blocks between tenants " +
+                   std::to_string(pair.first) + " and " + std::to_string(pair.second);
+  if (!crossed.empty()) {
+    evidence.passed = false;
+    evidence.detail = "prefix hits shared blocks across tenants: " + crossed;
+  } else if (!missing.empty()) {
     evidence.passed = options.allow_empty;
     evidence.detail =
         "isolation not demonstrated: " + missing + (options.allow_empty ? " (allowed by --allow-empty)" : "");
@@ -239,9 +254,6 @@ Result<AuditReport> run_audit(const Model& model, const Workload& workload_in, c
   VerifyOptions o = options.engine;
   o.poison_on_free = true;
   o.audit_reads = true;
-  // The KV-event stream audit checks against its event log publishes no KV-cache group
-  // (vLLM's group_idx) yet: one group, whose full layers keep every block.
-  o.kv_groups = false;
   Workload workload = workload_in;
   std::set<int64_t> tenants;
   for (WorkloadRequest& r : workload.requests) {

@@ -575,6 +575,23 @@ TEST(Audit, IsolationEvidenceShowsBothHalvesOnTheMultiTenantShape) {
   EXPECT_NE(report->summary().find("tenants 0 and 1:"), std::string::npos) << report->summary();
 }
 
+// A hybrid model audits as KV-cache groups (tiny-gemma3: 6 groups of 1 layer, 5 windowed),
+// its stream carrying group_idx. A prefix hit logs a windowed group's entries before its
+// window as shares of block -1: the evidence must not count them as blocks of any tenant
+// (counted as tenant 0's, they showed 5 blocks shared between tenants 0 and 2, and the
+// evidence check failed on them).
+TEST(Audit, AHybridModelAuditsAsKvCacheGroups) {
+  const Model gemma3 = *make_preset("tiny-gemma3");
+  auto report = run_audit(gemma3, *builtin_workload("multi-tenant", gemma3.config.vocab_size, 0), AuditOptions{});
+  ASSERT_TRUE(report.is_ok()) << report.status().message();
+  EXPECT_TRUE(report->passed()) << report->summary();
+  EXPECT_GT(report->prefix_hit_tokens, 0);
+  EXPECT_EQ(report->tenant_pairs.size(), 3u) << report->summary();
+  for (const auto& [pair, e] : report->tenant_pairs) EXPECT_EQ(e.shared_blocks, 0) << pair.first << "," << pair.second;
+  EXPECT_NE(report->summary().find("as in the event log, in 6 KV-cache groups"), std::string::npos)
+      << report->summary();
+}
+
 TEST(Audit, NoReuseWithinATenantIsVacuousUnlessAllowed) {
   AuditOptions a;
   a.engine.prefix_caching = false;

@@ -133,5 +133,87 @@ TEST(KvEventEngine, StreamMissingARemovalDisagreesWithTheEventLog) {
   EXPECT_NE(named.message().find("the block was stored as 0x03"), std::string::npos) << named.message();
 }
 
+// KV-cache groups: each event carries its block's group (vLLM's group_idx) and every group is
+// published under the request's one chain of hashes. A full group (the anchor) and one of
+// window 8, blocks of 4: 16 positions final cache the full group's 4 blocks, then the windowed
+// group's 4 (cached before its window releases the first (16 - 7) / 4 = 2, which stay cached
+// and evictable), each under the hash of the same positions and the parent of the positions
+// before. A second request of other tokens then evicts all 8, each removal in the group its
+// block was stored in.
+TEST(KvEventEngine, GroupsPublishGroupIdxUnderOneChainOfHashes) {
+  KvCacheConfig c;
+  c.pool.block_size = 4;
+  c.pool.num_device_blocks = 8;  // 16 positions in both groups' tables before the window's release
+  c.pool.num_host_blocks = 0;
+  c.enable_prefix_caching = true;
+  c.group_windows = {0, 8};
+  KvCacheManager kv(c);
+  EventLog log;
+  kv.set_event_log(&log);
+  EngineKvEvents stream(kv, nullptr);
+  log.set_listener([&](const KvEvent& e) { stream.on_event(e); });
+  const auto run = [&](SeqId id, int32_t first_token) {
+    std::vector<int32_t> tokens(16);
+    for (int32_t i = 0; i < 16; ++i) tokens[static_cast<size_t>(i)] = first_token + i;
+    ASSERT_TRUE(kv.add_sequence(id, 0, tokens).is_ok());
+    std::vector<std::vector<int64_t>> slots(2);
+    ASSERT_EQ(kv.allocate_slots(id, 16, kv.find_prefix(id), std::span<std::vector<int64_t>>(slots)), AllocStatus::kOk);
+    ASSERT_TRUE(kv.mark_final(id, 16).is_ok());
+    stream.end_step();
+    ASSERT_TRUE(kv.free(id).is_ok());
+  };
+  run(1, 100);
+  ASSERT_EQ(stream.batches().size(), 1u);
+  std::vector<const BlockStored*> stored;
+  for (const auto& e : stream.batches()[0].events) stored.push_back(std::get_if<BlockStored>(&e));
+  ASSERT_EQ(stored.size(), 8u);
+  for (const BlockStored* s : stored) ASSERT_NE(s, nullptr);
+  // The anchor first: its chain 0..3, then the windowed group's.
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(stored[static_cast<size_t>(i)]->group_idx, std::optional<int64_t>(0)) << i;
+    if (i > 0) {
+      EXPECT_EQ(stored[static_cast<size_t>(i)]->parent_block_hash,
+                std::optional<BlockHash>(stored[static_cast<size_t>(i - 1)]->block_hashes.front()));
+    }
+  }
+  EXPECT_FALSE(stored[0]->parent_block_hash.has_value());
+  EXPECT_EQ(stored[0]->extra_keys.dump(), R"([["tenant:0"]])");
+  for (int k = 0; k < 4; ++k) {
+    const BlockStored& w = *stored[static_cast<size_t>(4 + k)];
+    EXPECT_EQ(w.group_idx, std::optional<int64_t>(1));
+    EXPECT_EQ(w.block_hashes, stored[static_cast<size_t>(k)]->block_hashes) << "the same positions' hash";
+    EXPECT_EQ(w.parent_block_hash, stored[static_cast<size_t>(k)]->parent_block_hash) << "the positions before's";
+    EXPECT_EQ(w.extra_keys.dump(), stored[static_cast<size_t>(k)]->extra_keys.dump()) << "a root's tenant salt";
+  }
+  run(2, 500);  // 8 blocks of other tokens: every cached block evicted
+  int64_t removed[2] = {0, 0};
+  for (const auto& e : stream.batches()[1].events)
+    if (const auto* r = std::get_if<BlockRemoved>(&e)) {
+      ASSERT_TRUE(r->group_idx.has_value());
+      ++removed[*r->group_idx];
+    }
+  EXPECT_EQ(removed[0], 4);
+  EXPECT_EQ(removed[1], 4);
+  const auto audit = audit_kv_events(stream.batches(), "groups");
+  EXPECT_TRUE(audit.passed()) << audit.summary();
+  EXPECT_TRUE(check_stream_against_event_log(log.events(), stream.batches()).is_ok());
+
+  // A removal published in the wrong group: both the auditor (the group does not hold it)
+  // and the event-log cross-check (it was stored in group 1) name it.
+  std::vector<EventBatch> planted = stream.batches();
+  for (auto& e : planted[1].events)
+    if (auto* r = std::get_if<BlockRemoved>(&e); r != nullptr && r->group_idx == 1) {
+      r->group_idx = 0;
+      break;
+    }
+  const auto wrong = audit_kv_events(planted, "planted");
+  ASSERT_FALSE(wrong.passed());
+  EXPECT_EQ(wrong.violations.front().reason, "removed-not-stored") << wrong.summary();
+  const Status against = check_stream_against_event_log(log.events(), planted);
+  ASSERT_FALSE(against.is_ok());
+  EXPECT_NE(against.message().find("from group 0"), std::string::npos) << against.message();
+  EXPECT_NE(against.message().find("stored in group 1"), std::string::npos) << against.message();
+}
+
 }  // namespace
 }  // namespace kvp::kv_events

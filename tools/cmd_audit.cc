@@ -103,6 +103,7 @@ Result<int> audit_engine(const AuditFlags& f) {
                 a.engine.block_size, a.engine.num_blocks, a.engine.num_host_blocks,
                 a.engine.global_prefix_sharing ? "global" : "tenant-scoped", f.preemption.c_str());
   std::printf("kvproof audit: %s\n", context);
+  std::printf("%s", verify::kv_groups_line(model.config, a.engine).c_str());
   if (!a.engine.kv_scales_source.empty()) std::printf("fp8 KV scales: %s\n", a.engine.kv_scales_source.c_str());
   if (a.engine.weight_dtype != DType::kF32) std::printf("weights: %s\n", weights->c_str());
   auto started = f.publish.start();

@@ -115,15 +115,7 @@ Result<int> run_verify_command(const VerifyFlags& f) {
                 f.inputs.describe(workload).c_str(), backend_name(v.backend), f.backend.kv_dtype.c_str(), v.block_size,
                 v.num_blocks, v.num_host_blocks, v.prefill_chunk_size);
   std::printf("kvproof verify: %s\n", context);
-  // The KV-event stream publishes no KV-cache group (vLLM's group_idx) yet: one group.
-  if (f.publish.enabled()) v.kv_groups = false;
-  if (verify::uses_kv_groups(model.config, v)) {
-    const KvGroupLayout layout = kv_group_layout(model.config);
-    std::printf("kv-cache groups: %s; a block holds %d of %lld layers, so the same bytes are %lld blocks + %lld host\n",
-                layout.to_string().c_str(), layout.group_size, static_cast<long long>(model.config.num_layers),
-                static_cast<long long>(int64_t{v.num_blocks} * model.config.num_layers / layout.group_size),
-                static_cast<long long>(int64_t{v.num_host_blocks} * model.config.num_layers / layout.group_size));
-  }
+  std::printf("%s", verify::kv_groups_line(model.config, v).c_str());
   if (!v.kv_scales_source.empty()) std::printf("fp8 KV scales: %s\n", v.kv_scales_source.c_str());
   if (v.weight_dtype != DType::kF32) std::printf("weights: %s\n", weights->c_str());
   if (plugin) std::printf("attention: plug-in %s (%s)\n", plugin->name().c_str(), plugin->path().c_str());

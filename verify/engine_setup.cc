@@ -52,6 +52,17 @@ bool uses_kv_groups(const ModelConfig& model, const EngineOptions& o) {
          kv_group_layout(model).num_groups() > 1;
 }
 
+std::string kv_groups_line(const ModelConfig& model, const EngineOptions& o) {
+  if (!uses_kv_groups(model, o)) return "";
+  const KvGroupLayout layout = kv_group_layout(model);
+  const auto scaled = [&](int32_t blocks) {
+    return std::to_string(int64_t{blocks} * model.num_layers / layout.group_size);
+  };
+  return "kv-cache groups: " + layout.to_string() + "; a block holds " + std::to_string(layout.group_size) + " of " +
+         std::to_string(model.num_layers) + " layers, so the same bytes are " + scaled(o.num_blocks) + " blocks + " +
+         scaled(o.num_host_blocks) + " host\n";
+}
+
 Result<EngineConfig> engine_config(const ModelConfig& model, const EngineOptions& o, const EngineSetup& s) {
   EngineConfig ec;
   ec.kv.pool = pool_shape_for(model, s.block_size, s.num_blocks, s.num_host_blocks);

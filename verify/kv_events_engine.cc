@@ -1,6 +1,7 @@
 #include "verify/kv_events_engine.h"
 
 #include <chrono>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -24,25 +25,42 @@ BlockHash hash_text(const kvp::BlockHash& h) {
 void EngineKvEvents::on_event(const KvEvent& event) {
   if (const auto* c = std::get_if<kv_event::Cache>(&event)) {
     const PrefixCacheEntry& entry = kv_.prefix_cache().entry(c->block);
+    const KvCacheConfig& config = kv_.config();
     BlockStored s;
     s.block_hashes = {hash_text(entry.hash)};
-    if (entry.parent.block >= 0) {
-      auto it = hash_of_block_.find(entry.parent.block);
-      if (it != hash_of_block_.end()) s.parent_block_hash = it->second;
-    } else if (!kv_.config().global_prefix_sharing) {
-      s.extra_keys = nlohmann::json::array({nlohmann::json::array({"tenant:" + std::to_string(entry.salt)})});
+    bool root = entry.parent.block < 0;
+    if (!root) {
+      auto it = published_.find(entry.parent.block);
+      if (it != published_.end()) {
+        // Anchored: the parent entry is the anchor's block of the same positions, whose
+        // parent is this block's too (an anchor's root makes this one a root).
+        const bool anchored = config.num_groups() > 1 && entry.group != config.anchor_group() &&
+                              config.anchor_group() >= 0 && it->second.group == config.anchor_group();
+        if (anchored) {
+          s.parent_block_hash = it->second.parent;
+          root = !it->second.parent;
+        } else {
+          s.parent_block_hash = it->second.hash;
+        }
+      }
     }
+    if (root && !config.global_prefix_sharing)
+      s.extra_keys = nlohmann::json::array({nlohmann::json::array({"tenant:" + std::to_string(entry.salt)})});
     s.token_ids.assign(entry.tokens.begin(), entry.tokens.end());
     s.block_size = kv_.block_size();
     s.medium = kDefaultMedium;
-    hash_of_block_[c->block] = s.block_hashes.front();
+    if (config.num_groups() > 1) s.group_idx = entry.group;
+    published_[c->block] = {s.block_hashes.front(), s.parent_block_hash, s.group_idx};
     pending_.push_back(std::move(s));
   } else if (const auto* e = std::get_if<kv_event::Evict>(&event)) {
-    auto it = hash_of_block_.find(e->block);
+    auto it = published_.find(e->block);
     BlockRemoved r;
-    r.block_hashes = {it != hash_of_block_.end() ? it->second : BlockHash("-1")};
+    r.block_hashes = {it != published_.end() ? it->second.hash : BlockHash("-1")};
     r.medium = kDefaultMedium;
-    if (it != hash_of_block_.end()) hash_of_block_.erase(it);
+    if (it != published_.end()) {
+      r.group_idx = it->second.group;
+      published_.erase(it);
+    }
     pending_.push_back(std::move(r));
   }
 }
@@ -68,19 +86,23 @@ Status check_stream_against_event_log(const std::vector<KvEvent>& log, const std
     bool stored;
     BlockHash hash;
     int64_t seq;
+    std::optional<int64_t> group;
   };
   std::vector<Item> items;
   for (const auto& b : stream)
     for (const auto& ev : b.events) {
       if (const auto* s = std::get_if<BlockStored>(&ev)) {
-        for (const auto& h : s->block_hashes) items.push_back({true, h, b.seq});
+        for (const auto& h : s->block_hashes) items.push_back({true, h, b.seq, s->group_idx});
       } else if (const auto* r = std::get_if<BlockRemoved>(&ev)) {
-        for (const auto& h : r->block_hashes) items.push_back({false, h, b.seq});
+        for (const auto& h : r->block_hashes) items.push_back({false, h, b.seq, r->group_idx});
       } else {
         return Status::error("batch " + std::to_string(b.seq) + ": AllBlocksCleared, which the event log never has");
       }
     }
-  std::unordered_map<int32_t, BlockHash> stored_as;
+  const auto group_text = [](const std::optional<int64_t>& g) {
+    return g ? "group " + std::to_string(*g) : std::string("no group");
+  };
+  std::unordered_map<int32_t, Item> stored_as;
   std::size_t next = 0;
   for (std::size_t i = 0; i < log.size(); ++i) {
     const auto* c = std::get_if<kv_event::Cache>(&log[i]);
@@ -95,14 +117,17 @@ Status check_stream_against_event_log(const std::vector<KvEvent>& log, const std
       return Status::error(what + ": the stream has a " + (it.stored ? "store" : "removal") + " of " + it.hash +
                            " in batch " + std::to_string(it.seq));
     if (c != nullptr) {
-      if (!stored_as.emplace(block, it.hash).second)
-        return Status::error(what + ": block registered twice without a drop");
+      if (!stored_as.emplace(block, it).second) return Status::error(what + ": block registered twice without a drop");
     } else {
       auto s = stored_as.find(block);
       if (s == stored_as.end()) return Status::error(what + ": block never registered");
-      if (s->second != it.hash)
+      if (s->second.hash != it.hash)
         return Status::error(what + ": the stream removes " + it.hash + " in batch " + std::to_string(it.seq) +
-                             ", the block was stored as " + s->second);
+                             ", the block was stored as " + s->second.hash);
+      if (s->second.group != it.group)
+        return Status::error(what + ": the stream removes " + it.hash + " from " + group_text(it.group) + " in batch " +
+                             std::to_string(it.seq) + ", the block was stored in " + group_text(s->second.group) +
+                             " (batch " + std::to_string(s->second.seq) + ")");
       stored_as.erase(s);
     }
   }
@@ -126,8 +151,14 @@ verify::CheckResult check_engine_stream(std::string name, const std::vector<KvEv
     check.passed = false;
     check.detail = "against the event log: " + s.message();
   } else {
+    std::set<int64_t> groups;
+    for (const auto& b : stream)
+      for (const auto& ev : b.events)
+        if (const auto* st = std::get_if<BlockStored>(&ev); st != nullptr && st->group_idx)
+          groups.insert(*st->group_idx);
     check.detail = std::to_string(stream_audit.mirror.stored) + " stores, " +
                    std::to_string(stream_audit.mirror.removed) + " removals, as in the event log" +
+                   (groups.empty() ? "" : ", in " + std::to_string(groups.size()) + " KV-cache groups") +
                    (published ? "; published" : "");
   }
   return check;

@@ -6,8 +6,16 @@
 // the tenant salt in its extra_keys as "tenant:N" unless prefix sharing is global, as vLLM
 // publishes a cache salt. A drop (kv_event::Evict) becomes a BlockRemoved of that hash. The
 // medium is "GPU": kvproof's prefix cache names device blocks only.
+//
+// With KV-cache groups (KvCacheConfig::group_windows), each event carries its block's group
+// as group_idx, and every group's chain is published under the request's one chain of hashes,
+// as vLLM does: a group's block i is stored under the hash of the first i + 1 blocks and the
+// parent hash of block i - 1, whichever group's table named that one. (The manager registers a
+// windowed group's block under the anchor's block of the same positions; its published parent
+// is that block's parent.)
 #pragma once
 
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -33,14 +41,20 @@ class EngineKvEvents {
  private:
   const KvCacheManager& kv_;
   Publisher* publisher_;
-  std::unordered_map<int32_t, BlockHash> hash_of_block_;  // cached blocks
+  struct Published {
+    BlockHash hash;
+    std::optional<BlockHash> parent;
+    std::optional<int64_t> group;
+  };
+  std::unordered_map<int32_t, Published> published_;  // cached blocks, as stored
   std::vector<KvCacheEvent> pending_;
   std::vector<EventBatch> batches_;
 };
 
 // kvproof's stream against kvproof's own event log: the log's registrations and drops and the
 // stream's stores and removals pair one to one, in order, a drop naming the hash its block was
-// stored under, and nothing else is in the stream. The error names the first mismatch.
+// stored under, in the group it was stored in (group_idx), and nothing else is in the stream.
+// The error names the first mismatch.
 Status check_stream_against_event_log(const std::vector<KvEvent>& log, const std::vector<EventBatch>& stream);
 
 // The check `audit` and `verify` report for kvproof's own stream: it passes the KV-event

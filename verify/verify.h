@@ -210,6 +210,9 @@ EngineSetup options_setup(const EngineOptions& options, PreemptionMode mode);
 Result<EngineConfig> engine_config(const ModelConfig& model, const EngineOptions& options, const EngineSetup& setup);
 // Whether that engine runs the model's KV-cache groups (EngineOptions::kv_groups).
 bool uses_kv_groups(const ModelConfig& model, const EngineOptions& options);
+// "kv-cache groups: 6 groups of 1 layer: ...; a block holds 1 of 6 layers, so the same bytes
+// are N blocks + M host\n" when the run uses KV-cache groups, else empty.
+std::string kv_groups_line(const ModelConfig& model, const EngineOptions& options);
 // An engine on options.backend (make_backend) with engine_config's config and
 // options.speculation's proposer (a draft model from `model`'s first layers). The backend
 // reads `model`'s weights: REQUIRES model outlives the returned engine.
