@@ -60,6 +60,20 @@ Result<ModelConfig> load_config(const fs::path& dir) {
   return c;
 }
 
+}  // namespace
+
+Result<ModelConfig> load_model_config(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return load_config(path);
+  auto j = read_json(path);
+  if (!j) return j.status();
+  auto c = ModelConfig::from_json(*j);
+  if (!c) return c.status().with_context(path.string());
+  return c;
+}
+
+namespace {
+
 Status write_text_atomically(const fs::path& path, const std::string& text) {
   fs::path tmp = path;
   tmp += ".tmp";

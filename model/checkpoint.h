@@ -42,6 +42,10 @@ Result<ShardIndex> parse_shard_index(std::string_view text);
 // one, each in the shard its index names and in no other.
 Result<Model> load_checkpoint(const std::filesystem::path& dir);
 
+// A model's config alone: `path` a config.json file, or a directory holding one (with its
+// generation_config.json, if any, as load_checkpoint reads them). Errors name the file and key.
+Result<ModelConfig> load_model_config(const std::filesystem::path& path);
+
 // An fp8 KV cache's scales as vLLM's FP8 checkpoints carry them: per layer
 // `model.layers.N.self_attn.k_scale` and `...v_scale`, each a scalar (shape [] or [1]: one
 // per tensor) or one per KV head ([num_kv_heads]); F32, F16 or BF16. load_checkpoint accepts

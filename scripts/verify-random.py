@@ -5,9 +5,16 @@ their request finished), tenants and shared prefixes, parallel samples (forks), 
 greedy requests, cpu and cuda-emu backends with f32/bf16 KV, and n-gram or draft-model
 speculation. Every run is of a correct engine, so every run must pass: a failure is either an
 engine defect or a false alarm of the checks, and both are bugs. Prints one line per run and
-a summary; exits 1 if any run failed (its workload and command are kept for a re-run).
+a summary; exits 1 if any run failed (its workload, config and command are kept for a re-run).
 
-  scripts/verify-random.py [--count N] [--seed S] [--kvproof PATH] [--keep DIR]
+--models random draws each run's model too: a random config.json (`kvproof verify --config`,
+seeded random weights) of Mistral with a sliding window on every layer, Gemma 2 or Gemma 3
+(per-layer sliding and full attention, so KV-cache groups), or Llama: 1-6 layers, GQA or
+not, head_dim independent of hidden for Gemma, windows of 2-24 positions (smaller than a
+block, equal to one, or many blocks) against contexts of up to about 90 positions (several
+windows), Gemma 2's soft-caps and query_pre_attn_scalar.
+
+  scripts/verify-random.py [--count N] [--seed S] [--models tiny|random] [--kvproof PATH] [--keep DIR]
 """
 import argparse
 import json
@@ -44,6 +51,55 @@ def random_workload(rng):
     return {"name": "random", "requests": requests}
 
 
+def random_config(rng):
+    """A random config.json of one architecture kvproof implements (the keys transformers'
+    configs use; `kvproof export --preset tiny-gemma3` writes one of each kind)."""
+    arch = rng.choice(["mistral", "gemma2", "gemma3", "gemma3", "llama"])
+    layers = rng.randint(1, 6)
+    heads = rng.choice([2, 4])
+    kv_heads = rng.choice([h for h in (1, 2, 4) if heads % h == 0])
+    window = rng.choice([2, 3, 4, 5, 7, 8, 12, 16, 24])
+    c = {"num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+         "vocab_size": 512, "max_position_embeddings": 2048, "rope_scaling": None, "torch_dtype": "float32"}
+    if arch in ("mistral", "llama"):
+        head_dim = rng.choice([8, 16])
+        hidden = heads * head_dim
+        c.update({"architectures": ["MistralForCausalLM" if arch == "mistral" else "LlamaForCausalLM"],
+                  "model_type": arch, "hidden_size": hidden, "head_dim": head_dim,
+                  "intermediate_size": hidden * rng.choice([2, 3]), "hidden_act": "silu",
+                  "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False})
+        if arch == "mistral":
+            c["sliding_window"] = window
+        return arch, c
+    hidden = rng.choice([32, 64, 96])
+    head_dim = rng.choice([8, 16, 32])
+    if arch == "gemma2":
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    else:  # Gemma 3: a pattern of sliding layers then a full one, or any mix
+        every = rng.choice([2, 3, 6])
+        types = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
+        if rng.random() < 0.3:
+            types = [rng.choice(["sliding_attention", "full_attention"]) for _ in range(layers)]
+    c.update({"architectures": ["Gemma2ForCausalLM" if arch == "gemma2" else "Gemma3ForCausalLM"],
+              "model_type": "gemma2" if arch == "gemma2" else "gemma3_text",
+              "hidden_size": hidden, "head_dim": head_dim, "intermediate_size": hidden * rng.choice([2, 3]),
+              "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+              "attention_bias": False, "layer_types": types, "sliding_window": window,
+              "query_pre_attn_scalar": float(rng.choice([head_dim, 24])), "rms_norm_eps": 1e-6,
+              "tie_word_embeddings": True})
+    if arch == "gemma2":
+        # A final cap as small as tiny-gemma2's 3 squeezes these random logits so far that, with
+        # a bf16 KV cache, every greedy margin can fall within the logits tolerance: the greedy
+        # check then verifies nothing and verify fails the run as vacuous (seen once in 300
+        # draws). 10 still bends them; 30 and 50 are Gemma 2's published caps.
+        c.update({"attn_logit_softcapping": rng.choice([None, 2.0, 50.0]),
+                  "final_logit_softcapping": rng.choice([None, 10.0, 30.0]), "rope_theta": 10000.0})
+    else:
+        c.update({"attn_logit_softcapping": None, "final_logit_softcapping": None,
+                  "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0})
+    return arch, c
+
+
 def random_flags(rng):
     block = rng.randint(1, 16)
     # Tight pools preempt; roomy ones do not. The longest request needs 64 + 24 tokens.
@@ -73,6 +129,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=80)
     ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--models", choices=["tiny", "random"], default="tiny",
+                    help="tiny: the tiny preset; random: a random config of Mistral-SW, Gemma 2, Gemma 3 or Llama per run")
     ap.add_argument("--kvproof", default="build/bin/kvproof")
     ap.add_argument("--keep", default=None, help="directory for failing runs (default: a temporary one)")
     args = ap.parse_args()
@@ -90,7 +148,16 @@ def main():
         with open(path, "w") as f:
             json.dump(workload, f)
         report = os.path.join(keep, f"run{i:03d}.report.json")
-        cmd = [args.kvproof, "verify", "--workload", path, "--json", report] + flags
+        model = []
+        config = None
+        if args.models == "random":
+            arch, c = random_config(rng)
+            config = os.path.join(keep, f"run{i:03d}.config.json")
+            with open(config, "w") as f:
+                json.dump(c, f, indent=1)
+            model = ["--config", config, "--weight-seed", str(rng.randint(0, 1 << 20))]
+            flags = [f"[{arch} L{c['num_hidden_layers']} window {c.get('sliding_window', '-')}]"] + flags
+        cmd = [args.kvproof, "verify", "--workload", path, "--json", report] + model + [f for f in flags if not f.startswith("[")]
         p = subprocess.run(cmd, capture_output=True, text=True)
         verdict = "no report"
         if os.path.exists(report):
@@ -106,6 +173,8 @@ def main():
         if ok:
             os.remove(path)
             os.remove(report)
+            if config:
+                os.remove(config)
         else:
             failed += 1
             tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-15:])

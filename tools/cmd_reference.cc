@@ -36,6 +36,7 @@ void add_reference_command(CLI::App& app, int& exit_code) {
     ro.threads = opt->threads;
     const ModelSource& s = opt->inputs.source;
     ro.source = !s.checkpoint.empty() ? "checkpoint " + s.checkpoint
+                : !s.config.empty()   ? "config " + s.config + " (weight seed " + std::to_string(s.weight_seed) + ")"
                                       : "preset " + s.preset + " (weight seed " + std::to_string(s.weight_seed) + ")";
     const auto start = std::chrono::steady_clock::now();
     auto golden = golden::make_golden(model, workload, ro);

@@ -7,8 +7,14 @@ namespace kvp::tools {
 void RunInputs::add_options(CLI::App& cmd, const std::string& default_shape) {
   source.preset = "tiny";
   shape = default_shape;
-  cmd.add_option("--preset", source.preset, "built-in model (default tiny)");
-  cmd.add_option("--checkpoint", source.checkpoint, "Hugging Face checkpoint directory (instead of --preset)");
+  auto* p = cmd.add_option("--preset", source.preset, "built-in model (default tiny)");
+  auto* c =
+      cmd.add_option("--checkpoint", source.checkpoint, "Hugging Face checkpoint directory (instead of --preset)");
+  cmd.add_option("--config", source.config,
+                 "Hugging Face config.json (or its directory) with seeded random weights (instead of --preset)")
+      ->excludes(p)
+      ->excludes(c);
+  cmd.add_option("--weight-seed", source.weight_seed, "seed of a preset's or a config's random weights");
   cmd.add_option("--workload", workload_file, "JSON workload file (instead of --shape)");
   cmd.add_option(
       "--shape", shape,
@@ -19,7 +25,9 @@ void RunInputs::add_options(CLI::App& cmd, const std::string& default_shape) {
 
 Result<std::pair<Model, Workload>> RunInputs::load(int threads) const {
   ModelSource s = source;
-  if (!s.checkpoint.empty()) s.preset.clear();
+  if (!s.checkpoint.empty() && !s.config.empty())
+    return Status::error("--checkpoint and --config name two models: give one");
+  if (!s.checkpoint.empty() || !s.config.empty()) s.preset.clear();
   auto model = s.load(threads);
   if (!model) return model.status();
   auto workload = workload_file.empty() ? builtin_workload(shape, model->config.vocab_size, seed)
@@ -30,7 +38,7 @@ Result<std::pair<Model, Workload>> RunInputs::load(int threads) const {
 
 std::string RunInputs::describe(const Workload& w) const {
   ModelSource s = source;
-  if (!s.checkpoint.empty()) s.preset.clear();
+  if (!s.checkpoint.empty() || !s.config.empty()) s.preset.clear();
   return s.describe() + ", workload " + w.name + " (" + std::to_string(w.requests.size()) + " requests)";
 }
 
