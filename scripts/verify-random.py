@@ -145,6 +145,7 @@ def main():
     os.makedirs(keep, exist_ok=True)
     failed = 0
     outcomes = {}
+    coverage = {}  # --models random: per architecture, runs and what they exercised
     for i in range(args.count):
         workload = random_workload(rng)
         flags = random_flags(rng)
@@ -160,6 +161,7 @@ def main():
         report = os.path.join(keep, f"run{i:03d}.report.json")
         model = []
         config = None
+        arch = None
         if args.models == "random":
             arch, c = random_config(rng)
             config = os.path.join(keep, f"run{i:03d}.config.json")
@@ -183,6 +185,19 @@ def main():
                 # draws, seed 22, the same runs passing at 1e-6 with f32 KV). A KV bug reads
                 # the wrong positions and misses by far more.
                 model += ["--tolerance", "0.04"]
+            # A window (and KV-cache groups' windowed tables) needs fewer blocks than the pools
+            # above assume: in half the windowed runs, a pool from half of theirs up under
+            # optimistic admission (conservative admission never preempts), so that windowed
+            # models preempt too.
+            # Never below what the largest request's samples need in their windows (the
+            # window, a request's 24 new tokens and two blocks each): less is rejected.
+            if "sliding_window" in c and rng.random() < 0.5:
+                at = flags.index("--num-blocks") + 1
+                blocks = int(flags[at])
+                block = int(flags[flags.index("--block-size") + 1])
+                floor = most_n * ((c["sliding_window"] + 24 + block - 1) // block + 2)
+                flags[at] = str(rng.randint(min(blocks, max(floor, blocks // 2)), blocks))
+                flags[flags.index("--admission") + 1] = "optimistic"
             flags = [f"[{arch} L{c['num_hidden_layers']} window {c.get('sliding_window', '-')}]"] + flags
         cmd = [args.kvproof, "verify", "--workload", path, "--json", report] + model + [f for f in flags if not f.startswith("[")]
         p = subprocess.run(cmd, capture_output=True, text=True)
@@ -195,6 +210,14 @@ def main():
                 counts[c["outcome"]] = counts.get(c["outcome"], 0) + 1
                 outcomes[c["outcome"]] = outcomes.get(c["outcome"], 0) + 1
             verdict = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+            if arch:
+                with open(report) as f:
+                    runs = json.load(f).get("runs", {}).values()
+                cov = coverage.setdefault(arch, {"runs": 0, "cuda-emu": 0, "preempted": 0, "prefix hits": 0})
+                cov["runs"] += 1
+                cov["cuda-emu"] += "cuda-emu" in flags
+                cov["preempted"] += any(r.get("preemptions", 0) > 0 for r in runs)
+                cov["prefix hits"] += any(r.get("prefix_hit_tokens", 0) > 0 for r in runs)
         ok = p.returncode == 0
         print(f"run {i:3d}: {'PASS' if ok else 'FAIL'} ({verdict}) {' '.join(flags)}", flush=True)
         if ok:
@@ -206,6 +229,9 @@ def main():
             failed += 1
             tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-15:])
             print(f"  re-run: {' '.join(cmd)}\n{tail}", flush=True)
+    for a, cov in sorted(coverage.items()):
+        print(f"verify-random: {a}: {cov['runs']} runs, {cov['cuda-emu']} on cuda-emu, {cov['preempted']} with "
+              f"preemption, {cov['prefix hits']} with prefix hits")
     print(f"verify-random: {args.count - failed} of {args.count} passed (seed {args.seed}; checks: "
           + ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items())) + ")")
     if failed:
